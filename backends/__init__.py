@@ -1,0 +1,1 @@
+"""Backend plugins shipped with Flare: `cpu` (built in), `vulkan` and `cuda` (extras)."""

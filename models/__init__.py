@@ -1,0 +1,1 @@
+"""Model plugins shipped with Flare (registered through the `flare.models` entry point)."""
