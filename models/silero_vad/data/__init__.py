@@ -1,0 +1,1 @@
+"""Data shipped with the silero-vad plugin (a package so setuptools ships the WAV)."""
