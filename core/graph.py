@@ -24,8 +24,10 @@ from .errors import DTypeError, GraphError, ShapeError
 INPUT = "input"
 WEIGHT = "weight"
 STATE = "state"
+CACHE = "cache"
 INTERMEDIATE = "intermediate"
-ROLES = (INPUT, WEIGHT, STATE, INTERMEDIATE)
+ROLES = (INPUT, WEIGHT, STATE, CACHE, INTERMEDIATE)
+PERSISTENT = (STATE, CACHE)
 MAX_RANK = 4
 
 
@@ -112,7 +114,7 @@ class Graph:
         self.outputs = dict(outputs)
         self.inputs = {t.name: t for t in self.tensors if t.role == INPUT}
         self.weights = {t.name: t for t in self.tensors if t.role == WEIGHT}
-        self.states = {t.name: t for t in self.tensors if t.role == STATE}
+        self.states = {t.name: t for t in self.tensors if t.role in PERSISTENT}
 
     @property
     def nodes(self) -> list[Tensor]:
@@ -141,8 +143,8 @@ class Graph:
         _check_acyclic(self.tensors, known)
         for t in self.tensors:
             if t.op is None:
-                if t.role not in (INPUT, WEIGHT, STATE):
-                    raise GraphError(f"leaf with role {t.role!r} (expected input, weight or state)", t.name)
+                if t.role not in (INPUT, WEIGHT, STATE, CACHE):
+                    raise GraphError(f"leaf with role {t.role!r} (expected input, weight, state or cache)", t.name)
                 continue
             if t.op not in OPS:
                 raise GraphError(f"unknown op {t.op!r}", t.name)
@@ -206,6 +208,10 @@ class GraphBuilder:
     def state(self, name: str, shape: Sequence[int], dtype: str = "f32") -> Tensor:
         """Persistent per-request state (an LSTM's h/c, a KV cache); zeroed by reset()."""
         return self._leaf(name, shape, dtype, STATE)
+
+    def cache(self, name: str, shape: Sequence[int], dtype: str = "f32") -> Tensor:
+        """Persistent device memory written by host callbacks (an expert cache); kept by reset()."""
+        return self._leaf(name, shape, dtype, CACHE)
 
     def weight(
         self,

@@ -1,0 +1,1 @@
+"""The built-in CPU backend: NumPy (and a little cffi C) kernels over planned arenas."""

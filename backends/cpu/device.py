@@ -1,0 +1,148 @@
+"""CPU devices: arenas are NumPy byte arrays; kernels write into views of them.
+
+Several *logical* CPU devices (`cpu:0`, `cpu:1`, ...) can be opened, each with
+its own ledger name and optional memory limit, so multi-backend scheduling,
+copies and real out-of-memory are testable on a machine with no GPU.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from flare.backend import (Backend, Binding, BufferType, Device, MemoryInfo, PreparedSplit, ProbeResult,
+                           SplitProgram, numpy_view)
+from flare.errors import AllocationError, BackendUnavailable
+from flare.graph import Tensor
+from flare.ledger import LEDGER
+from flare.ops import OPS
+
+from .kernels import KERNELS
+
+ALIGNMENT = 64
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 10**9, "gib": 1 << 30}
+
+
+def parse_bytes(text: str | int) -> int:
+    """'64MiB' -> 67108864; plain integers are bytes."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read a size from {text!r} (e.g. 512MiB, 2GiB, 1000000)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _physical_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class CpuSplit(PreparedSplit):
+    """A split as a list of closures with their arena views already bound."""
+
+    def __init__(self, steps: list[Callable[[], None]]):
+        self._steps = steps
+
+    def run(self) -> None:
+        for step in self._steps:
+            step()
+
+    def release(self) -> None:
+        self._steps = []
+
+
+class CpuDevice(Device):
+    backend = "cpu"
+
+    def __init__(self, name: str, memory_limit: int | None = None, max_buffer: int | None = None):
+        super().__init__(name, priority=0)
+        self.memory_limit = memory_limit
+        self.max_buffer = max_buffer
+
+    def buffer_type(self) -> BufferType:
+        limit = self.max_buffer or self.memory_limit or (1 << 62)
+        return BufferType("cpu", ALIGNMENT, limit)
+
+    def memory(self) -> MemoryInfo:
+        if self.memory_limit is not None:
+            return MemoryInfo(max(0, self.memory_limit - LEDGER.live_bytes(self.name)), self.memory_limit)
+        avail = _physical_available()
+        return MemoryInfo(avail, avail + LEDGER.live_bytes(self.name))
+
+    def _alloc_raw(self, nbytes: int) -> np.ndarray:
+        try:
+            # over-allocate by the alignment so the first byte can be aligned
+            raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+        except MemoryError:
+            raise AllocationError(self.name, nbytes, self.memory().free, "host out of memory") from None
+        start = (-raw.ctypes.data) % ALIGNMENT
+        return raw[start: start + nbytes]
+
+    def _free_raw(self, handle: Any) -> None:
+        pass  # the array is dropped with the Buffer's reference
+
+    def host_view(self, binding: Binding) -> np.ndarray:
+        return numpy_view(binding.buffer.handle, binding)
+
+    def write(self, binding: Binding, array: np.ndarray) -> None:
+        np.copyto(self.host_view(binding), array, casting="same_kind")
+
+    def read_into(self, binding: Binding, out: np.ndarray) -> None:
+        np.copyto(out, self.host_view(binding))
+
+    def fill_zero(self, binding: Binding) -> None:
+        self.host_view(binding).fill(0)
+
+    def supports(self, node: Tensor) -> bool:
+        return node.op in KERNELS
+
+    def compile(self, program: SplitProgram) -> CpuSplit:
+        steps = []
+        for node in program.nodes:
+            if OPS[node.op].view is not None:
+                continue  # views alias their source: nothing to run
+            kern = KERNELS[node.op]
+            out = self.host_view(program.binding(node))
+            srcs = [self.host_view(program.binding(s)) for s in node.srcs]
+            steps.append(_bind(kern, out, srcs, node.params))
+        return CpuSplit(steps)
+
+
+def _bind(kern, out, srcs, params) -> Callable[[], None]:
+    return lambda: kern(out, srcs, params)
+
+
+class CpuBackend(Backend):
+    """Always usable. Config: `count` logical devices, `memory_limit`, `max_buffer`.
+
+    Environment: FLARE_CPU_MEMORY_LIMIT (e.g. 256MiB) applies to every CPU device.
+    """
+
+    name = "cpu"
+
+    @classmethod
+    def probe(cls) -> ProbeResult:
+        from .erf import BACKEND
+        return ProbeResult(True, f"NumPy {np.__version__}, erf via {BACKEND}", ("cpu:0",))
+
+    @classmethod
+    def open_devices(cls, config: Mapping[str, Any] | None = None) -> list[CpuDevice]:
+        config = dict(config or {})
+        count = int(config.get("count", 1))
+        if count < 1:
+            raise BackendUnavailable(f"cpu: count must be >= 1, got {count}")
+        limit = config.get("memory_limit", os.environ.get("FLARE_CPU_MEMORY_LIMIT"))
+        limit = parse_bytes(limit) if limit not in (None, "") else None
+        max_buffer = config.get("max_buffer")
+        max_buffer = parse_bytes(max_buffer) if max_buffer else None
+        return [CpuDevice(f"cpu:{i}", limit, max_buffer) for i in range(count)]

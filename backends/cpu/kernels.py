@@ -1,0 +1,250 @@
+"""CPU kernels: each writes its result into `out`, a view of the planned arena.
+
+Signature: `kernel(out, srcs, params) -> None`. They use NumPy's `out=` and
+in-place forms so that executing a prepared graph allocates no device buffer.
+Kernels of ops the registry marks in-place must tolerate `out` aliasing
+`srcs[0]` (they read each element before writing it, or use a temporary).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .erf import erf_into
+
+Kernel = Callable[[np.ndarray, Sequence[np.ndarray], Mapping[str, Any]], None]
+KERNELS: dict[str, Kernel] = {}
+
+
+def kernel(*names: str):
+    def deco(fn: Kernel) -> Kernel:
+        for name in names:
+            KERNELS[name] = fn
+        return fn
+    return deco
+
+
+_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+
+
+def _binary(fn):
+    return lambda out, x, p: fn(x[0], x[1], out=out)
+
+
+for _name, _fn in _BINARY.items():
+    KERNELS[_name] = _binary(_fn)
+
+
+@kernel("scale")
+def _scale(out, x, p):
+    np.multiply(x[0], np.float32(p["scale"]), out=out)
+    if p["bias"]:
+        np.add(out, np.float32(p["bias"]), out=out)
+
+
+@kernel("relu")
+def _relu(out, x, p):
+    np.maximum(x[0], np.float32(0), out=out)
+
+
+@kernel("sigmoid")
+def _sigmoid(out, x, p):
+    np.negative(x[0], out=out)
+    np.exp(out, out=out)
+    np.add(out, np.float32(1), out=out)
+    np.reciprocal(out, out=out)
+
+
+@kernel("silu")
+def _silu(out, x, p):
+    s = np.exp(-x[0])
+    s += np.float32(1)
+    np.divide(x[0], s, out=out)
+
+
+@kernel("gelu")
+def _gelu(out, x, p):
+    a = x[0]
+    e = np.multiply(a, np.float32(0.7071067811865476))
+    erf_into(e, e)
+    e += np.float32(1)
+    e *= np.float32(0.5)
+    np.multiply(a, e, out=out)
+
+
+for _name, _fn in {"tanh": np.tanh, "exp": np.exp, "sqrt": np.sqrt, "neg": np.negative, "sqr": np.square}.items():
+    KERNELS[_name] = (lambda fn: lambda out, x, p: fn(x[0], out=out))(_fn)
+
+
+@kernel("matmul")
+def _matmul(out, x, p):
+    a, b = x
+    if p["transpose_b"]:
+        b = np.swapaxes(b, -1, -2)
+    if b.dtype != np.float32:
+        b = b.astype(np.float32)
+    np.matmul(a, b, out=out)
+
+
+@kernel("layer_norm")
+def _layer_norm(out, x, p):
+    v = x[0]
+    mu = v.mean(-1, keepdims=True)
+    d = v - mu
+    var = np.einsum("...i,...i->...", d, d)[..., None] / np.float32(v.shape[-1])
+    var += np.float32(p["eps"])
+    np.sqrt(var, out=var)
+    np.divide(d, var, out=out)
+
+
+@kernel("rms_norm")
+def _rms_norm(out, x, p):
+    v = x[0]
+    ms = np.einsum("...i,...i->...", v, v)[..., None] / np.float32(v.shape[-1])
+    ms += np.float32(p["eps"])
+    np.sqrt(ms, out=ms)
+    np.divide(v, ms, out=out)
+
+
+@kernel("softmax")
+def _softmax(out, x, p):
+    np.multiply(x[0], np.float32(p["scale"]), out=out)
+    if len(x) == 2:
+        np.add(out, x[1], out=out)
+    out -= out.max(-1, keepdims=True)
+    np.exp(out, out=out)
+    out /= out.sum(-1, keepdims=True)
+
+
+@kernel("get_rows")
+def _get_rows(out, x, p):
+    out[...] = x[0][x[1]]
+
+
+@kernel("rope")
+def _rope(out, x, p):
+    v, pos = x
+    d = v.shape[-1]
+    half = d // 2
+    inv = (np.float64(p["base"]) ** (-2.0 * np.arange(half) / d))
+    ang = pos.astype(np.float64)[:, None] * inv[None, :]
+    cos = np.cos(ang).astype(np.float32)[:, None, :]
+    sin = np.sin(ang).astype(np.float32)[:, None, :]
+    if p["neox"]:
+        a, b = v[..., :half].copy(), v[..., half:].copy()
+        oa, ob = out[..., :half], out[..., half:]
+    else:
+        a, b = v[..., 0::2].copy(), v[..., 1::2].copy()
+        oa, ob = out[..., 0::2], out[..., 1::2]
+    np.multiply(a, cos, out=oa)
+    oa -= b * sin
+    np.multiply(a, sin, out=ob)
+    ob += b * cos
+
+
+@kernel("conv1d")
+def _conv1d(out, x, p):
+    v, w = x
+    s, pad, dil = p["stride"], p["padding"], p["dilation"]
+    b, cin, _ = v.shape
+    cout, _, k = w.shape
+    if pad:
+        v = np.pad(v, ((0, 0), (0, 0), (pad, pad)))
+    lout = out.shape[2]
+    if k == 1 and s == 1:
+        np.matmul(w[:, :, 0].astype(np.float32, copy=False), v[:, :, :lout], out=out)
+        return
+    windows = np.lib.stride_tricks.sliding_window_view(v, (k - 1) * dil + 1, axis=2)[:, :, : (lout - 1) * s + 1: s, ::dil]
+    cols = windows.transpose(0, 2, 1, 3).reshape(b, lout, cin * k)            # [B, L, Cin*K]
+    wm = w.reshape(cout, cin * k).astype(np.float32, copy=False)
+    np.matmul(wm, cols.transpose(0, 2, 1), out=out)                             # [B, Cout, L]
+
+
+@kernel("pad")
+def _pad(out, x, p):
+    pads = [tuple(pr) for pr in p["pads"]]
+    if p["mode"] == "reflect":
+        out[...] = np.pad(x[0], pads, mode="reflect")
+        return
+    out.fill(p["value"])
+    inner = tuple(slice(lo, lo + d) for (lo, _), d in zip(pads, x[0].shape))
+    out[inner] = x[0]
+
+
+@kernel("concat")
+def _concat(out, x, p):
+    np.concatenate(x, axis=p["axis"], out=out)
+
+
+@kernel("contiguous")
+def _contiguous(out, x, p):
+    np.copyto(out, x[0])
+
+
+def _reduce(fn):
+    def run(out, x, p):
+        res = fn(x[0], axis=p["axis"], keepdims=p["keepdims"])
+        out[...] = np.reshape(res, out.shape)
+    return run
+
+
+KERNELS["sum"] = _reduce(np.sum)
+KERNELS["mean"] = _reduce(np.mean)
+KERNELS["max"] = _reduce(np.max)
+
+
+@kernel("argmax")
+def _argmax(out, x, p):
+    out[...] = np.argmax(x[0], axis=p["axis"]).reshape(out.shape)
+
+
+@kernel("top_k")
+def _top_k(out, x, p):
+    out[...] = np.argsort(-x[0], axis=-1, kind="stable")[..., : p["k"]]
+
+
+@kernel("gather")
+def _gather(out, x, p):
+    out[...] = np.take_along_axis(x[0], x[1].astype(np.intp), -1)
+
+
+@kernel("mul_mat_id")
+def _mul_mat_id(out, x, p):
+    w, v, ids = x
+    if not ((ids >= 0) & (ids < w.shape[0])).all():
+        raise IndexError(f"mul_mat_id: expert ids outside 0..{w.shape[0] - 1}")
+    t, kk = ids.shape
+    flat_ids = ids.reshape(-1)
+    rows = v.reshape(t, -1)[:, None, :] if v.ndim == 2 else v
+    rows = np.broadcast_to(rows, (t, kk, w.shape[2])).reshape(t * kk, w.shape[2])
+    flat_out = out.reshape(t * kk, w.shape[1])
+    order = np.argsort(flat_ids, kind="stable")
+    sorted_ids = flat_ids[order]
+    bounds = np.flatnonzero(np.diff(sorted_ids)) + 1
+    for group in np.split(order, bounds):
+        if group.size == 0:
+            continue
+        expert = w[flat_ids[group[0]]]
+        if expert.dtype != np.float32:
+            expert = expert.astype(np.float32)
+        flat_out[group] = rows[group] @ expert.T
+
+
+@kernel("set_rows")
+def _set_rows(out, x, p):
+    out[x[1]] = x[2]
+
+
+@kernel("copy_into")
+def _copy_into(out, x, p):
+    src = x[1]
+    out.reshape(-1)[p["offset"]: p["offset"] + src.size] = src.reshape(-1)
+
+
+@kernel("cast")
+def _cast(out, x, p):
+    v = x[0]
+    if np.issubdtype(out.dtype, np.integer) and np.issubdtype(v.dtype, np.floating):
+        v = np.trunc(v)
+    out[...] = v

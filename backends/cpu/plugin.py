@@ -1,0 +1,14 @@
+"""Registers the built-in CPU backend."""
+from __future__ import annotations
+
+from flare import __version__
+from flare.plugins.manager import hookimpl
+from flare.plugins.specs import BackendSpec
+
+from .device import CpuBackend
+
+
+@hookimpl
+def flare_backends() -> list[BackendSpec]:
+    return [BackendSpec(name="cpu", backend=CpuBackend, version=__version__, priority=0,
+                        description="NumPy kernels over planned arenas (built in)")]

@@ -1,0 +1,8 @@
+"""The op registry (`OPS`): shape/dtype rules, aliasing and NumPy references.
+
+Importing this package registers every built-in op. See docs/ops.md.
+"""
+from .registry import OPS, OpDef, register
+from . import elementwise, linalg, shape, reduce, nn, host  # noqa: F401  (registration)
+
+__all__ = ["OPS", "OpDef", "register"]

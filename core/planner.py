@@ -1,0 +1,213 @@
+"""Allocation planning: liveness-based offsets in one arena per device (gallocr-style).
+
+Input is a list of `Interval`s — one per tensor that needs arena memory on a
+device — with the time it is produced and the time of its last use, plus
+optional in-place parents. Times come from the schedule (node order; copies
+just before their split). The planner walks time forward: at each time it first
+places the tensors produced then (best fit among free blocks; an in-place
+tensor takes its parent's block), *then* frees the tensors whose last use was
+that time — so a node's output never overlaps an input it is still reading.
+
+Blocks are carved from chunks no larger than the buffer type's maximum size
+(ggml's multi-chunk arenas); offsets and sizes are aligned. Graph outputs live
+to the end. `reserve()` is the dry run: it returns chunk sizes without
+allocating anything.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import AllocationError
+
+END = 1 << 62
+
+
+def align_up(n: int, alignment: int) -> int:
+    return (n + alignment - 1) // alignment * alignment
+
+
+@dataclass
+class Interval:
+    """A tensor's need for arena memory: [start, end] in schedule time, inclusive."""
+
+    key: int
+    nbytes: int
+    start: int
+    end: int
+    inplace_of: int | None = None  # key of a tensor whose block this one may take over
+
+
+@dataclass(frozen=True)
+class Placement:
+    chunk: int
+    offset: int
+    nbytes: int
+
+
+@dataclass
+class DevicePlan:
+    """Where each tensor lives in the device's arena, and how big each chunk is."""
+
+    device: str
+    chunks: list[int]
+    placements: dict[int, Placement]
+    lower_bound: int = 0   # max over time of live aligned bytes (no reuse tricks)
+    naive: int = 0         # one buffer per tensor
+    inplace: int = 0       # tensors that took over a parent's block
+
+    @property
+    def total(self) -> int:
+        return sum(self.chunks)
+
+
+@dataclass
+class _Chunk:
+    size: int = 0
+    free: list[tuple[int, int]] = field(default_factory=list)  # (offset, size), sorted, merged
+
+    def take(self, offset: int, size: int) -> None:
+        for i, (o, s) in enumerate(self.free):
+            if o == offset:
+                self.free[i:i + 1] = [] if s == size else [(o + size, s - size)]
+                return
+        raise AssertionError("planner: block not free")
+
+    def give(self, offset: int, size: int) -> None:
+        merged: list[tuple[int, int]] = []
+        for o, s in sorted(self.free + [(offset, size)]):
+            if merged and merged[-1][0] + merged[-1][1] == o:
+                merged[-1] = (merged[-1][0], merged[-1][1] + s)
+            else:
+                merged.append((o, s))
+        self.free = merged
+
+
+class _Allocator:
+    """Best fit over free blocks; otherwise grow a chunk at its end; otherwise a new chunk."""
+
+    def __init__(self, device: str, alignment: int, max_size: int):
+        self.device = device
+        self.max_size = max_size
+        self.chunks: list[_Chunk] = []
+
+    def alloc(self, size: int) -> tuple[int, int]:
+        if size > self.max_size:
+            raise AllocationError(self.device, size, self.max_size,
+                                  f"one tensor is larger than the device's largest buffer ({self.max_size} bytes)")
+        best = None  # (waste, chunk, offset)
+        for ci, chunk in enumerate(self.chunks):
+            for o, s in chunk.free:
+                if s >= size and (best is None or s - size < best[0]):
+                    best = (s - size, ci, o)
+        if best is not None:
+            _, ci, o = best
+            self.chunks[ci].take(o, size)
+            return ci, o
+        for ci, chunk in enumerate(self.chunks):
+            tail = chunk.free[-1] if chunk.free and sum(chunk.free[-1]) == chunk.size else None
+            start = tail[0] if tail else chunk.size
+            if start + size <= self.max_size:
+                if tail:
+                    chunk.free.pop()
+                chunk.size = max(chunk.size, start + size)
+                return ci, start
+        self.chunks.append(_Chunk(size=size))
+        return len(self.chunks) - 1, 0
+
+    def free(self, chunk: int, offset: int, size: int) -> None:
+        self.chunks[chunk].give(offset, size)
+
+
+def plan_device(device: str, intervals: list[Interval], alignment: int, max_size: int) -> DevicePlan:
+    """Assign an arena offset to every interval of one device."""
+    by_key = {iv.key: iv for iv in intervals}
+    sizes = {iv.key: align_up(max(iv.nbytes, 1), alignment) for iv in intervals}
+    starts: dict[int, list[Interval]] = {}
+    for iv in intervals:
+        if iv.end < iv.start:
+            raise ValueError(f"planner: interval {iv.key} ends before it starts")
+        starts.setdefault(iv.start, []).append(iv)
+    alloc = _Allocator(device, alignment, max_size)
+    placed: dict[int, Placement] = {}
+    block_of: dict[int, int] = {}        # tensor key -> root key of the block it lives in
+    block_end: dict[int, int] = {}       # root key -> last time the block is needed
+    free_at: dict[int, set[int]] = {}    # time -> roots to free after that time's allocations
+    inplace = 0
+    times = sorted(set(starts) | {iv.end for iv in intervals if iv.end < END})
+    for t in times:
+        for iv in starts.get(t, []):
+            parent = iv.inplace_of
+            root = block_of.get(parent) if parent is not None else None
+            if (root is not None and by_key[parent].end == t and block_end[root] == t
+                    and sizes[root] == sizes[iv.key]):
+                free_at[t].discard(root)
+                block_of[iv.key] = root
+                block_end[root] = iv.end
+                if iv.end < END:
+                    free_at.setdefault(iv.end, set()).add(root)
+                placed[iv.key] = Placement(placed[root].chunk, placed[root].offset, iv.nbytes)
+                inplace += 1
+                continue
+            ci, off = alloc.alloc(sizes[iv.key])
+            placed[iv.key] = Placement(ci, off, iv.nbytes)
+            block_of[iv.key] = iv.key
+            block_end[iv.key] = iv.end
+            if iv.end < END:
+                free_at.setdefault(iv.end, set()).add(iv.key)
+        for root in sorted(free_at.pop(t, ())):
+            p = placed[root]
+            alloc.free(p.chunk, p.offset, sizes[root])
+    return DevicePlan(
+        device=device,
+        chunks=[c.size for c in alloc.chunks],
+        placements=placed,
+        lower_bound=liveness_lower_bound(intervals, alignment),
+        naive=sum(sizes.values()),
+        inplace=inplace,
+    )
+
+
+def liveness_lower_bound(intervals: list[Interval], alignment: int) -> int:
+    """Max over time of the aligned bytes of simultaneously live tensors.
+
+    A tensor whose in-place parent dies exactly when it is born is counted as
+    taking over the parent's bytes (the handoff frees first); every other free
+    happens after the allocations of the same time, as in the planner.
+    """
+    by_key = {iv.key: iv for iv in intervals}
+    handoff = {iv.inplace_of for iv in intervals
+               if iv.inplace_of in by_key and by_key[iv.inplace_of].end == iv.start}
+    events: list[tuple[int, int, int]] = []
+    for iv in intervals:
+        size = align_up(max(iv.nbytes, 1), alignment)
+        events.append((iv.start, 1, size))
+        if iv.end < END:
+            events.append((iv.end, 0 if iv.key in handoff else 2, -size))
+    live = peak = 0
+    for _, _, delta in sorted(events):
+        live += delta
+        peak = max(peak, live)
+    return peak
+
+
+def check_no_overlap(plan: DevicePlan, intervals: list[Interval]) -> None:
+    """Independent checker: no two tensors live at the same time share bytes.
+
+    In-place pairs (a child taking its parent's block at the parent's last use)
+    are allowed to touch at exactly that time. Raises AssertionError naming both.
+    """
+    ivs = sorted(intervals, key=lambda iv: iv.start)
+    for i, a in enumerate(ivs):
+        pa = plan.placements[a.key]
+        for b in ivs[i + 1:]:
+            if b.start > a.end:
+                break
+            if b.inplace_of == a.key and b.start == a.end:
+                continue
+            pb = plan.placements[b.key]
+            if pa.chunk != pb.chunk:
+                continue
+            if pa.offset < pb.offset + max(pb.nbytes, 1) and pb.offset < pa.offset + max(pa.nbytes, 1):
+                raise AssertionError(
+                    f"tensors {a.key} [{a.start},{a.end}] and {b.key} [{b.start},{b.end}] overlap in chunk {pa.chunk}: "
+                    f"[{pa.offset},+{pa.nbytes}) vs [{pb.offset},+{pb.nbytes})")

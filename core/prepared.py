@@ -1,0 +1,521 @@
+"""PreparedGraph: the session-owned lifecycle of one model graph.
+
+prepare -> execute -> reset -> release.
+
+- *prepare* builds each entry point's graph for its input shapes, schedules it
+  over the session's devices, plans one arena per device, reserves memory
+  (persistent weights/state/inputs, then workspace growth), and lets every
+  device compile its splits. The whole step is a transaction: on any failure
+  everything it allocated is released and the error propagates.
+- *execute(entry, **inputs)* validates and writes inputs, runs the splits in
+  order with the copies between devices, and returns the outputs. Inputs of a
+  new shape get their own plan (cached); a plan bound to an older workspace
+  generation re-binds first.
+- *reset* zeroes per-request state and keeps memory and captures.
+- *release* destroys captures, then persistent buffers, then lets go of the
+  workspace. Idempotent; any later use raises ReleasedError.
+
+Entry points (`full`, `body`, `prefill`, `decode`...) share the workspace, so
+their arenas overlap: memory is the largest entry's need, not the sum.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .backend import Binding, Buffer, Device, PreparedSplit, SplitProgram
+from .dtypes import to_numpy
+from .errors import GraphError, InputError, ReleasedError
+from .graph import INPUT, PERSISTENT, STATE, WEIGHT, Graph, GraphBuilder, Tensor
+from .ops import OPS
+from .planner import END, DevicePlan, Interval, plan_device
+from .scheduler import Copy, PlacementFn, Schedule, Split, schedule
+from .workspace import GraphWorkspace, Growth
+
+if TYPE_CHECKING:
+    from .session import Session
+
+EntryBuilder = Callable[[GraphBuilder, Mapping[str, tuple]], None]
+HostCallback = Callable[..., np.ndarray]
+MAX_PLANS_PER_ENTRY = 8
+
+
+@dataclass
+class _CopyStep:
+    copy: Copy
+    src_device: Device
+    src: Binding
+    dst_device: Device
+    dst: Binding
+    staging: np.ndarray | None = None
+
+    def run(self) -> None:
+        sv = self.src_device.host_view(self.src)
+        dv = self.dst_device.host_view(self.dst)
+        if sv is not None and dv is not None:
+            np.copyto(dv, sv)
+        elif sv is not None:
+            self.dst_device.write(self.dst, sv)
+        elif dv is not None:
+            self.src_device.read_into(self.src, dv)
+        else:
+            if self.staging is None:
+                self.staging = np.empty(self.src.shape, to_numpy(self.src.dtype))
+            self.src_device.read_into(self.src, self.staging)
+            self.dst_device.write(self.dst, self.staging)
+
+
+@dataclass
+class EntryPlan:
+    """One entry point prepared for one set of input shapes."""
+
+    entry: str
+    shapes: dict[str, tuple]
+    graph: Graph
+    schedule: Schedule
+    device_plans: dict[str, DevicePlan]
+    generation: int = -1
+    persist_generation: int = -1
+    programs: list[PreparedSplit | None] = field(default_factory=list)
+    split_bindings: list[dict[int, Binding]] = field(default_factory=list)
+    copy_steps: list[list[_CopyStep]] = field(default_factory=list)
+    inputs: dict[str, tuple[Device, Binding]] = field(default_factory=dict)
+    outputs: dict[str, tuple[Device, Binding]] = field(default_factory=dict)
+
+    def release_captures(self) -> None:
+        for prog in self.programs:
+            if prog is not None:
+                prog.release()
+        self.programs = []
+        self.generation = -1
+
+
+class PreparedGraph:
+    """See the module docstring. Obtain one from `Session.prepare`."""
+
+    def __init__(
+        self,
+        session: "Session",
+        entries: Mapping[str, EntryBuilder],
+        shapes: Mapping[str, Mapping[str, Sequence[int]]],
+        *,
+        workspace: GraphWorkspace,
+        placement: PlacementFn | None = None,
+        strict: bool = False,
+        name: str = "graph",
+        callbacks: Mapping[str, HostCallback] | None = None,
+    ):
+        unknown = set(shapes) - set(entries)
+        if unknown:
+            raise GraphError(f"shapes given for unknown entry points {sorted(unknown)}; entries are {sorted(entries)}")
+        self.session = session
+        self.name = name
+        self.entries = dict(entries)
+        self.workspace = workspace
+        self.placement = placement
+        self.strict = strict
+        self.callbacks = dict(callbacks or {})
+        self.devices = {d.name: d for d in session.devices}
+        self._plans: dict[str, OrderedDict[tuple, EntryPlan]] = {e: OrderedDict() for e in entries}
+        self._current: dict[str, EntryPlan] = {}
+        self._weights: dict[tuple[str, str], Buffer] = {}
+        self._states: dict[str, tuple[str, Buffer, Tensor]] = {}
+        self._inputs: dict[tuple[str, str], Buffer] = {}
+        self._persist_generation = 0
+        self.released = False
+        self.stats = {"plans_built": 0, "rebinds": 0, "executes": 0}
+        self.workspace.attach()
+        try:
+            for entry, entry_shapes in shapes.items():
+                self.prepare(entry, entry_shapes)
+        except BaseException:
+            self.release()
+            raise
+
+    # ------------------------------------------------------------------ public
+    def prepare(self, entry: str, shapes: Mapping[str, Sequence[int]]) -> EntryPlan:
+        """Plan, reserve and compile `entry` for input `shapes` (cached per shapes)."""
+        self._check_alive()
+        return self.session.plugins.hook.flare_prepare(graph=self, entry=entry, shapes=dict(shapes))
+
+    def execute(self, entry: str, **inputs: np.ndarray) -> dict[str, np.ndarray]:
+        """Run `entry` on `inputs`; returns a dict of output arrays (fresh copies)."""
+        self._check_alive()
+        return self.session.plugins.hook.flare_execute(graph=self, entry=entry, inputs=inputs)
+
+    def reset(self) -> None:
+        """Zero per-request state (LSTM state, KV caches). Memory and captures stay."""
+        self._check_alive()
+        for dev_name, buf, tensor in self._states.values():
+            if tensor.role == STATE:
+                dev = self.devices[dev_name]
+                dev.fill_zero(Binding(buf, 0, tensor.shape, tensor.strides, tensor.dtype))
+
+    def release(self) -> None:
+        """Captures, then persistent buffers, then the workspace reference. Idempotent."""
+        if self.released:
+            return
+        self.session.plugins.hook.flare_release(graph=self)
+
+    def describe(self) -> dict[str, Any]:
+        """Splits, copies, bytes copied and arena bytes per device for each prepared entry."""
+        self._check_alive()
+        out: dict[str, Any] = {"name": self.name, "entries": {}, "persistent_bytes": self.persistent_bytes(),
+                               "workspace_bytes": {d: self.workspace.nbytes(d) for d in self.devices}}
+        for entry, plan in self._current.items():
+            info = plan.schedule.summary()
+            info["shapes"] = {k: list(v) for k, v in plan.shapes.items()}
+            info["nodes"] = len(plan.graph.nodes)
+            info["arena"] = {d: {"planned": p.total, "lower_bound": p.lower_bound, "naive": p.naive,
+                                 "chunks": p.chunks, "inplace": p.inplace} for d, p in plan.device_plans.items()}
+            info["split_list"] = [{"device": s.device, "nodes": len(s.nodes), "host": s.host,
+                                   "copies": [f"{c.src.name} {c.src_device}->{c.dst_device} ({c.nbytes} B)" for c in s.copies]}
+                                  for s in plan.schedule.splits]
+            out["entries"][entry] = info
+        return out
+
+    def persistent_bytes(self) -> dict[str, int]:
+        per: dict[str, int] = {}
+        for (_, dev), buf in list(self._weights.items()) + list(self._inputs.items()):
+            per[dev] = per.get(dev, 0) + buf.nbytes
+        for dev, buf, _ in self._states.values():
+            per[dev] = per.get(dev, 0) + buf.nbytes
+        return per
+
+    def state(self, name: str) -> np.ndarray:
+        """Read a state/cache tensor back to the host (for tests and debugging)."""
+        dev, buf, t = self._states[name]
+        return self.devices[dev].read(Binding(buf, 0, t.shape, t.strides, t.dtype))
+
+    def write_rows(self, name: str, row: int, array: np.ndarray) -> None:
+        """Write `array` into rows [row, row+len) of a state/cache tensor (host callbacks use it)."""
+        dev, buf, t = self._states[name]
+        array = np.ascontiguousarray(array, to_numpy(t.dtype))
+        row_elems = int(np.prod(t.shape[1:], dtype=np.int64))
+        if array.size % row_elems or row < 0 or row + array.size // row_elems > t.shape[0]:
+            raise InputError(f"write_rows: {array.shape} at row {row} does not fit {name!r} {t.shape}")
+        rows = array.size // row_elems
+        binding = Binding(buf, row * row_elems * array.itemsize, (rows, *t.shape[1:]),
+                          (row_elems, *t.strides[1:]) if len(t.shape) > 1 else (1,), t.dtype)
+        self.devices[dev].write(binding, array.reshape(binding.shape))
+
+    def current_plan(self, entry: str) -> EntryPlan:
+        return self._current[entry]
+
+    def __enter__(self) -> "PreparedGraph":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    # ------------------------------------------------------------ lifecycle impl
+    def _check_alive(self) -> None:
+        if self.released:
+            raise ReleasedError(f"prepared graph {self.name!r} was released")
+
+    def _prepare_impl(self, entry: str, shapes: Mapping[str, Sequence[int]]) -> EntryPlan:
+        if entry not in self.entries:
+            raise InputError(f"unknown entry point {entry!r}; {self.name} has {sorted(self.entries)}")
+        shapes = {k: tuple(int(d) for d in v) for k, v in shapes.items()}
+        key = tuple(sorted(shapes.items()))
+        cache = self._plans[entry]
+        if key in cache:
+            cache.move_to_end(key)
+            plan = cache[key]
+            self._bind(plan)
+            self._current[entry] = plan
+            return plan
+        b = GraphBuilder()
+        self.entries[entry](b, shapes)
+        graph = b.build()
+        graph.validate()
+        pinned = {name: dev for name, (dev, _, _) in self._states.items()}
+        pinned.update({name: dev for (name, dev) in self._weights})
+        sched = schedule(graph, list(self.devices.values()), self.placement, pinned, self.strict)
+        plans = self._plan_memory(sched)
+        plan = EntryPlan(entry, shapes, graph, sched, plans)
+        self._bind(plan, fresh=True)
+        cache[key] = plan
+        self.stats["plans_built"] += 1
+        while len(cache) > MAX_PLANS_PER_ENTRY:
+            _, old = cache.popitem(last=False)
+            old.release_captures()
+        self._current[entry] = plan
+        return plan
+
+    def _execute_impl(self, entry: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        plan = self._plan_for_inputs(entry, inputs)
+        for name, (dev, binding) in plan.inputs.items():
+            dev.write(binding, inputs[name])
+        for split, prog, steps in zip(plan.schedule.splits, plan.programs, plan.copy_steps):
+            for step in steps:
+                step.run()
+            if split.host:
+                self._run_host(split, plan.split_bindings[split.index])
+            else:
+                prog.run()
+        self.stats["executes"] += 1
+        return {name: dev.read(binding) for name, (dev, binding) in plan.outputs.items()}
+
+    def _release_impl(self) -> None:
+        first_error: BaseException | None = None
+        for cache in self._plans.values():           # 1. captures
+            for plan in cache.values():
+                try:
+                    plan.release_captures()
+                except BaseException as exc:  # keep releasing; report the first failure
+                    first_error = first_error or exc
+        self._plans = {e: OrderedDict() for e in self.entries}
+        self._current.clear()
+        for buf in list(self._inputs.values()) + [b for _, b, _ in self._states.values()] + list(self._weights.values()):
+            try:                                       # 2. persistent buffers
+                buf.release()
+            except BaseException as exc:
+                first_error = first_error or exc
+        self._inputs.clear()
+        self._states.clear()
+        self._weights.clear()
+        self.released = True
+        self.workspace.detach()                        # 3. the workspace reference
+        if first_error is not None:
+            raise first_error
+
+    # ---------------------------------------------------------------- internals
+    def _plan_for_inputs(self, entry: str, inputs: Mapping[str, np.ndarray]) -> EntryPlan:
+        if entry not in self.entries:
+            raise InputError(f"unknown entry point {entry!r}; {self.name} has {sorted(self.entries)}")
+        plan = self._current.get(entry)
+        if plan is None:
+            raise InputError(f"entry point {entry!r} of {self.name} was not prepared; call prepare({entry!r}, shapes)")
+        expected = plan.graph.inputs
+        missing = sorted(set(expected) - set(inputs))
+        extra = sorted(set(inputs) - set(expected))
+        if missing or extra:
+            raise InputError(f"{self.name}.{entry}: missing inputs {missing}, unknown inputs {extra}; expects {sorted(expected)}")
+        shapes = {}
+        for name, t in expected.items():
+            arr = inputs[name]
+            if not isinstance(arr, np.ndarray):
+                raise InputError(f"{self.name}.{entry}: input {name!r} is a {type(arr).__name__}, not a numpy array")
+            if arr.dtype != to_numpy(t.dtype):
+                raise InputError(f"{self.name}.{entry}: input {name!r} has dtype {arr.dtype}, expected {to_numpy(t.dtype)}")
+            if arr.ndim != len(t.shape):
+                raise InputError(f"{self.name}.{entry}: input {name!r} has shape {arr.shape}, expected rank {len(t.shape)} like {t.shape}")
+            shapes[name] = tuple(arr.shape)
+        if shapes != plan.shapes:
+            plan = self._prepare_impl(entry, shapes)   # new shapes: re-plan (and grow if needed)
+        else:
+            self._bind(plan)
+        return plan
+
+    def _arena_intervals(self, sched: Schedule) -> dict[str, list[Interval]]:
+        """Liveness of every tensor needing arena memory, per device."""
+        graph = sched.graph
+        consumers = graph.consumers()
+        last: dict[int, int] = {}
+        for split in sched.splits:
+            for node in split.nodes:
+                t = sched.time_of[node.id]
+                for src in node.srcs:
+                    st = src.storage
+                    copy = split.copy_of(st)
+                    if copy is not None:
+                        last[copy.key] = max(last.get(copy.key, 0), t)
+                        last[st.id] = max(last.get(st.id, 0), sched.split_time[split.index])
+                    else:
+                        last[st.id] = max(last.get(st.id, 0), t)
+        out: dict[str, list[Interval]] = {d: [] for d in self.devices}
+        for split in sched.splits:
+            for c in split.copies:
+                ct = sched.split_time[split.index]
+                out[split.device].append(Interval(c.key, c.nbytes, ct, last.get(c.key, ct)))
+            for node in split.nodes:
+                if OPS[node.op].writes_src0:
+                    continue
+                t = sched.time_of[node.id]
+                end = END if node.is_output else max(last.get(node.id, t), t)
+                parent = None
+                src0 = node.srcs[0] if node.srcs else None
+                if (OPS[node.op].inplace and src0 is not None and src0.storage is src0 and src0.op is not None
+                        and not src0.is_output and not node.is_output and len(consumers.get(src0.id, [])) == 1
+                        and src0.shape == node.shape and src0.dtype == node.dtype
+                        and sched.device_of[src0.id] == split.device and not OPS[src0.op].writes_src0):
+                    parent = src0.id
+                out[split.device].append(Interval(node.id, node.nbytes, t, end, parent))
+        return out
+
+    def _plan_memory(self, sched: Schedule) -> dict[str, DevicePlan]:
+        plans = {}
+        for dev_name, intervals in self._arena_intervals(sched).items():
+            bt = self.devices[dev_name].buffer_type()
+            plans[dev_name] = plan_device(dev_name, intervals, bt.alignment, bt.max_size)
+        return plans
+
+    def reserve(self, entry: str, shapes: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
+        """Dry run: arena chunk sizes per device `entry` would need for `shapes`. Allocates nothing."""
+        self._check_alive()
+        b = GraphBuilder()
+        self.entries[entry](b, {k: tuple(v) for k, v in shapes.items()})
+        graph = b.build()
+        sched = schedule(graph, list(self.devices.values()), self.placement, None, self.strict)
+        return {d: p.chunks for d, p in self._plan_memory(sched).items() if p.chunks}
+
+    # -- binding: persistent memory, workspace growth, compile ---------------
+    def _bind(self, plan: EntryPlan, fresh: bool = False) -> None:
+        """Make `plan` runnable against current memory; a no-op when already bound."""
+        if (not fresh and plan.programs and plan.generation == self.workspace.generation
+                and plan.persist_generation == self._persist_generation):
+            return
+        if not fresh:
+            self.stats["rebinds"] += 1
+        plan.release_captures()
+        new_buffers: list[Buffer] = []
+        retired: list[tuple[tuple[str, str], Buffer]] = []
+        growth: Growth | None = None
+        programs: list[PreparedSplit | None] = []
+        try:
+            grew_persistent = self._reserve_persistent(plan, new_buffers, retired)
+            needs = {self.devices[d]: p.chunks for d, p in plan.device_plans.items() if p.chunks}
+            growth = self.workspace.grow(needs)
+            self._make_bindings(plan, growth)
+            for split in plan.schedule.splits:
+                if split.host:
+                    programs.append(None)
+                    continue
+                dev = self.devices[split.device]
+                programs.append(dev.compile(SplitProgram(dev, split.nodes, plan.split_bindings[split.index])))
+        except BaseException:
+            for prog in programs:
+                if prog is not None:
+                    prog.release()
+            if growth is not None:
+                growth.abort()
+            self._forget(new_buffers, retired)
+            raise
+        growth.commit()
+        for _, buf in retired:
+            buf.release()
+        if grew_persistent:
+            self._persist_generation += 1
+        plan.programs = programs
+        plan.generation = self.workspace.generation
+        plan.persist_generation = self._persist_generation
+
+    def _forget(self, buffers: list[Buffer], retired: list[tuple]) -> None:
+        """Undo persistent allocations of a failed attempt (and restore retired ones)."""
+        ids = {id(b) for b in buffers}
+        for key in [k for k, b in self._weights.items() if id(b) in ids]:
+            del self._weights[key]
+        for key in [k for k, v in self._states.items() if id(v[1]) in ids]:
+            del self._states[key]
+        for key in [k for k, b in self._inputs.items() if id(b) in ids]:
+            del self._inputs[key]
+        for buf in buffers:
+            buf.release()
+        for key, buf in retired:
+            self._inputs[key] = buf
+        retired.clear()
+
+    def _reserve_persistent(self, plan: EntryPlan, new: list[Buffer], retired: list) -> bool:
+        """Weights (uploaded once), state (shared by name), input buffers (grown to the max)."""
+        sched = plan.schedule
+        grew = False
+        for t in plan.graph.tensors:
+            if t.op is not None:
+                continue
+            dev_name = sched.device_of[t.id]
+            dev = self.devices[dev_name]
+            if t.role == WEIGHT:
+                if (t.name, dev_name) not in self._weights:
+                    data = np.ascontiguousarray(t.host_data())
+                    if data.shape != t.shape or data.dtype != to_numpy(t.dtype):
+                        raise GraphError(f"weight data is {data.shape} {data.dtype}, declared {t.shape} {t.dtype}", t.name)
+                    buf = dev.alloc(t.nbytes, tag=f"{self.name}:weight:{t.name}")
+                    new.append(buf)
+                    self._weights[(t.name, dev_name)] = buf
+                    dev.write(Binding(buf, 0, t.shape, t.strides, t.dtype), data)
+            elif t.role in PERSISTENT:
+                have = self._states.get(t.name)
+                if have is None:
+                    buf = dev.alloc(t.nbytes, tag=f"{self.name}:{t.role}:{t.name}")
+                    new.append(buf)
+                    self._states[t.name] = (dev_name, buf, t)
+                    dev.fill_zero(Binding(buf, 0, t.shape, t.strides, t.dtype))
+                elif have[2].shape != t.shape or have[2].dtype != t.dtype or have[0] != dev_name:
+                    raise GraphError(f"{t.role} declared as {t.shape} {t.dtype} on {dev_name}, but an earlier entry "
+                                     f"declared {have[2].shape} {have[2].dtype} on {have[0]}", t.name)
+            elif t.role == INPUT:
+                key = (t.name, dev_name)
+                old = self._inputs.get(key)
+                if old is None or old.nbytes < t.nbytes:
+                    buf = dev.alloc(t.nbytes, tag=f"{self.name}:input:{t.name}")
+                    new.append(buf)
+                    self._inputs[key] = buf
+                    if old is not None:
+                        retired.append((key, old))
+                        grew = True
+        return grew
+
+    def _home_location(self, plan: EntryPlan, growth: Growth, storage: Tensor) -> tuple[Buffer, int]:
+        dev = plan.schedule.device_of[storage.id]
+        if storage.op is None:
+            if storage.role == WEIGHT:
+                return self._weights[(storage.name, dev)], 0
+            if storage.role == INPUT:
+                return self._inputs[(storage.name, dev)], 0
+            return self._states[storage.name][1], 0
+        p = plan.device_plans[dev].placements[storage.id]
+        return growth.chunk(dev, p.chunk), p.offset
+
+    def _make_bindings(self, plan: EntryPlan, growth: Growth) -> None:
+        sched = plan.schedule
+
+        def bind(t: Tensor, buf: Buffer, base: int) -> Binding:
+            return Binding(buf, base + t.offset * np.dtype(to_numpy(t.dtype)).itemsize, t.shape, t.strides, t.dtype)
+
+        plan.split_bindings, plan.copy_steps = [], []
+        for split in sched.splits:
+            bindings: dict[int, Binding] = {}
+            steps: list[_CopyStep] = []
+            for c in split.copies:
+                dst_p = plan.device_plans[split.device].placements[c.key]
+                src_buf, src_off = self._home_location(plan, growth, c.src)
+                dst_buf = growth.chunk(split.device, dst_p.chunk)
+                full = Tensor(c.src.id, c.src.name, c.src.shape, c.src.dtype)
+                steps.append(_CopyStep(c, self.devices[c.src_device], bind(full, src_buf, src_off),
+                                       self.devices[split.device], bind(full, dst_buf, dst_p.offset)))
+            for node in split.nodes:
+                for t in (node, *node.srcs):
+                    st = t.storage
+                    copy = split.copy_of(st)
+                    if copy is not None:
+                        p = plan.device_plans[split.device].placements[copy.key]
+                        buf, base = growth.chunk(split.device, p.chunk), p.offset
+                    else:
+                        buf, base = self._home_location(plan, growth, st)
+                    bindings[t.id] = bind(t, buf, base)
+            plan.split_bindings.append(bindings)
+            plan.copy_steps.append(steps)
+        plan.inputs = {}
+        for name, t in plan.graph.inputs.items():
+            dev = sched.device_of[t.id]
+            plan.inputs[name] = (self.devices[dev], bind(t, self._inputs[(name, dev)], 0))
+        plan.outputs = {}
+        for name, t in plan.graph.outputs.items():
+            buf, base = self._home_location(plan, growth, t.storage)
+            plan.outputs[name] = (self.devices[sched.device_of[t.storage.id]], bind(t, buf, base))
+
+    def _run_host(self, split: Split, bindings: Mapping[int, Binding]) -> None:
+        node = split.nodes[0]
+        dev = self.devices[split.device]
+        cb = self.callbacks.get(node.params["callback"])
+        if cb is None:
+            raise InputError(f"{self.name}: no host callback {node.params['callback']!r} for node {node.name!r}")
+        arrays = [dev.read(bindings[s.id]) for s in node.srcs]
+        result = np.asarray(cb(node, *arrays, ctx=self))
+        if result.shape != node.shape:
+            raise InputError(f"host callback {node.params['callback']!r} returned {result.shape}, node {node.name!r} expects {node.shape}")
+        dev.write(bindings[node.id], result.astype(to_numpy(node.dtype), copy=False))

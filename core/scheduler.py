@@ -1,0 +1,225 @@
+"""The scheduler: one graph over several devices (ggml's backend scheduler, simplified).
+
+Rules, in order, for each op node:
+1. the model's placement callback (or a pinned placement) decides if it answers;
+2. a write into state (`set_rows`, `copy_into`) runs where that state lives;
+3. weights follow: a node reading a weight goes to the weight's device if that
+   device supports it;
+4. otherwise the highest-priority device that supports the node.
+In strict mode a node that cannot go to the highest-priority device (a silent
+fallback) is an error listing every such node. View nodes need no device of
+their own: they live where their storage lives. Inputs and state go to the
+device of their first real consumer unless placed.
+
+Consecutive nodes on one device form a split; a `host` node is a split of its
+own. A tensor read by a split on another device is copied there once per
+split (its storage, so views keep their offsets), before the split runs.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from .backend import Device
+from .errors import PlacementError
+from .graph import INPUT, PERSISTENT, WEIGHT, Graph, Tensor
+from .ops import OPS
+
+PlacementFn = Callable[[Tensor, list[str]], "str | None"]
+_copy_keys = itertools.count(-1, -1)  # copies get negative keys, tensors positive ids
+
+
+@dataclass
+class Copy:
+    """Bring `src` (a storage tensor) from `src_device` to `dst_device` before a split."""
+
+    key: int
+    src: Tensor
+    src_device: str
+    dst_device: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.src.nbytes
+
+
+@dataclass
+class Split:
+    index: int
+    device: str
+    nodes: list[Tensor]
+    host: bool = False
+    copies: list[Copy] = field(default_factory=list)
+
+    def copy_of(self, storage: Tensor) -> Copy | None:
+        for c in self.copies:
+            if c.src.id == storage.id:
+                return c
+        return None
+
+
+@dataclass
+class Schedule:
+    graph: Graph
+    splits: list[Split]
+    device_of: dict[int, str]          # storage/op tensor id -> device name
+    time_of: dict[int, int]            # op node id -> schedule time (odd numbers)
+    split_time: dict[int, int]         # split index -> time its copies happen (even)
+
+    @property
+    def copies(self) -> list[Copy]:
+        return [c for s in self.splits for c in s.copies]
+
+    def summary(self) -> dict:
+        per_device: dict[str, int] = {}
+        for s in self.splits:
+            per_device[s.device] = per_device.get(s.device, 0) + 1
+        return {
+            "splits": len(self.splits),
+            "splits_per_device": per_device,
+            "copies": len(self.copies),
+            "bytes_copied_per_execute": sum(c.nbytes for c in self.copies),
+            "host_splits": sum(1 for s in self.splits if s.host),
+        }
+
+
+def schedule(
+    graph: Graph,
+    devices: Sequence[Device],
+    placement: PlacementFn | None = None,
+    pinned: Mapping[str, str] | None = None,
+    strict: bool = False,
+) -> Schedule:
+    """Assign every node to a device and cut the graph into splits with copies."""
+    if not devices:
+        raise PlacementError("no devices to schedule on")
+    names = [d.name for d in devices]
+    by_name = {d.name: d for d in devices}
+    top = devices[0]
+    pinned = dict(pinned or {})
+    device_of: dict[int, str] = {}
+
+    def ask(t: Tensor) -> str | None:
+        if t.name in pinned:
+            return pinned[t.name]
+        if placement is not None:
+            choice = placement(t, list(names))
+            if choice is not None and choice not in by_name:
+                raise PlacementError(f"placement callback put {t.name!r} on {choice!r}, which is not one of {names}", [t.name])
+            return choice
+        return None
+
+    # weights first: where the callback says, else the best device for their first consumer
+    consumers = graph.consumers()
+    for w in graph.weights.values():
+        d = ask(w)
+        if d is None:
+            users = [u for u in _real_consumers(w, consumers)]
+            d = next((dev.name for dev in devices if users and dev.supports(users[0])), top.name)
+        device_of[w.id] = d
+    for s in graph.states.values():
+        d = ask(s)
+        if d is not None:
+            device_of[s.id] = d
+
+    fallbacks: list[str] = []
+    unplaceable: list[str] = []
+    for node in graph.nodes:
+        opdef = OPS[node.op]
+        if opdef.view is not None:
+            continue
+        if node.op == "host":
+            continue  # placed after its inputs are (below)
+        choice = ask(node)
+        if choice is not None:
+            if not by_name[choice].supports(node):
+                raise PlacementError(f"placement put {node.name!r} ({node.op}) on {choice}, which does not support it", [node.name])
+            device_of[node.id] = choice
+            continue
+        if opdef.writes_src0:
+            dst = node.srcs[0].storage
+            if dst.id in device_of:
+                if not by_name[device_of[dst.id]].supports(node):
+                    unplaceable.append(node.name)
+                device_of[node.id] = device_of[dst.id]
+                continue
+        weight_devs = [device_of[s.storage.id] for s in node.srcs if s.storage.role == WEIGHT]
+        chosen = next((d for d in weight_devs if by_name[d].supports(node)), None)
+        if chosen is None:
+            chosen = next((d.name for d in devices if d.supports(node)), None)
+        if chosen is None:
+            unplaceable.append(node.name)
+            continue
+        wanted = weight_devs[0] if weight_devs else top.name
+        if chosen != wanted:
+            fallbacks.append(f"{node.name} ({node.op})")
+        device_of[node.id] = chosen
+        if opdef.writes_src0:
+            device_of.setdefault(node.srcs[0].storage.id, chosen)
+    if unplaceable:
+        raise PlacementError(f"no device supports: {', '.join(unplaceable)}", unplaceable)
+    if strict and fallbacks:
+        raise PlacementError(
+            f"strict placement: {len(fallbacks)} node(s) cannot run on {top.name} and would fall back: "
+            + ", ".join(fallbacks), [f.split(" ")[0] for f in fallbacks])
+
+    # host nodes: where their first input lives (else the top device)
+    for node in graph.nodes:
+        if node.op == "host":
+            src_devs = [device_of.get(s.storage.id) for s in node.srcs]
+            device_of[node.id] = ask(node) or next((d for d in src_devs if d), top.name)
+
+    # leaves without a device: the device of their first real consumer
+    for leaf in graph.tensors:
+        if leaf.op is None and leaf.id not in device_of:
+            users = _real_consumers(leaf, consumers)
+            device_of[leaf.id] = device_of[users[0].id] if users else top.name
+
+    # views live with their storage
+    for node in graph.nodes:
+        if OPS[node.op].view is not None:
+            device_of[node.id] = device_of[node.storage.id]
+
+    return _cut(graph, device_of)
+
+
+def _real_consumers(t: Tensor, consumers: Mapping[int, list[Tensor]]) -> list[Tensor]:
+    """Non-view nodes that read `t`, directly or through views, in graph order."""
+    out: list[Tensor] = []
+    stack = list(consumers.get(t.id, []))
+    seen: set[int] = set()
+    while stack:
+        n = stack.pop(0)
+        if n.id in seen:
+            continue
+        seen.add(n.id)
+        if OPS[n.op].view is not None:
+            stack.extend(consumers.get(n.id, []))
+        else:
+            out.append(n)
+    return sorted(out, key=lambda n: n.id)
+
+
+def _cut(graph: Graph, device_of: dict[int, str]) -> Schedule:
+    splits: list[Split] = []
+    time_of: dict[int, int] = {}
+    split_time: dict[int, int] = {}
+    for i, node in enumerate(graph.nodes):
+        time_of[node.id] = 2 * i + 1
+        if OPS[node.op].view is not None:
+            continue
+        dev = device_of[node.id]
+        is_host = node.op == "host"
+        if not splits or splits[-1].device != dev or is_host or splits[-1].host:
+            splits.append(Split(len(splits), dev, [], host=is_host))
+            split_time[splits[-1].index] = 2 * i
+        splits[-1].nodes.append(node)
+    for split in splits:
+        for node in split.nodes:
+            for src in node.srcs:
+                st = src.storage
+                home = device_of[st.id]
+                if home != split.device and split.copy_of(st) is None:
+                    split.copies.append(Copy(next(_copy_keys), st, home, split.device))
+    return Schedule(graph, splits, device_of, time_of, split_time)

@@ -1,0 +1,134 @@
+"""Session: the devices a program runs on, and the owner of its prepared graphs.
+
+`Session(["vulkan", "cpu"])` opens the named backends' devices in priority
+order (first is preferred by the scheduler). A name may pick a device:
+`cpu:1` opens two logical CPU devices and uses the second. Closing the session
+releases every prepared graph it handed out, then closes the devices.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from .backend import Device
+from .errors import BackendUnavailable, ReleasedError
+from .plugins.manager import PluginManager, get_plugin_manager
+from .prepared import EntryBuilder, HostCallback, PreparedGraph
+from .scheduler import PlacementFn
+from .workspace import GraphWorkspace
+
+
+def parse_device_name(name: str) -> tuple[str, int]:
+    """'vulkan' -> ('vulkan', 0); 'cpu:1' -> ('cpu', 1)."""
+    backend, _, index = name.partition(":")
+    if index and not index.isdigit():
+        raise BackendUnavailable(f"device name {name!r}: expected BACKEND or BACKEND:INDEX")
+    return backend, int(index or 0)
+
+
+class Session:
+    """Opened devices plus the prepared graphs made on them."""
+
+    def __init__(
+        self,
+        devices: Sequence[str] | None = None,
+        *,
+        config: Mapping[str, Mapping[str, Any]] | None = None,
+        plugins: PluginManager | None = None,
+    ):
+        self.plugins = plugins or get_plugin_manager()
+        self.config = {k: dict(v) for k, v in (config or {}).items()}
+        wanted = list(devices or ["cpu"])
+        specs = self.plugins.backends()
+        per_backend: dict[str, int] = {}
+        for name in wanted:
+            backend, index = parse_device_name(name)
+            if backend not in specs:
+                raise BackendUnavailable(f"unknown backend {backend!r}; installed: {', '.join(specs) or 'none'}")
+            per_backend[backend] = max(per_backend.get(backend, 0), index + 1)
+        opened: dict[str, list[Device]] = {}
+        try:
+            for backend, count in per_backend.items():
+                cls = specs[backend].backend
+                probe = cls.probe()
+                if not probe.usable:
+                    raise BackendUnavailable(f"backend {backend!r} is not usable here: {probe.reason}")
+                cfg = dict(self.config.get(backend, {}))
+                cfg["count"] = max(count, int(cfg.get("count", 1)))
+                devs = cls.open_devices(cfg)
+                if len(devs) < count:
+                    raise BackendUnavailable(f"backend {backend!r} has {len(devs)} device(s); {name!r} asks for index {count - 1}")
+                opened[backend] = devs
+        except BaseException:
+            for devs in opened.values():
+                for d in devs:
+                    d.close()
+            raise
+        self._all_devices = [d for devs in opened.values() for d in devs]
+        self.devices: list[Device] = []
+        for name in wanted:
+            backend, index = parse_device_name(name)
+            dev = opened[backend][index]
+            if dev not in self.devices:
+                self.devices.append(dev)
+        self._graphs: list[PreparedGraph] = []
+        self._workspaces: list[GraphWorkspace] = []
+        self.closed = False
+
+    def device(self, name: str) -> Device:
+        for d in self.devices:
+            if d.name == name or d.name == f"{name}:0":
+                return d
+        raise BackendUnavailable(f"no device {name!r} in this session ({', '.join(d.name for d in self.devices)})")
+
+    def workspace(self, name: str = "workspace") -> GraphWorkspace:
+        """A new workspace for graphs that never run at the same time."""
+        self._check_open()
+        ws = GraphWorkspace(name)
+        self._workspaces.append(ws)
+        return ws
+
+    def prepare(
+        self,
+        entries: Mapping[str, EntryBuilder],
+        shapes: Mapping[str, Mapping[str, Sequence[int]]],
+        *,
+        workspace: GraphWorkspace | None = None,
+        placement: PlacementFn | None = None,
+        strict: bool = False,
+        name: str = "graph",
+        callbacks: Mapping[str, HostCallback] | None = None,
+    ) -> PreparedGraph:
+        """Prepare a graph's entry points (see PreparedGraph). A private workspace is
+        made when none is given."""
+        self._check_open()
+        ws = workspace or self.workspace(f"{name}:workspace")
+        graph = PreparedGraph(self, entries, shapes, workspace=ws, placement=placement, strict=strict,
+                              name=name, callbacks=callbacks)
+        self._graphs.append(graph)
+        return graph
+
+    def close(self) -> None:
+        """Release prepared graphs, then workspaces, then devices. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        for g in self._graphs:
+            g.release()
+        for ws in self._workspaces:
+            ws.release()
+        for d in self._all_devices:
+            d.close()
+        self._graphs.clear()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ReleasedError("session is closed")
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Session({[d.name for d in self.devices]})"

@@ -1,0 +1,142 @@
+"""GraphWorkspace: arenas shared by prepared graphs that never run at once.
+
+An encoder and a decoder, the `prefill` and `decode` entry points of one model,
+or a short request after a long one all bind into the same chunk buffers, so
+memory is the *largest* need, not the sum. When a graph needs more, the
+workspace grows and bumps `generation`; every graph bound to an older
+generation re-binds (and drops captures that point at the old memory) before
+its next execute.
+
+Growth is transactional: the new, larger chunks are allocated first and the
+pending prepare binds to them; if anything in that prepare fails, they are
+released and the old arena stays exactly as it was. Only when the prepare
+succeeds are the old chunks released and the new ones installed.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from .backend import Buffer, Device
+from .errors import ReleasedError
+
+
+class GraphWorkspace:
+    """Per-device arenas (lists of chunk buffers) with a generation counter."""
+
+    def __init__(self, name: str = "workspace"):
+        self.name = name
+        self.generation = 0
+        self._arenas: dict[str, list[Buffer]] = {}
+        self._devices: dict[str, Device] = {}
+        self._users = 0
+        self.released = False
+
+    # -- sizing ----------------------------------------------------------------
+    def chunk_sizes(self, device: str) -> list[int]:
+        return [b.nbytes for b in self._arenas.get(device, [])]
+
+    def nbytes(self, device: str | None = None) -> int:
+        return sum(sum(self.chunk_sizes(d)) for d in self._arenas if device is None or d == device)
+
+    def fits(self, device: Device, chunks: Sequence[int]) -> bool:
+        have = self.chunk_sizes(device.name)
+        return len(have) >= len(chunks) and all(h >= n for h, n in zip(have, chunks))
+
+    def grow(self, needs: Mapping[Device, Sequence[int]]) -> "Growth":
+        """Allocate (but do not yet install) arenas big enough for `needs`.
+
+        Returns a `Growth` to bind against; `commit()` installs it (releasing
+        the old chunks, bumping the generation), `abort()` releases what it
+        allocated. If an allocation fails here, nothing from this call stays
+        allocated and the AllocationError propagates.
+        """
+        if self.released:
+            raise ReleasedError(f"workspace {self.name!r} was released")
+        growth = Growth(self)
+        try:
+            for device, chunks in needs.items():
+                if self.fits(device, chunks):
+                    continue
+                have = self.chunk_sizes(device.name)
+                n = max(len(have), len(chunks))
+                want = [max((have + [0] * n)[i], (list(chunks) + [0] * n)[i]) for i in range(n)]
+                bufs = growth.buffers.setdefault(device.name, [])
+                growth.devices[device.name] = device
+                for i, size in enumerate(want):
+                    bufs.append(device.alloc(size, tag=f"{self.name}:arena[{i}]"))
+        except BaseException:
+            growth.abort()
+            raise
+        return growth
+
+    def chunk(self, device: str, index: int) -> Buffer:
+        return self._arenas[device][index]
+
+    def _install(self, growth: "Growth") -> None:
+        for name, bufs in growth.buffers.items():
+            for buf in self._arenas.get(name, []):
+                buf.release()
+            self._arenas[name] = bufs
+            self._devices[name] = growth.devices[name]
+        if growth.buffers:
+            self.generation += 1
+
+    # -- users and release -------------------------------------------------------
+    def attach(self) -> None:
+        """A prepared graph now refers to this workspace."""
+        if self.released:
+            raise ReleasedError(f"workspace {self.name!r} was released")
+        self._users += 1
+
+    def detach(self) -> None:
+        """A prepared graph let go; the last one to leave frees the arenas."""
+        self._users = max(0, self._users - 1)
+        if self._users == 0:
+            self.free()
+
+    def free(self) -> None:
+        """Release every arena now (graphs still attached will re-grow on next use)."""
+        for bufs in self._arenas.values():
+            for buf in bufs:
+                buf.release()
+        if self._arenas:
+            self.generation += 1
+        self._arenas.clear()
+
+    def release(self) -> None:
+        """Free the arenas and refuse further use."""
+        self.free()
+        self.released = True
+
+    def __repr__(self) -> str:
+        sizes = {d: self.chunk_sizes(d) for d in self._arenas}
+        return f"GraphWorkspace({self.name!r}, gen={self.generation}, users={self._users}, arenas={sizes})"
+
+
+class Growth:
+    """Arena chunks allocated for a pending prepare, installed only on success."""
+
+    def __init__(self, workspace: GraphWorkspace):
+        self.workspace = workspace
+        self.buffers: dict[str, list[Buffer]] = {}
+        self.devices: dict[str, Device] = {}
+        self.done = False
+
+    def chunk(self, device: str, index: int) -> Buffer:
+        """The chunk a pending plan binds to: the new one if this device grows."""
+        if device in self.buffers:
+            return self.buffers[device][index]
+        return self.workspace.chunk(device, index)
+
+    def commit(self) -> None:
+        if not self.done:
+            self.done = True
+            self.workspace._install(self)
+
+    def abort(self) -> None:
+        if not self.done:
+            self.done = True
+            for bufs in self.buffers.values():
+                for buf in bufs:
+                    buf.release()
+            self.buffers.clear()
