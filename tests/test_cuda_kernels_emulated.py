@@ -1,0 +1,331 @@
+"""The CUDA kernels and their lowering, checked against the NumPy references on the host.
+
+The kernel sources are compiled as C++ (flare.backends.cuda.emulator) and run
+with exactly the launch plans the CUDA device would capture, so this checks
+kernel logic, argument layout, strides/broadcast handling and dtype handling
+without a GPU. Driver calls and CUDA graphs are checked by
+test_cuda_device.py, on a GPU only.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from flare.backend import Binding, SplitProgram
+from flare.dtypes import itemsize, to_numpy
+from flare.graph import GraphBuilder
+from flare.ledger import LEDGER
+
+from flare.backends.cuda import lowering
+from flare.backends.cuda.compiler import kernel_sources
+from flare.backends.cuda.emulator import EmulatedDevice, host_compiler
+
+pytestmark = pytest.mark.skipif(host_compiler() is None, reason="no C++ compiler to build the kernel emulator")
+
+
+@pytest.fixture(scope="module")
+def device():
+    dev = EmulatedDevice()
+    yield dev
+    dev.close()
+
+
+def run_graph(dev, graph, inputs, state=None):
+    """Bind every storage tensor to its own buffer, run the whole graph as one split."""
+    bufs, bindings = {}, {}
+    before = LEDGER.snapshot().count(dev.name)
+    try:
+        for t in graph.tensors:
+            st = t.storage
+            if st.id not in bufs:
+                bufs[st.id] = dev.alloc(st.nbytes, st.name)
+            bindings[t.id] = Binding(bufs[st.id], t.offset * itemsize(t.dtype), t.shape, t.strides, t.dtype)
+        for name, arr in inputs.items():
+            dev.write(bindings[graph.inputs[name].id], arr)
+        for t in graph.weights.values():
+            dev.write(bindings[t.id], np.asarray(t.host_data()))
+        for name, t in graph.states.items():
+            init = (state or {}).get(name)
+            dev.write(bindings[t.id], np.zeros(t.shape, to_numpy(t.dtype)) if init is None else init)
+        split = dev.compile(SplitProgram(dev, graph.nodes, bindings))
+        split.run()
+        outs = {name: dev.read(bindings[t.id]) for name, t in graph.outputs.items()}
+        states = {name: dev.read(bindings[t.id]) for name, t in graph.states.items()}
+        split.release()
+        return outs, states
+    finally:
+        for buf in bufs.values():
+            buf.release()
+        assert LEDGER.snapshot().count(dev.name) == before
+
+
+def check(dev, graph, inputs, state=None, rtol=2e-5, atol=2e-5):
+    from flare.reference import evaluate
+
+    want_out, want_state = evaluate(graph, inputs, state)
+    got_out, got_state = run_graph(dev, graph, inputs, state)
+    for name in want_out:
+        _same(name, got_out[name], want_out[name], rtol, atol)
+    for name in want_state:
+        _same(name, got_state[name], want_state[name], rtol, atol)
+
+
+def _same(name, got, want, rtol, atol):
+    assert got.shape == want.shape, name
+    assert got.dtype == want.dtype, name
+    if np.issubdtype(got.dtype, np.integer):
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    else:
+        tol = max(rtol, 1e-3) if got.dtype == np.float16 else rtol
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=atol, err_msg=name)
+
+
+RNG = np.random.default_rng(1234)
+
+
+def f32(*shape, lo=-2.0, hi=2.0):
+    return RNG.uniform(lo, hi, shape).astype(np.float32)
+
+
+# Each case builds a graph and returns its inputs (and optional initial state).
+Case = Callable[[GraphBuilder], tuple]
+CASES: dict[str, Case] = {}
+
+
+def case(name):
+    def deco(fn):
+        CASES[name] = fn
+        return fn
+    return deco
+
+
+for _op in ("relu", "gelu", "silu", "sigmoid", "tanh", "exp", "sqrt", "neg", "sqr"):
+    def _unary(b, op=_op):
+        x = b.input("x", (3, 4, 5))
+        src = b.permute(x, axes=(2, 0, 1))  # a strided view as input
+        b.output("y", b.op(op, src))
+        return {"x": f32(3, 4, 5, lo=0.01 if op == "sqrt" else -3.0, hi=3.0)}
+    case(f"unary-{_op}")(_unary)
+
+
+@case("scale")
+def _scale(b):
+    b.output("y", b.scale(b.input("x", (7,)), scale=-1.5, bias=0.25))
+    return {"x": f32(7)}
+
+
+for _op in ("add", "sub", "mul", "div"):
+    def _binary(b, op=_op):
+        x, y = b.input("x", (2, 3, 4)), b.input("y", (3, 1))
+        b.output("full", b.op(op, x, y))
+        b.output("both", b.op(op, b.input("r", (1, 4)), b.input("c", (3, 1))))
+        return {"x": f32(2, 3, 4), "y": f32(3, 1, lo=0.5, hi=2.0), "r": f32(1, 4), "c": f32(3, 1, lo=0.5, hi=2.0)}
+    case(f"binary-{_op}")(_binary)
+
+
+@case("matmul")
+def _matmul(b):
+    b.output("plain", b.matmul(b.input("a", (2, 3, 4)), b.weight("w", f32(4, 5))))
+    b.output("bcast", b.matmul(b.input("p", (2, 1, 3, 4)), b.input("q", (5, 4, 6))))
+    wt = b.weight("wt", f32(6, 4).astype(np.float16))
+    b.output("tb16", b.matmul(b.transpose(b.input("s", (4, 3))), wt, transpose_b=True))
+    return {"a": f32(2, 3, 4), "p": f32(2, 1, 3, 4), "q": f32(5, 4, 6), "s": f32(4, 3)}
+
+
+@case("norms")
+def _norms(b):
+    x = b.permute(b.input("x", (6, 2, 3)), axes=(1, 2, 0))
+    b.output("ln", b.layer_norm(x))
+    b.output("rms", b.rms_norm(x, eps=1e-5))
+    return {"x": f32(6, 2, 3)}
+
+
+@case("softmax")
+def _softmax(b):
+    x = b.input("x", (2, 3, 5))
+    b.output("plain", b.softmax(x))
+    b.output("masked", b.softmax(x, b.input("m", (3, 5)), scale=0.7))
+    b.output("bcast", b.softmax(x, b.input("mr", (1, 5))))
+    m = np.triu(np.full((3, 5), -np.inf, np.float32), 1)
+    return {"x": f32(2, 3, 5), "m": m, "mr": f32(1, 5)}
+
+
+@case("get_rows")
+def _get_rows(b):
+    b.output("f32", b.get_rows(b.weight("t", f32(5, 3)), b.input("i", (2, 2), "i32")))
+    b.output("f16", b.get_rows(b.weight("h", f32(5, 3).astype(np.float16)), b.input("j", (4,), "i64")))
+    return {"i": np.array([[0, 4], [2, 2]], np.int32), "j": np.array([1, 0, 4, 3], np.int64)}
+
+
+@case("rope")
+def _rope(b):
+    x, pos = b.input("x", (4, 2, 8)), b.input("pos", (4,), "i32")
+    b.output("neox", b.rope(x, pos))
+    b.output("pairs", b.rope(x, pos, neox=False, base=500.0))
+    return {"x": f32(4, 2, 8), "pos": np.array([0, 1, 17, 3001], np.int32)}
+
+
+@case("conv1d")
+def _conv1d(b):
+    x = b.input("x", (2, 3, 11))
+    b.output("y", b.conv1d(x, b.weight("w", f32(4, 3, 3)), stride=2, padding=1, dilation=2))
+    b.output("h", b.conv1d(x, b.weight("wh", f32(2, 3, 1).astype(np.float16))))
+    return {"x": f32(2, 3, 11)}
+
+
+@case("pad")
+def _pad(b):
+    x = b.input("x", (2, 3, 4))
+    b.output("const", b.pad(x, pads=((0, 1), (2, 0), (1, 3)), value=-1.0))
+    b.output("reflect", b.pad(x, pads=((1, 1), (2, 2), (3, 3)), mode="reflect"))
+    return {"x": f32(2, 3, 4)}
+
+
+@case("concat")
+def _concat(b):
+    b.output("f", b.concat(b.input("a", (2, 3)), b.input("b", (2, 5)), axis=-1))
+    b.output("i", b.concat(b.input("c", (1, 2), "i32"), b.input("d", (3, 2), "i32"), axis=0))
+    return {"a": f32(2, 3), "b": f32(2, 5), "c": np.array([[1, 2]], np.int32),
+            "d": np.arange(6, dtype=np.int32).reshape(3, 2)}
+
+
+@case("views")
+def _views(b):
+    x = b.input("x", (4, 6))
+    v = b.slice(b.transpose(x), axis=0, start=1, stop=6, step=2)   # [3, 4], strided
+    r = b.reshape(b.input("y", (2, 3, 4)), shape=(6, 4))
+    b.output("v", b.contiguous(v))
+    b.output("r", b.add(r, b.permute(b.reshape(x, shape=(6, 4)), axes=(0, 1))))
+    return {"x": f32(4, 6), "y": f32(2, 3, 4)}
+
+
+@case("reductions")
+def _reductions(b):
+    x = b.input("x", (3, 4, 5))
+    for op in ("sum", "mean", "max"):
+        b.output(op, b.op(op, x, axis=1))
+        b.output(op + "-keep", b.op(op, b.transpose(x), axis=-1, keepdims=True))
+    b.output("argmax", b.argmax(b.input("t", (2, 5))))
+    b.output("argmax0", b.argmax(x, axis=0))
+    return {"x": f32(3, 4, 5), "t": np.array([[1, 3, 3, 0, 3], [-1, -1, -2, -1, -5]], np.float32)}
+
+
+@case("top_k")
+def _top_k(b):
+    b.output("k", b.top_k(b.input("x", (3, 6)), k=4))
+    b.output("strided", b.top_k(b.transpose(b.input("y", (5, 2))), k=2))
+    x = np.array([[1, 5, 5, 2, 5, 0], [0, 0, 0, 0, 0, 0], [-1, 3, 2, 9, 8, 9]], np.float32)
+    return {"x": x, "y": f32(5, 2)}
+
+
+@case("gather")
+def _gather(b):
+    b.output("g", b.gather(b.input("x", (2, 3, 5)), b.input("i", (2, 3, 2), "i32")))
+    return {"x": f32(2, 3, 5), "i": RNG.integers(0, 5, (2, 3, 2)).astype(np.int32)}
+
+
+@case("mul_mat_id")
+def _mul_mat_id(b):
+    w = b.weight("w", f32(4, 3, 5))
+    w16 = b.weight("w16", f32(4, 3, 5).astype(np.float16))
+    ids = b.input("ids", (2, 2), "i32")
+    b.output("x2", b.mul_mat_id(w, b.input("x", (2, 5)), ids))
+    b.output("x3", b.mul_mat_id(w16, b.input("x3", (2, 2, 5)), ids))
+    return {"ids": np.array([[3, 0], [1, 1]], np.int32), "x": f32(2, 5), "x3": f32(2, 2, 5)}
+
+
+@case("set_rows")
+def _set_rows(b):
+    cache = b.state("kv", (5, 3), "f16")
+    acc = b.state("acc", (5, 3))
+    idx = b.input("idx", (2,), "i32")
+    src = b.input("src", (2, 3))
+    w1 = b.set_rows(cache, idx, src)
+    w2 = b.set_rows(acc, idx, src)
+    b.output("after", b.add(b.cast(w1, dtype="f32"), w2))
+    return {"idx": np.array([4, 1], np.int32), "src": f32(2, 3)}, {"acc": f32(5, 3)}
+
+
+@case("copy_into")
+def _copy_into(b):
+    st = b.state("s", (2, 6), "f16")
+    w = b.copy_into(st, b.transpose(b.input("x", (2, 2))), offset=5)
+    b.output("s", b.cast(w, dtype="f32"))
+    return {"x": f32(2, 2)}, {"s": f32(2, 6).astype(np.float16)}
+
+
+@case("cast")
+def _cast(b):
+    x = b.input("x", (2, 5))
+    b.output("i32", b.cast(x, dtype="i32"))
+    b.output("f16", b.cast(x, dtype="f16"))
+    b.output("i64", b.cast(x, dtype="i64"))
+    i = b.input("i", (3,), "i64")
+    b.output("back", b.cast(i, dtype="f32"))
+    b.output("narrow", b.cast(i, dtype="i32"))
+    b.output("h2f", b.cast(b.cast(x, dtype="f16"), dtype="f32"))
+    return {"x": np.array([[-2.7, -0.5, 0.0, 0.5, 2.7], [1e3, -1e3, 3.3, 65504, -7.9]], np.float32),
+            "i": np.array([-3, 0, 1 << 20], np.int64)}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_kernels_match_reference(device, name):
+    b = GraphBuilder()
+    got = CASES[name](b)
+    inputs, state = got if isinstance(got, tuple) else (got, None)
+    check(device, b.build(), inputs, state)
+
+
+def test_every_registered_op_has_a_kernel_or_is_a_view():
+    from flare.ops import OPS
+
+    missing = sorted(op for op in OPS if op != "host" and op not in lowering.LOWERINGS)
+    assert not missing, f"ops without a CUDA lowering: {missing}"
+
+
+def test_cases_cover_every_lowered_op():
+    import inspect
+
+    text = inspect.getsource(__import__(__name__))
+    uncovered = [op for op in lowering.LOWERINGS if not re.search(rf"\b{op}\b", text)]
+    assert not uncovered, uncovered
+
+
+def test_op_codes_match_the_kernel_enums():
+    sources = kernel_sources()
+    def enum(text, first):
+        body = re.search(rf"enum \{{\s*({first}[^}}]*)\}}", text).group(1)
+        return [name.split("=")[0].strip() for name in body.split(",")]
+    unary = enum(sources["elementwise"].text, "U_RELU")
+    assert [f"U_{op.upper()}" for op in lowering.UNARY_CODES] == unary
+    assert [lowering.UNARY_CODES[op] for op in lowering.UNARY_CODES] == list(range(len(unary)))
+    binary = enum(sources["elementwise"].text, "B_ADD")
+    assert [f"B_{op.upper()}" for op in lowering.BINARY_CODES] == binary
+    reduce_ = enum(sources["reduce"].text, "R_SUM")
+    assert [f"R_{op.upper()}" for op in lowering.REDUCE_CODES] == reduce_
+
+
+def test_rebind_points_the_plan_at_new_buffers(device):
+    b = GraphBuilder()
+    y = b.output("y", b.relu(b.input("x", (4,))))
+    g = b.build()
+    x = g.inputs["x"]
+    bufs = [device.alloc(16, "a"), device.alloc(16, "b"), device.alloc(16, "c"), device.alloc(16, "d")]
+    try:
+        def prog(xb, yb):
+            return SplitProgram(device, g.nodes, {x.id: Binding(xb, 0, (4,), (1,), "f32"),
+                                                  y.id: Binding(yb, 0, (4,), (1,), "f32")})
+        split = device.compile(prog(bufs[0], bufs[1]))
+        p1, p2 = prog(bufs[0], bufs[1]), prog(bufs[2], bufs[3])
+        device.write(p2.binding(x), np.array([-1, 2, -3, 4], np.float32))
+        assert split.rebind(p2)
+        split.run()
+        np.testing.assert_array_equal(device.read(p2.binding(y)), [0, 2, 0, 4])
+        np.testing.assert_array_equal(device.read(p1.binding(y)), [0, 0, 0, 0])
+        split.release()
+    finally:
+        for buf in bufs:
+            buf.release()
