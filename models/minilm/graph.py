@@ -1,0 +1,100 @@
+"""all-MiniLM-L6-v2 as a Flare graph: BERT encoder, masked mean pooling, L2 normalisation.
+
+One entry, `embed`: inputs `ids` [B, L] i32 (right padded with 0) and `mask`
+[B, 1, 1, L] additive (0 for tokens, MASK_NEG for padding). The mask is the
+only thing that knows about padding: attention adds it to the scores, and the
+pooling weights are recovered from it exactly (MASK_NEG is -2**30, so
+mask * 2**-30 + 1 is exactly 1 or 0). Output `embeddings` [B, 384], unit norm.
+
+Nodes are named `encoder/...` (embeddings and the six layers) and `head/...`
+(pooling and normalisation), weights `encoder/<safetensors name>`, so a
+placement callback can put the two stages on different devices.
+"""
+from __future__ import annotations
+
+from math import sqrt
+from typing import Callable, Mapping
+
+import numpy as np
+
+from flare.graph import GraphBuilder, Tensor
+from flare.models.silero_vad.scope import Scope
+
+from .tokenize import MASK_NEG
+from .weights import BertConfig
+
+WeightSource = Callable[[str], "np.ndarray | Callable[[], np.ndarray]"]
+
+
+class _Weights:
+    """Declares `encoder/<name>` weights on first use, with lazy loaders when given."""
+
+    def __init__(self, b: GraphBuilder, source, shapes: Mapping[str, tuple]):
+        self._b, self._src, self._shapes, self._t = b, source, shapes, {}
+
+    def __getitem__(self, name: str) -> Tensor:
+        if name not in self._t:
+            data = self._src(name)
+            if isinstance(data, np.ndarray):
+                self._t[name] = self._b.weight(f"encoder/{name}", data)
+            else:
+                self._t[name] = self._b.weight(f"encoder/{name}", data, shape=self._shapes[name], dtype="f32")
+        return self._t[name]
+
+
+def _linear(b: Scope, w: _Weights, x: Tensor, name: str) -> Tensor:
+    return b.add(b.matmul(x, w[name + ".weight"], transpose_b=True), w[name + ".bias"])
+
+
+def _layer_norm(b: Scope, w: _Weights, x: Tensor, name: str, eps: float) -> Tensor:
+    return b.add(b.mul(b.layer_norm(x, eps=eps), w[name + ".weight"]), w[name + ".bias"])
+
+
+def encoder(b: GraphBuilder, w: _Weights, ids: Tensor, mask: Tensor, cfg: BertConfig) -> Tensor:
+    """ids [B, L], mask [B, 1, 1, L] -> last hidden states [B, L, hidden]."""
+    s = Scope(b, "encoder")
+    B, L = ids.shape
+    H, D = cfg.heads, cfg.head_dim
+    pos = s.slice(w["embeddings.position_embeddings.weight"], axis=0, start=0, stop=L)
+    typ = s.slice(w["embeddings.token_type_embeddings.weight"], axis=0, start=0, stop=1)  # segment 0 only
+    x = s.add(s.add(s.get_rows(w["embeddings.word_embeddings.weight"], ids), pos), typ)
+    x = _layer_norm(s, w, x, "embeddings.LayerNorm", cfg.layer_norm_eps)
+
+    def heads(t: Tensor) -> Tensor:  # [B, L, H*D] -> [B, H, L, D] (a view)
+        return s.permute(s.reshape(t, shape=(B, L, H, D)), axes=(0, 2, 1, 3))
+
+    for i in range(cfg.layers):
+        p = f"encoder.layer.{i}."
+        q = heads(_linear(s, w, x, p + "attention.self.query"))
+        k = heads(_linear(s, w, x, p + "attention.self.key"))
+        v = heads(_linear(s, w, x, p + "attention.self.value"))
+        probs = s.softmax(s.matmul(q, k, transpose_b=True), mask, scale=1.0 / sqrt(D))  # [B, H, L, L]
+        ctx = s.reshape(s.permute(s.matmul(probs, v), axes=(0, 2, 1, 3)), shape=(B, L, H * D))
+        x = _layer_norm(s, w, s.add(x, _linear(s, w, ctx, p + "attention.output.dense")),
+                        p + "attention.output.LayerNorm", cfg.layer_norm_eps)
+        y = _linear(s, w, s.gelu(_linear(s, w, x, p + "intermediate.dense")), p + "output.dense")
+        x = _layer_norm(s, w, s.add(x, y), p + "output.LayerNorm", cfg.layer_norm_eps)
+    return x
+
+
+def pool_normalize(b: GraphBuilder, hidden: Tensor, mask: Tensor) -> Tensor:
+    """Mean over unmasked tokens, then divide by the L2 norm: [B, L, E] -> [B, E]."""
+    s = Scope(b, "head")
+    B, L, E = hidden.shape
+    keep = s.scale(s.reshape(mask, shape=(B, 1, L)), scale=-1.0 / MASK_NEG, bias=1.0)  # exactly 1 or 0
+    total = s.matmul(keep, hidden)                                                         # [B, 1, E]
+    mean = s.div(total, s.sum(keep, axis=-1, keepdims=True))
+    norm = s.sqrt(s.sum(s.sqr(mean), axis=-1, keepdims=True))
+    return s.reshape(s.div(mean, norm), shape=(B, E))
+
+
+def build_embed(b: GraphBuilder, source: WeightSource, shapes_of_weights: Mapping[str, tuple],
+                cfg: BertConfig, shapes: Mapping[str, tuple]) -> None:
+    """`embed` entry: ids [B, L] i32 + mask [B, 1, 1, L] -> embeddings [B, hidden]."""
+    B, L = shapes["ids"]
+    if L > cfg.max_positions:
+        raise ValueError(f"sequence length {L} exceeds the model's {cfg.max_positions} positions")
+    ids = b.input("ids", (B, L), dtype="i32")
+    mask = b.input("mask", shapes.get("mask", (B, 1, 1, L)))
+    w = _Weights(b, source, shapes_of_weights)
+    b.output("embeddings", pool_normalize(b, encoder(b, w, ids, mask, cfg), mask))
