@@ -1,0 +1,154 @@
+"""Conformance cases: small graphs per op, with the tolerance each op is held to.
+
+Tolerances (|got - ref| <= atol + rtol*|ref|, the reference in float64):
+- exact ops (layout, copies, indexing, cast, set_rows, argmax/top_k): 0.
+- elementwise arithmetic: rtol 1e-6 — one f32 rounding per element.
+- transcendental (exp, tanh, sigmoid, silu, gelu, sqrt): rtol 1e-5, atol 1e-6 —
+  device math libraries are allowed a few ulp (GLSL exp/tanh, CUDA __expf-free
+  but still ~2 ulp), and erf approximations ~1.5e-7 absolute.
+- reductions, norms, softmax, matmul, conv1d, mul_mat_id, rope: rtol 1e-4,
+  atol 1e-5 — f32 accumulation in a different order than NumPy's pairwise sum
+  gives errors growing with the reduction length (here <= 64) times f32 eps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from flare.graph import GraphBuilder, Tensor
+
+EXACT = (0.0, 0.0)
+ARITH = (1e-6, 1e-7)
+TRANSC = (1e-5, 1e-6)
+ACCUM = (1e-4, 1e-5)
+
+
+@dataclass
+class Case:
+    """One conformance graph: `build(b, rng)` returns (output tensor, inputs dict)."""
+
+    id: str
+    op: str
+    build: Callable[[GraphBuilder, np.random.Generator], tuple[Tensor, dict[str, np.ndarray]]]
+    tol: tuple[float, float] = ACCUM
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+def f32(rng, *shape, lo=-2.0, hi=2.0):
+    return rng.uniform(lo, hi, shape).astype(np.float32)
+
+
+def _in(b, inputs, name, arr):
+    inputs[name] = arr
+    from flare.dtypes import from_numpy
+    return b.input(name, arr.shape, from_numpy(arr.dtype))
+
+
+def unary(op, tol, lo=-3.0, hi=3.0):
+    def build(b, rng):
+        inputs = {}
+        x = _in(b, inputs, "x", f32(rng, 3, 5, 7, lo=lo, hi=hi))
+        return b.op(op, x), inputs
+    return Case(op, op, build, tol)
+
+
+def binary(op, shape_a, shape_b, tol=ARITH, suffix=""):
+    def build(b, rng):
+        inputs = {}
+        a = _in(b, inputs, "a", f32(rng, *shape_a))
+        c = _in(b, inputs, "b", f32(rng, *shape_b, lo=0.5, hi=2.0) if op == "div" else f32(rng, *shape_b))
+        return b.op(op, a, c), inputs
+    return Case(f"{op}{suffix}", op, build, tol)
+
+
+def simple(case_id, op, tol, make):
+    """`make(b, rng, inputs)` builds and returns the output tensor."""
+    def build(b, rng):
+        inputs: dict[str, np.ndarray] = {}
+        return make(b, rng, inputs), inputs
+    return Case(case_id, op, build, tol)
+
+
+def _cases() -> list[Case]:
+    cases: list[Case] = []
+    for op in ("add", "sub", "mul", "div"):
+        cases.append(binary(op, (4, 6), (4, 6)))
+        cases.append(binary(op, (2, 4, 6), (6,), suffix="_bcast_row"))
+        cases.append(binary(op, (3, 1, 5), (1, 4, 1), suffix="_bcast_both"))
+    for op, tol in (("relu", EXACT), ("neg", EXACT), ("sqr", ARITH), ("exp", TRANSC), ("tanh", TRANSC),
+                    ("sigmoid", TRANSC), ("silu", TRANSC), ("gelu", TRANSC)):
+        cases.append(unary(op, tol))
+    cases.append(unary("sqrt", TRANSC, lo=0.0, hi=4.0))
+    cases.append(simple("scale", "scale", ARITH, lambda b, r, i: b.scale(_in(b, i, "x", f32(r, 4, 9)), scale=0.75, bias=-0.25)))
+    cases.append(simple("matmul", "matmul", ACCUM, lambda b, r, i: b.matmul(_in(b, i, "a", f32(r, 5, 16)), _in(b, i, "w", f32(r, 16, 7)))))
+    cases.append(simple("matmul_tb_batched", "matmul", ACCUM, lambda b, r, i: b.matmul(
+        _in(b, i, "a", f32(r, 2, 3, 5, 16)), _in(b, i, "w", f32(r, 2, 3, 7, 16)), transpose_b=True)))
+    cases.append(simple("matmul_bcast_weight", "matmul", ACCUM, lambda b, r, i: b.matmul(
+        _in(b, i, "a", f32(r, 3, 4, 8)), b.weight("w", f32(r, 8, 6)))))
+    cases.append(simple("matmul_f16_weight", "matmul", ACCUM, lambda b, r, i: b.matmul(
+        _in(b, i, "a", f32(r, 4, 8)), b.weight("w", f32(r, 6, 8).astype(np.float16)), transpose_b=True)))
+    cases.append(simple("matmul_of_transposed_view", "matmul", ACCUM, lambda b, r, i: b.matmul(
+        b.transpose(_in(b, i, "a", f32(r, 16, 5))), _in(b, i, "w", f32(r, 16, 7)))))
+    cases.append(simple("layer_norm", "layer_norm", ACCUM, lambda b, r, i: b.layer_norm(_in(b, i, "x", f32(r, 3, 4, 32)), eps=1e-5)))
+    cases.append(simple("rms_norm", "rms_norm", ACCUM, lambda b, r, i: b.rms_norm(_in(b, i, "x", f32(r, 6, 24)), eps=1e-6)))
+    cases.append(simple("softmax", "softmax", ACCUM, lambda b, r, i: b.softmax(_in(b, i, "x", f32(r, 2, 3, 17)), scale=0.5)))
+    cases.append(simple("softmax_mask", "softmax", ACCUM, lambda b, r, i: b.softmax(
+        _in(b, i, "x", f32(r, 2, 4, 6)), _in(b, i, "m", np.where(r.random((1, 4, 6)) < 0.3, -1e9, 0.0).astype(np.float32)))))
+    cases.append(simple("get_rows", "get_rows", EXACT, lambda b, r, i: b.get_rows(
+        b.weight("table", f32(r, 10, 8)), _in(b, i, "idx", r.integers(0, 10, (2, 5)).astype(np.int32)))))
+    cases.append(simple("get_rows_f16", "get_rows", EXACT, lambda b, r, i: b.get_rows(
+        b.weight("table", f32(r, 10, 8).astype(np.float16)), _in(b, i, "idx", r.integers(0, 10, (7,)).astype(np.int32)))))
+    cases.append(simple("rope_neox", "rope", ACCUM, lambda b, r, i: b.rope(
+        _in(b, i, "x", f32(r, 5, 2, 8)), _in(b, i, "pos", np.array([0, 1, 2, 7, 30], np.int32)))))
+    cases.append(simple("rope_interleaved", "rope", ACCUM, lambda b, r, i: b.rope(
+        _in(b, i, "x", f32(r, 3, 2, 6)), _in(b, i, "pos", np.array([3, 4, 100], np.int32)), neox=False, base=500.0)))
+    cases.append(simple("conv1d", "conv1d", ACCUM, lambda b, r, i: b.conv1d(
+        _in(b, i, "x", f32(r, 2, 3, 20)), b.weight("w", f32(r, 4, 3, 3)), padding=1)))
+    cases.append(simple("conv1d_stride_dilation", "conv1d", ACCUM, lambda b, r, i: b.conv1d(
+        _in(b, i, "x", f32(r, 1, 2, 33)), b.weight("w", f32(r, 3, 2, 5)), stride=2, dilation=2, padding=2)))
+    cases.append(simple("conv1d_pointwise", "conv1d", ACCUM, lambda b, r, i: b.conv1d(
+        _in(b, i, "x", f32(r, 2, 8, 9)), b.weight("w", f32(r, 5, 8, 1)))))
+    cases.append(simple("pad_constant", "pad", EXACT, lambda b, r, i: b.pad(
+        _in(b, i, "x", f32(r, 2, 5)), pads=((1, 0), (2, 3)), value=0.5)))
+    cases.append(simple("pad_reflect", "pad", EXACT, lambda b, r, i: b.pad(
+        _in(b, i, "x", f32(r, 2, 3, 10)), pads=((0, 0), (0, 0), (4, 4)), mode="reflect")))
+    cases.append(simple("concat", "concat", EXACT, lambda b, r, i: b.concat(
+        _in(b, i, "a", f32(r, 2, 3, 4)), _in(b, i, "b", f32(r, 2, 5, 4)), axis=1)))
+    cases.append(simple("slice_step", "slice", EXACT, lambda b, r, i: b.slice(
+        _in(b, i, "x", f32(r, 4, 11)), axis=1, start=1, stop=10, step=3)))
+    cases.append(simple("reshape_permute", "permute", EXACT, lambda b, r, i: b.permute(
+        b.reshape(_in(b, i, "x", f32(r, 4, 6)), shape=(2, 2, 6)), axes=(2, 0, 1))))
+    cases.append(simple("contiguous_of_slice", "contiguous", EXACT, lambda b, r, i: b.contiguous(
+        b.slice(b.transpose(_in(b, i, "x", f32(r, 5, 7))), axis=0, start=2, stop=6))))
+    cases.append(simple("add_of_views", "add", ARITH, lambda b, r, i: b.add(
+        b.transpose(_in(b, i, "a", f32(r, 6, 4))), b.slice(_in(b, i, "b", f32(r, 4, 9)), axis=1, start=3, stop=9))))
+    for op in ("sum", "mean", "max"):
+        cases.append(simple(f"{op}_last", op, ACCUM, (lambda o: lambda b, r, i: b.op(o, _in(b, i, "x", f32(r, 3, 4, 10)), axis=-1))(op)))
+        cases.append(simple(f"{op}_mid_keep", op, ACCUM, (lambda o: lambda b, r, i: b.op(o, _in(b, i, "x", f32(r, 3, 4, 10)), axis=1, keepdims=True))(op)))
+    cases.append(simple("argmax", "argmax", EXACT, lambda b, r, i: b.argmax(_in(b, i, "x", f32(r, 4, 13)))))
+    cases.append(simple("top_k", "top_k", EXACT, lambda b, r, i: b.top_k(_in(b, i, "x", f32(r, 5, 12)), k=3)))
+    cases.append(simple("top_k_ties", "top_k", EXACT, lambda b, r, i: b.top_k(
+        _in(b, i, "x", np.array([[1, 3, 3, 0, 3, 2]], np.float32)), k=4)))
+    cases.append(simple("gather", "gather", EXACT, lambda b, r, i: b.gather(
+        _in(b, i, "x", f32(r, 4, 9)), _in(b, i, "idx", r.integers(0, 9, (4, 3)).astype(np.int32)))))
+    cases.append(simple("mul_mat_id", "mul_mat_id", ACCUM, lambda b, r, i: b.mul_mat_id(
+        b.weight("w", f32(r, 5, 6, 8)), _in(b, i, "x", f32(r, 4, 8)), _in(b, i, "ids", r.integers(0, 5, (4, 2)).astype(np.int32)))))
+    cases.append(simple("mul_mat_id_per_slot_f16", "mul_mat_id", ACCUM, lambda b, r, i: b.mul_mat_id(
+        b.weight("w", f32(r, 4, 6, 8).astype(np.float16)), _in(b, i, "x", f32(r, 3, 2, 8)),
+        _in(b, i, "ids", np.array([[0, 3], [3, 3], [1, 2]], np.int32)))))
+    cases.append(simple("set_rows", "set_rows", EXACT, lambda b, r, i: b.set_rows(
+        b.state("cache", (8, 4)), _in(b, i, "idx", np.array([6, 1, 3], np.int32)), _in(b, i, "v", f32(r, 3, 4)))))
+    cases.append(simple("copy_into", "copy_into", EXACT, lambda b, r, i: b.copy_into(
+        b.state("st", (3, 5)), _in(b, i, "v", f32(r, 2, 4)), offset=5)))
+    cases.append(simple("cast_f32_f16", "cast", EXACT, lambda b, r, i: b.cast(_in(b, i, "x", f32(r, 3, 8)), dtype="f16")))
+    cases.append(simple("cast_f16_f32", "cast", EXACT, lambda b, r, i: b.cast(b.weight("h", f32(r, 3, 8).astype(np.float16)), dtype="f32")))
+    cases.append(simple("cast_f32_i32", "cast", EXACT, lambda b, r, i: b.cast(_in(b, i, "x", f32(r, 3, 8, lo=-9, hi=9)), dtype="i32")))
+    cases.append(simple("cast_i32_f32", "cast", EXACT, lambda b, r, i: b.cast(
+        _in(b, i, "x", r.integers(-50, 50, (4, 4)).astype(np.int32)), dtype="f32")))
+    return cases
+
+
+CASES = _cases()
+OPS_COVERED = sorted({c.op for c in CASES})

@@ -1,0 +1,105 @@
+"""pytest plugin (entry point `pytest11: flare`): the test suite as a backend matrix.
+
+- `--backends=cpu,vulkan` selects backends (default: every installed one);
+- a `backend` fixture is parametrized over them (ids `test_x[cpu]`), and skips
+  with the backend's own reason when it cannot run here;
+- `--require-backends` turns those skips into failures (for GPU machines and
+  CI, where a silently skipped backend would be a false green);
+- the report header lists each backend's status.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+_STATUS: dict[str, tuple[bool, str]] = {}
+
+
+@dataclass
+class BackendUnderTest:
+    """What a test gets from the `backend` fixture."""
+
+    name: str
+    usable: bool
+    reason: str
+
+    def session(self, *extra: str, **kwargs: Any):
+        """A new Session on this backend (plus `extra` devices after it)."""
+        from flare.session import Session
+
+        return Session([self.name, *extra], **kwargs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("flare", "Flare backend matrix")
+    group.addoption("--backends", default=None,
+                    help="comma-separated backends to run backend tests on (default: all installed)")
+    group.addoption("--require-backends", action="store_true", default=False,
+                    help="fail instead of skip when a selected backend cannot run here")
+
+
+def _selected(config: pytest.Config) -> list[str]:
+    from flare.plugins.manager import get_plugin_manager
+
+    opt = config.getoption("--backends")
+    installed = list(get_plugin_manager().backends())
+    if not opt:
+        return installed
+    return [b.strip() for b in opt.split(",") if b.strip()]
+
+
+def _status(name: str) -> tuple[bool, str]:
+    if name not in _STATUS:
+        from flare.plugins.manager import get_plugin_manager
+
+        specs = get_plugin_manager().backends()
+        if name not in specs:
+            _STATUS[name] = (False, f"backend {name!r} is not installed (installed: {', '.join(specs)})")
+        else:
+            try:
+                probe = specs[name].backend.probe()
+                _STATUS[name] = (probe.usable, probe.reason)
+            except Exception as exc:  # a probe must not crash the test run
+                _STATUS[name] = (False, f"probe raised {type(exc).__name__}: {exc}")
+    return _STATUS[name]
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    from flare.plugins.manager import get_plugin_manager
+
+    lines = []
+    pm = get_plugin_manager()
+    for name in _selected(config):
+        usable, reason = _status(name)
+        lines.append(f"flare backend {name}: {'usable' if usable else 'UNUSABLE'} - {reason}")
+    for broken in pm.broken:
+        lines.append(f"flare plugin {broken.name}: BROKEN - {broken.error}")
+    return lines
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames:
+        names = _selected(metafunc.config)
+        metafunc.parametrize("backend", names, ids=names, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def backend(request: pytest.FixtureRequest) -> BackendUnderTest:
+    name = request.param
+    usable, reason = _status(name)
+    if not usable:
+        message = f"backend {name} unusable here: {reason}"
+        if request.config.getoption("--require-backends"):
+            pytest.fail(message + " (--require-backends)", pytrace=False)
+        pytest.skip(message)
+    return BackendUnderTest(name, usable, reason)
+
+
+@pytest.fixture(scope="session")
+def backend_session(backend: BackendUnderTest):
+    """One Session per backend shared by the op tests (opening devices is slow on lavapipe)."""
+    sess = backend.session()
+    yield sess
+    sess.close()
