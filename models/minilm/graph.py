@@ -69,7 +69,8 @@ def encoder(b: GraphBuilder, w: _Weights, ids: Tensor, mask: Tensor, cfg: BertCo
         k = heads(_linear(s, w, x, p + "attention.self.key"))
         v = heads(_linear(s, w, x, p + "attention.self.value"))
         probs = s.softmax(s.matmul(q, k, transpose_b=True), mask, scale=1.0 / sqrt(D))  # [B, H, L, L]
-        ctx = s.reshape(s.permute(s.matmul(probs, v), axes=(0, 2, 1, 3)), shape=(B, L, H * D))
+        ctx = s.contiguous(s.permute(s.matmul(probs, v), axes=(0, 2, 1, 3)))   # [B, L, H, D]
+        ctx = s.reshape(ctx, shape=(B, L, H * D))
         x = _layer_norm(s, w, s.add(x, _linear(s, w, ctx, p + "attention.output.dense")),
                         p + "attention.output.LayerNorm", cfg.layer_norm_eps)
         y = _linear(s, w, s.gelu(_linear(s, w, x, p + "intermediate.dense")), p + "output.dense")
@@ -83,9 +84,9 @@ def pool_normalize(b: GraphBuilder, hidden: Tensor, mask: Tensor) -> Tensor:
     B, L, E = hidden.shape
     keep = s.scale(s.reshape(mask, shape=(B, 1, L)), scale=-1.0 / MASK_NEG, bias=1.0)  # exactly 1 or 0
     total = s.matmul(keep, hidden)                                                         # [B, 1, E]
-    mean = s.div(total, s.sum(keep, axis=-1, keepdims=True))
-    norm = s.sqrt(s.sum(s.sqr(mean), axis=-1, keepdims=True))
-    return s.reshape(s.div(mean, norm), shape=(B, E))
+    mean = s.reshape(s.div(total, s.sum(keep, axis=-1, keepdims=True)), shape=(B, E))
+    norm = s.sqrt(s.sum(s.sqr(mean), axis=-1, keepdims=True))                               # [B, 1]
+    return s.div(mean, norm)  # not a view, so the output needs no extra (unscoped) copy
 
 
 def build_embed(b: GraphBuilder, source: WeightSource, shapes_of_weights: Mapping[str, tuple],

@@ -29,9 +29,11 @@ from flare.graph import GraphBuilder, Tensor
 from .numpy_reference import CHUNK, CONTEXT, HIDDEN, WINDOW
 from .scope import Scope
 
-STATE_CONTEXT = "vad.context"   # [1, 64]: last 64 samples of the previous window
-STATE_H = "vad.h"               # [1, 128]
-STATE_C = "vad.c"               # [1, 128]
+# State names carry their stage prefix, so a placement callback keeps each
+# state on the device of the nodes that read it.
+STATE_CONTEXT = "frontend/context"   # [1, 64]: last 64 samples of the previous window
+STATE_H = "lstm/h"                   # [1, 128]
+STATE_C = "lstm/c"                   # [1, 128]
 GATES = 4 * HIDDEN
 
 
@@ -127,10 +129,13 @@ def build_stream(b: GraphBuilder, weights: Mapping[str, np.ndarray], shapes: Map
     h = b.state(STATE_H, (1, HIDDEN))
     c = b.state(STATE_C, (1, HIDDEN))
     window = Scope(b, "frontend").concat(ctx, chunk, axis=1)                  # [1, 576]
-    h_new, c_new = lstm_step(Scope(b, "lstm"), w, frontend(b, w, window), h, c)
-    prob = head(b, w, h_new)
+    xp = frontend(b, w, window)
     st = Scope(b, "state")
+    # The context write reads `window` (a copy), so it may come right away; placed
+    # here it joins the frontend's split instead of forming one of its own.
     st.copy_into(ctx, st.slice(window, axis=1, start=CHUNK, stop=WINDOW))
+    h_new, c_new = lstm_step(Scope(b, "lstm"), w, xp, h, c)
+    prob = head(b, w, h_new)
     st.copy_into(h, h_new)
     st.copy_into(c, c_new)
     b.output("prob", prob)

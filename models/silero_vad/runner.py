@@ -1,0 +1,151 @@
+"""SileroVad: the model prepared on a Flare session, in streaming or offline mode.
+
+One `PreparedGraph` holds the three entry points of `graph.ENTRIES`; they share
+weights, the LSTM state and the workspace. Each file starts from reset state,
+so a request never sees the previous one.
+
+Offline (the fast path for whole files): all windows go through the `frontend`
+entry at once (batch sizes are rounded up to a power of two, at most
+`max_batch`, so a handful of plans serve every file length and a short file
+after a long one reuses the long one's memory); then `recur` runs the LSTM
+recurrence `block` steps per execute. Streaming: one `stream` execute per
+512-sample chunk, with the 64-sample context and h/c kept in state tensors.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from flare.errors import InputError
+
+from . import graph as G
+from .numpy_reference import CHUNK, WINDOW, windows
+from .segments import Segment, VadParams, segments
+from .weights import load_weights
+
+Progress = Callable[[int, int], None]  # (chunks done, chunks total)
+
+MIN_BATCH = 32
+
+
+def _bucket(n: int, max_batch: int) -> int:
+    """Smallest power of two >= n (at least MIN_BATCH, at most max_batch)."""
+    size = MIN_BATCH
+    while size < n and size < max_batch:
+        size *= 2
+    return min(size, max_batch)
+
+
+class SileroVad:
+    """Silero VAD on a session. Use as a context manager or call `release()`."""
+
+    def __init__(self, session: Any, *, workspace: Any = None, placement: Any = None,
+                 weights: Mapping[str, np.ndarray] | None = None, block: int = 64, max_batch: int = 2048):
+        if block < 1 or max_batch < MIN_BATCH:
+            raise ValueError(f"block must be >= 1 and max_batch >= {MIN_BATCH}")
+        self.block = int(block)
+        self.max_batch = int(max_batch)
+        self.weights = G.prepare_weights(weights if weights is not None else load_weights())
+        w = self.weights
+        entries = {name: (lambda b, shapes, fn=fn: fn(b, w, shapes)) for name, fn in G.ENTRIES.items()}
+        shapes = {"stream": {"chunk": (1, CHUNK)},
+                  "frontend": {"windows": (MIN_BATCH, WINDOW)},
+                  "recur": {"xproj": (self.block, G.GATES)}}
+        self.session = session
+        self.pg = session.prepare(entries=entries, shapes=shapes, workspace=workspace,
+                                  placement=placement, name="silero-vad")
+
+    # -- lifecycle ----------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget the previous audio (LSTM state and context); memory is kept."""
+        self.pg.reset()
+
+    def release(self) -> None:
+        self.pg.release()
+
+    def __enter__(self) -> "SileroVad":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    # -- streaming -----------------------------------------------------------------
+    def stream_chunk(self, chunk: np.ndarray) -> float:
+        """Speech probability of the next 512 samples of the current stream."""
+        chunk = np.asarray(chunk, dtype=np.float32).reshape(1, -1)
+        if chunk.shape[1] != CHUNK:
+            raise InputError(f"silero-vad streams {CHUNK}-sample chunks at 16 kHz, got {chunk.shape[1]} samples")
+        return float(self.pg.execute("stream", chunk=chunk)["prob"][0, 0])
+
+    def probs_streaming(self, audio: np.ndarray, progress: Progress | None = None) -> np.ndarray:
+        """Per-chunk probabilities of a whole file, fed chunk by chunk (last chunk zero padded)."""
+        audio = _mono16k(audio)
+        n = max(1, -(-audio.size // CHUNK))
+        padded = np.zeros(n * CHUNK, np.float32)
+        padded[:audio.size] = audio
+        self.reset()
+        out = np.empty(n, np.float32)
+        for i in range(n):
+            out[i] = self.stream_chunk(padded[i * CHUNK:(i + 1) * CHUNK])
+            if progress is not None and (i % 64 == 63 or i == n - 1):
+                progress(i + 1, n)
+        return out
+
+    # -- offline -------------------------------------------------------------------
+    def probs_offline(self, audio: np.ndarray, progress: Progress | None = None) -> np.ndarray:
+        """Per-chunk probabilities of a whole file: batched frontend, blocked recurrence."""
+        win = windows(_mono16k(audio))
+        n = len(win)
+        self.reset()
+        xproj = np.empty((n, G.GATES), np.float32)
+        for lo in range(0, n, self.max_batch):
+            part = win[lo:lo + self.max_batch]
+            size = _bucket(len(part), self.max_batch)
+            batch = part if len(part) == size else np.concatenate(
+                [part, np.zeros((size - len(part), WINDOW), np.float32)])
+            xproj[lo:lo + len(part)] = self.pg.execute("frontend", windows=batch)["xproj"][:len(part)]
+        probs = np.empty(n, np.float32)
+        block = np.zeros((self.block, G.GATES), np.float32)
+        for lo in range(0, n, self.block):
+            part = xproj[lo:lo + self.block]
+            block[:len(part)] = part
+            block[len(part):] = 0.0  # steps past the end: computed, discarded (state is reset per file)
+            probs[lo:lo + len(part)] = self.pg.execute("recur", xproj=block)["probs"][:len(part), 0]
+            if progress is not None:
+                progress(min(lo + self.block, n), n)
+        return probs
+
+    # -- segments ------------------------------------------------------------------
+    def speech_probs(self, audio: np.ndarray, mode: str = "offline", progress: Progress | None = None) -> np.ndarray:
+        if mode == "offline":
+            return self.probs_offline(audio, progress)
+        if mode == "streaming":
+            return self.probs_streaming(audio, progress)
+        raise ValueError(f"mode must be 'offline' or 'streaming', not {mode!r}")
+
+    def detect(self, audio: np.ndarray, mode: str = "offline", params: VadParams = VadParams(),
+               progress: Progress | None = None) -> list[Segment]:
+        """Speech segments of 16 kHz mono audio (silero's get_speech_timestamps rules)."""
+        audio = _mono16k(audio)
+        return segments(self.speech_probs(audio, mode, progress), audio.size, params)
+
+
+def _mono16k(audio: np.ndarray) -> np.ndarray:
+    audio = np.asarray(audio, dtype=np.float32)
+    if audio.ndim != 1:
+        raise InputError(f"silero-vad takes mono 16 kHz audio as a 1-D array, got shape {audio.shape}")
+    return audio
+
+
+def split_placement(tensor: Any, devices: list[str]) -> str | None:
+    """Frontend (STFT + encoder + input projection) on the first device, the
+    recurrence and head on the last: the placement test's split, and a sensible
+    one when the first device is an accelerator (batched convs) and the last the
+    CPU (a 128-wide recurrence is launch-bound)."""
+    if len(devices) < 2:
+        return None
+    if tensor.name.startswith("frontend/"):
+        return devices[0]
+    # State writes (`state/...`) are left to the scheduler: they must run where the state lives.
+    return devices[-1] if tensor.name.startswith(("lstm/", "head/")) else None
