@@ -36,6 +36,8 @@ class ModelSpec:
     - `stage_experts(...)`: makes the selected MoE experts resident before an
       expert matmul (None for models without experts).
     - `run`: optional command-line main job (`flare run NAME ...`), given argv.
+    - `prepare(session) -> PreparedGraph`: the model prepared with default
+      options (used by `flare describe` and benchmarks).
     """
 
     name: str
@@ -45,5 +47,6 @@ class ModelSpec:
     placement: Callable[..., str | None] | None = None
     stage_experts: Callable[..., Any] | None = None
     run: Callable[[list[str]], int] | None = None
+    prepare: Callable[..., Any] | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
     version: str = "0"
