@@ -1,0 +1,419 @@
+"""Lowering graph nodes to shader dispatches: which shader, which constants, which descriptors.
+
+A `Dispatch` is everything `split.py` needs to record one vkCmdDispatch: the shader and
+its specialization constants (MODE + dtypes), the tensors bound to bindings 1..n (each
+with the descriptor the shader reads: element offset, shape[4], strides[4]), extra
+parameter words, the workgroup grid, and the byte ranges it reads and writes (for
+barriers). Layout tricks happen here, on the host, so shaders stay generic:
+broadcasting is stride 0, `transpose_b` swaps two strides, a reduction axis is moved
+last by permuting strides.
+
+`supports(node, device)` answers from the same tables: an op with a lowering and
+dtypes its shader reads.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from flare.backend import Binding, SplitProgram
+from flare.graph import Tensor, contiguous_strides
+
+DT = {"f32": 0, "f16": 1, "i32": 2, "i64": 3}
+FLOAT_IN = ("f32", "f16", "i32")  # dtypes a float-computing shader may read
+INDEX = ("i32", "i64")
+ANY = ("f32", "f16", "i32", "i64")
+VIEW_OPS = ("reshape", "permute", "transpose", "slice")
+UNARY = {"relu": 11, "gelu": 12, "silu": 13, "sigmoid": 14, "tanh": 15, "exp": 16, "sqrt": 17, "neg": 18, "sqr": 19}
+BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3}
+REDUCE = {"sum": 0, "mean": 1, "max": 2, "argmax": 3}
+ELT_WG = 256
+MAX_ELEMENTS = 1 << 31
+
+
+def f32_bits(value: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", float(value)))[0]
+
+
+def u32(value: int) -> int:
+    return int(value) & 0xFFFFFFFF
+
+
+@dataclass
+class TensorArg:
+    """One bound tensor as a shader sees it."""
+
+    binding: Binding
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    elem_offset: int
+
+    def words(self) -> list[int]:
+        pad = 4 - len(self.shape)
+        shape = (1,) * pad + tuple(self.shape)
+        strides = (0,) * pad + tuple(self.strides)
+        return [u32(self.elem_offset)] + [u32(d) for d in shape] + [u32(s) for s in strides]
+
+    def byte_range(self) -> tuple[int, int]:
+        item = self.binding.itemsize
+        if any(d == 0 for d in self.shape):
+            return self.elem_offset * item, self.elem_offset * item
+        lo = hi = self.elem_offset
+        for d, s in zip(self.shape, self.strides):
+            if s >= 0:
+                hi += (d - 1) * s
+            else:
+                lo += (d - 1) * s
+        return lo * item, (hi + 1) * item
+
+
+@dataclass
+class Dispatch:
+    node: str
+    shader: str
+    spec: tuple[int, ...]
+    args: list[TensorArg]
+    params: list[int]
+    groups: tuple[int, int, int]
+    writes: list[int] = field(default_factory=list)  # indices into args that the shader writes
+
+    def meta_words(self) -> list[int]:
+        out: list[int] = []
+        for a in self.args:
+            out += a.words()
+        return out + [u32(p) for p in self.params]
+
+
+class Unsupported(Exception):
+    """This node cannot run on this device (the scheduler should place it elsewhere)."""
+
+
+# -- descriptors ------------------------------------------------------------------------
+
+def elem_offset(b: Binding) -> int:
+    item = b.itemsize
+    if b.offset % item:
+        raise Unsupported(f"byte offset {b.offset} is not a multiple of the {b.dtype} item size")
+    return b.offset // item
+
+
+def arg(b: Binding, shape: Sequence[int] | None = None, strides: Sequence[int] | None = None, extra: int = 0) -> TensorArg:
+    return TensorArg(b, tuple(b.shape if shape is None else shape), tuple(b.strides if strides is None else strides),
+                     elem_offset(b) + extra)
+
+
+def broadcast_to(b: Binding, shape: Sequence[int]) -> TensorArg:
+    """`b` seen with the output's shape: missing and size-1 axes get stride 0."""
+    rank = len(shape)
+    pad = rank - len(b.shape)
+    src_shape = (1,) * pad + tuple(b.shape)
+    src_strides = (0,) * pad + tuple(b.strides)
+    strides = tuple(0 if sd == 1 and od != 1 else st for sd, st, od in zip(src_shape, src_strides, shape))
+    return arg(b, tuple(shape), strides)
+
+
+def grid(n_groups: int, device: Any) -> tuple[int, int, int]:
+    """A 2-D grid of n_groups workgroups (shaders fold y back in with group_linear())."""
+    n_groups = max(int(n_groups), 1)
+    max_x, max_y, _ = device.info.max_workgroup_count
+    gx = min(n_groups, max_x)
+    gy = -(-n_groups // gx)
+    if gy > max_y:
+        raise Unsupported(f"{n_groups} workgroups exceed the device's grid")
+    return gx, gy, 1
+
+
+def elementwise_grid(n: int, device: Any) -> tuple[int, int, int]:
+    return grid(-(-n // ELT_WG), device)
+
+
+# -- lowerings ------------------------------------------------------------------------------
+
+Lower = Callable[[Tensor, SplitProgram, Any], list[Dispatch]]
+LOWER: dict[str, Lower] = {}
+
+
+def lowering(*names: str):
+    def deco(fn: Lower) -> Lower:
+        for n in names:
+            LOWER[n] = fn
+        return fn
+    return deco
+
+
+def _b(program: SplitProgram, t: Tensor) -> Binding:
+    return program.bindings[t.id]
+
+
+def _spec(mode: int, *dtypes: str) -> tuple[int, ...]:
+    return (mode,) + tuple(DT[d] for d in dtypes) + (0,) * (4 - len(dtypes))
+
+
+def _numel(shape: Sequence[int]) -> int:
+    return int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+
+
+def _copy_dispatch(name: str, src: Binding, out: Binding, device: Any, *, out_extra: int = 0) -> Dispatch:
+    """Strided copy (or cast) of `src` into contiguous memory at `out` (+ out_extra elements)."""
+    n = _numel(src.shape)
+    to = arg(out, src.shape, contiguous_strides(src.shape), extra=out_extra)
+    return Dispatch(name, "copy", _spec(0, src.dtype, src.dtype, out.dtype), [arg(src), arg(src), to], [],
+                    elementwise_grid(n, device), writes=[2])
+
+
+def _same_place(a: Binding, b: Binding) -> bool:
+    return a.buffer is b.buffer and a.offset == b.offset
+
+
+@lowering(*VIEW_OPS)
+def _view(node: Tensor, program: SplitProgram, device: Any) -> list[Dispatch]:
+    return []  # the planner binds a view's output as an alias of its source
+
+
+@lowering(*BINARY)
+def _binary(node, program, device):
+    a, b = (_b(program, s) for s in node.srcs)
+    out = _b(program, node)
+    return [Dispatch(node.name, "eltwise", _spec(BINARY[node.op], a.dtype, b.dtype, out.dtype),
+                     [broadcast_to(a, out.shape), broadcast_to(b, out.shape), arg(out)], [],
+                     elementwise_grid(_numel(out.shape), device), writes=[2])]
+
+
+@lowering("scale", *UNARY)
+def _unary(node, program, device):
+    a = _b(program, node.srcs[0])
+    out = _b(program, node)
+    if node.op == "scale":
+        mode, params = 10, [f32_bits(node.params.get("scale", 1.0)), f32_bits(node.params.get("bias", 0.0))]
+    else:
+        mode, params = UNARY[node.op], []
+    ta = broadcast_to(a, out.shape)
+    return [Dispatch(node.name, "eltwise", _spec(mode, a.dtype, a.dtype, out.dtype), [ta, ta, arg(out)], params,
+                     elementwise_grid(_numel(out.shape), device), writes=[2])]
+
+
+@lowering("contiguous", "cast")
+def _contiguous(node, program, device):
+    return [_copy_dispatch(node.name, _b(program, node.srcs[0]), _b(program, node), device)]
+
+
+@lowering("copy_into")
+def _copy_into(node, program, device):
+    dst, src = (_b(program, s) for s in node.srcs)
+    out = _b(program, node)
+    pre = [] if _same_place(dst, out) else [_copy_dispatch(node.name + ":dst", dst, out, device)]
+    return pre + [_copy_dispatch(node.name, src, out, device, out_extra=int(node.params.get("offset", 0)))]
+
+
+@lowering("concat")
+def _concat(node, program, device):
+    a, b = (_b(program, s) for s in node.srcs)
+    out = _b(program, node)
+    rank = len(out.shape)
+    axis = int(node.params["axis"]) % rank + (4 - rank)
+    return [Dispatch(node.name, "copy", _spec(1, a.dtype, b.dtype, out.dtype), [arg(a), arg(b), arg(out)], [axis],
+                     elementwise_grid(_numel(out.shape), device), writes=[2])]
+
+
+@lowering("pad")
+def _pad(node, program, device):
+    x = _b(program, node.srcs[0])
+    out = _b(program, node)
+    pads = [tuple(p) for p in node.params["pads"]]
+    before = [0] * (4 - len(pads)) + [int(p[0]) for p in pads]
+    mode = node.params.get("mode", "constant")
+    if mode not in ("constant", "reflect"):
+        raise Unsupported(f"pad mode {mode!r}")
+    params = before + [1 if mode == "reflect" else 0, f32_bits(node.params.get("value", 0.0))]
+    return [Dispatch(node.name, "copy", _spec(2, x.dtype, x.dtype, out.dtype), [arg(x), arg(x), arg(out)], params,
+                     elementwise_grid(_numel(out.shape), device), writes=[2])]
+
+
+@lowering("matmul")
+def _matmul(node, program, device):
+    a, b = (_b(program, s) for s in node.srcs)
+    out = _b(program, node)
+    oshape = tuple(out.shape)
+    batch = (1,) * (4 - len(oshape)) + oshape[:-2]
+    M, N = oshape[-2], oshape[-1]
+    K = a.shape[-1]
+
+    def batched(t: Binding, rows: int, cols: int, row_stride: int, col_stride: int) -> TensorArg:
+        tb = (1,) * (2 - (len(t.shape) - 2)) + tuple(t.shape[:-2])
+        ts = (0,) * (2 - (len(t.strides) - 2)) + tuple(t.strides[:-2])
+        strides = tuple(0 if d == 1 and ob != 1 else s for d, s, ob in zip(tb, ts, batch))
+        return arg(t, batch + (rows, cols), strides + (row_stride, col_stride))
+
+    ta = batched(a, M, K, a.strides[-2], a.strides[-1])
+    if node.params.get("transpose_b", False):  # b is [..., N, K]
+        tb = batched(b, K, N, b.strides[-1], b.strides[-2])
+    else:
+        tb = batched(b, K, N, b.strides[-2], b.strides[-1])
+    to = arg(out, batch + (M, N), contiguous_strides(batch + (M, N)))
+    max_x, max_y, max_z = device.info.max_workgroup_count
+    gx, gy, gz = -(-N // 16), -(-M // 16), batch[0] * batch[1]
+    if gx > max_x or gy > max_y or gz > max_z:
+        raise Unsupported(f"matmul grid {gx}x{gy}x{gz} exceeds the device's")
+    return [Dispatch(node.name, "matmul", _spec(0, a.dtype, b.dtype, out.dtype), [ta, tb, to], [], (gx, gy, gz), writes=[2])]
+
+
+@lowering("layer_norm", "rms_norm", "softmax")
+def _rownorm(node, program, device):
+    x = _b(program, node.srcs[0])
+    out = _b(program, node)
+    tx = arg(x)
+    if node.op == "softmax":
+        mode = 2
+        if len(node.srcs) > 1:
+            m = _b(program, node.srcs[1])
+            tm, mdt, has = broadcast_to(m, x.shape), m.dtype, 1
+        else:
+            tm, mdt, has = tx, x.dtype, 0
+        params = [f32_bits(node.params.get("scale", 1.0)), has]
+    else:
+        mode = 0 if node.op == "layer_norm" else 1
+        tm, mdt = tx, x.dtype
+        params = [f32_bits(node.params.get("eps", 1e-5 if node.op == "layer_norm" else 1e-6))]
+    rows = _numel(x.shape[:-1])
+    return [Dispatch(node.name, "rownorm", _spec(mode, x.dtype, mdt, out.dtype), [tx, tm, arg(out)], params,
+                     grid(rows, device), writes=[2])]
+
+
+@lowering(*REDUCE)
+def _reduce(node, program, device):
+    x = _b(program, node.srcs[0])
+    out = _b(program, node)
+    rank = len(x.shape)
+    axis = int(node.params.get("axis", -1)) % rank
+    order = [i for i in range(rank) if i != axis] + [axis]
+    shape = tuple(x.shape[i] for i in order)
+    strides = tuple(x.strides[i] for i in order)
+    rows = _numel(shape[:-1])
+    return [Dispatch(node.name, "reduce", _spec(REDUCE[node.op], x.dtype, out.dtype), [arg(x, shape, strides), arg(out)],
+                     [], grid(rows, device), writes=[1])]
+
+
+@lowering("top_k")
+def _top_k(node, program, device):
+    x = _b(program, node.srcs[0])
+    out = _b(program, node)
+    rows = _numel(x.shape[:-1])
+    return [Dispatch(node.name, "top_k", _spec(0, x.dtype, out.dtype), [arg(x), arg(out)], [int(node.params["k"])],
+                     grid(rows, device), writes=[1])]
+
+
+@lowering("get_rows")
+def _get_rows(node, program, device):
+    table, idx = (_b(program, s) for s in node.srcs)
+    out = _b(program, node)
+    return [Dispatch(node.name, "get_rows", _spec(0, table.dtype, idx.dtype, out.dtype), [arg(table), arg(idx), arg(out)],
+                     [], elementwise_grid(_numel(out.shape), device), writes=[2])]
+
+
+@lowering("set_rows")
+def _set_rows(node, program, device):
+    dst, idx, src = (_b(program, s) for s in node.srcs)
+    out = _b(program, node)
+    pre = [] if _same_place(dst, out) else [_copy_dispatch(node.name + ":dst", dst, out, device)]
+    to = arg(out, dst.shape, contiguous_strides(dst.shape))
+    return pre + [Dispatch(node.name, "set_rows", _spec(0, idx.dtype, src.dtype, out.dtype), [arg(idx), arg(src), to], [],
+                           elementwise_grid(_numel(src.shape), device), writes=[2])]
+
+
+@lowering("gather")
+def _gather(node, program, device):
+    x, idx = (_b(program, s) for s in node.srcs)
+    out = _b(program, node)
+    return [Dispatch(node.name, "gather", _spec(0, x.dtype, idx.dtype, out.dtype), [arg(x), arg(idx), arg(out)], [],
+                     elementwise_grid(_numel(out.shape), device), writes=[2])]
+
+
+@lowering("rope")
+def _rope(node, program, device):
+    x, pos = (_b(program, s) for s in node.srcs)
+    out = _b(program, node)
+    n, h, d = x.shape
+    params = [f32_bits(node.params.get("base", 10000.0)), 1 if node.params.get("neox", True) else 0]
+    return [Dispatch(node.name, "rope", _spec(0, x.dtype, pos.dtype, out.dtype), [arg(x), arg(pos), arg(out)], params,
+                     elementwise_grid(n * h * (d // 2), device), writes=[2])]
+
+
+@lowering("conv1d")
+def _conv1d(node, program, device):
+    x, w = (_b(program, s) for s in node.srcs)
+    out = _b(program, node)
+    params = [int(node.params.get("stride", 1)), int(node.params.get("padding", 0)), int(node.params.get("dilation", 1))]
+    return [Dispatch(node.name, "conv1d", _spec(0, x.dtype, w.dtype, out.dtype), [arg(x), arg(w), arg(out)], params,
+                     elementwise_grid(_numel(out.shape), device), writes=[2])]
+
+
+@lowering("mul_mat_id")
+def _mul_mat_id(node, program, device):
+    w, x, ids = (_b(program, s) for s in node.srcs)
+    out = _b(program, node)
+    T, k, N = out.shape
+    K = w.shape[-1]
+    if len(x.shape) == 2:
+        tx = arg(x, (T, k, K), (x.strides[0], 0, x.strides[1]))
+    else:
+        tx = arg(x)
+    return [Dispatch(node.name, "mul_mat_id", _spec(0, w.dtype, x.dtype, ids.dtype, out.dtype),
+                     [arg(w), tx, arg(ids), arg(out)], [], elementwise_grid(_numel(out.shape), device), writes=[3])]
+
+
+# -- supports -------------------------------------------------------------------------------
+
+# op -> allowed dtypes per source position (the last entry repeats for extra sources)
+SRC_DTYPES: dict[str, tuple[tuple[str, ...], ...]] = {
+    **{op: (FLOAT_IN,) for op in (*BINARY, "scale", *UNARY, "layer_norm", "rms_norm", "softmax",
+                                  *REDUCE, "top_k", "matmul")},
+    **{op: (ANY,) for op in (*VIEW_OPS, "contiguous", "cast", "concat", "pad", "copy_into")},
+    "get_rows": (("f32", "f16"), INDEX),
+    "gather": (FLOAT_IN, INDEX),
+    "rope": (FLOAT_IN, INDEX),
+    "conv1d": (FLOAT_IN,),
+    "mul_mat_id": (("f32", "f16"), ("f32", "f16"), INDEX),
+    "set_rows": (ANY, INDEX, ANY),
+}
+
+
+def supports(node: Tensor, device: Any) -> bool:
+    """True when a lowering exists and the node's dtypes and sizes fit the shaders and device limits."""
+    if node.op not in LOWER or node.op not in SRC_DTYPES:
+        return False
+    allowed = SRC_DTYPES[node.op]
+    for i, src in enumerate(node.srcs):
+        if src.dtype not in allowed[min(i, len(allowed) - 1)]:
+            return False
+    if node.dtype not in ANY or len(node.shape) > 4:
+        return False
+    for t in (node, *node.srcs):
+        if t.size >= MAX_ELEMENTS or (t.dtype == "i64" and t.size >= MAX_ELEMENTS // 2):
+            return False
+    n_buffers = {"mul_mat_id": 4, "reduce": 2, "top_k": 2}.get(node.op, 3)
+    if n_buffers + 1 > device.info.max_storage_buffers_per_stage:
+        return False
+    if node.op == "rope" and node.srcs[0].shape[-1] % 2:
+        return False
+    if node.op == "pad" and node.params.get("mode", "constant") not in ("constant", "reflect"):
+        return False
+    if node.op == "matmul":
+        out = node.shape
+        batch = _numel(out[:-2])
+        mx, my, mz = device.info.max_workgroup_count
+        if -(-out[-1] // 16) > mx or -(-out[-2] // 16) > my or batch > mz:
+            return False
+    return True
+
+
+def lower(node: Tensor, program: SplitProgram, device: Any) -> list[Dispatch]:
+    """The dispatches for one node (none for views); zero-size outputs dispatch nothing."""
+    try:
+        fn = LOWER[node.op]
+    except KeyError:
+        raise Unsupported(f"op {node.op!r} has no Vulkan kernel") from None
+    return [d for d in fn(node, program, device) if all(g > 0 for g in d.groups) and _numel(d.args[d.writes[0]].shape) > 0]
