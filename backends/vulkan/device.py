@@ -30,8 +30,10 @@ from .memory import Allocation, Memory, MemoryTypes
 from .pipelines import PipelineCache
 
 ENV_FORCE_STAGING = "FLARE_VULKAN_FORCE_STAGING"
-LIVE_KEYS = ("buffers", "memories", "pipelines", "pipeline_layouts", "descriptor_set_layouts", "shader_modules",
-             "descriptor_pools", "command_pools", "command_buffers", "fences")
+# objects whose life follows buffers and prepared splits (back to baseline after release)
+LIVE_KEYS = ("buffers", "memories", "descriptor_pools", "command_pools", "command_buffers", "fences")
+# the device-lifetime cache: grows on first use of a kernel, freed by close()
+CACHE_KEYS = ("pipelines", "pipeline_layouts", "descriptor_set_layouts", "shader_modules")
 
 
 def _truthy(value: Any) -> bool:
@@ -50,7 +52,7 @@ class VulkanDevice(Device):
         self.info = info
         self.instance = instance
         self.vk = vk = instance.vk
-        self.live: Counter = Counter({k: 0 for k in LIVE_KEYS})
+        self.live: Counter = Counter({k: 0 for k in LIVE_KEYS + CACHE_KEYS})
         if "force_staging" in config:
             force = _truthy(config["force_staging"])
         else:
@@ -253,15 +255,22 @@ class VulkanDevice(Device):
                 self.vk.vkQueueWaitIdle(self.queue)
 
     def live_objects(self) -> dict[str, int]:
-        """Live Vulkan objects of this device. Pipelines, layouts and shader modules are a cache
-        that grows on first use and is freed by close(); the rest return to their baseline once
-        splits and buffers are released."""
+        """Live VkBuffers, VkDeviceMemory, descriptor pools, command pools/buffers and fences.
+
+        These return to their baseline once splits and buffers are released. The pipeline
+        cache is not here: it grows on a kernel's first use and lives until close()
+        (see `cache_objects`), so a leak check needs no warm-up run.
+        """
         return {k: int(self.live[k]) for k in LIVE_KEYS}
+
+    def cache_objects(self) -> dict[str, int]:
+        """Pipelines, pipeline layouts, descriptor set layouts and shader modules cached until close()."""
+        return {k: int(self.live[k]) for k in CACHE_KEYS}
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out.update(device=self.info.name, type=self.info.type_name, subgroup_size=self.info.subgroup_size,
-                   mapped=self.mapped, force_staging=self.force_staging)
+                   mapped=self.mapped, force_staging=self.force_staging, cache=self.cache_objects())
         return out
 
     # -- teardown --------------------------------------------------------------------------
