@@ -221,7 +221,9 @@ class GraphBuilder:
         shape: Sequence[int] | None = None,
         dtype: str | None = None,
     ) -> Tensor:
-        """A constant. Give the array, or shape+dtype and a loader called at upload time."""
+        """A constant. Give the array, or shape+dtype and a loader called at upload time.
+
+        Declaring the same weight name again returns the same tensor."""
         if isinstance(data, np.ndarray):
             shape = data.shape if shape is None else shape
             dtype = from_numpy(data.dtype) if dtype is None else dtype
@@ -229,9 +231,19 @@ class GraphBuilder:
                 raise ShapeError(f"weight data has shape {data.shape}, declared {tuple(shape)}", name)
         elif shape is None or dtype is None:
             raise GraphError("a weight needs an array, or shape and dtype with a loader", name)
+        existing = self._by_name(name)
+        if existing is not None and existing.role == WEIGHT:
+            if existing.shape != tuple(shape) or existing.dtype != dtype:
+                raise ShapeError(f"weight declared again as {tuple(shape)} {dtype}, was {existing.shape} {existing.dtype}", name)
+            return existing  # the same weight used twice in one graph
         t = self._leaf(name, shape, dtype, WEIGHT)
         t.data = data
         return t
+
+    def _by_name(self, name: str) -> Tensor | None:
+        if name not in self._names:
+            return None
+        return next((t for t in self._tensors if t.name == name), None)
 
     def _leaf(self, name: str, shape: Sequence[int], dtype: str, role: str) -> Tensor:
         if name in self._names:
