@@ -1,0 +1,260 @@
+"""silero-vad: Flare's graph against onnxruntime on the wheel's own ONNX file.
+
+Probabilities must equal onnxruntime's per chunk (same 512-sample chunking
+with 64 samples of context, as silero's OnnxWrapper does) within 1e-4, on the
+shipped sample and on synthetic audio; streaming must equal offline; segments
+must equal silero's own segmentation code run on onnxruntime's probabilities.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import typing
+
+import numpy as np
+import pytest
+
+from flare.audio import load_audio
+from flare.ledger import LEDGER
+from flare.models.silero_vad import numpy_reference as R
+from flare.models.silero_vad import weights as W
+from flare.models.silero_vad.cli import SAMPLE
+from flare.models.silero_vad.runner import SileroVad, split_placement
+from flare.models.silero_vad.segments import VadParams, segments, speech_timestamps
+from flare.session import Session
+
+ort = pytest.importorskip("onnxruntime")
+TOL = 1e-4
+
+
+@pytest.fixture
+def devices(request) -> list[str]:
+    """Devices to run on: the suite's `backend` fixture when the Flare pytest plugin
+    provides one (parametrized over installed backends), else the CPU."""
+    try:
+        return [request.getfixturevalue("backend")]
+    except pytest.FixtureLookupError:
+        return ["cpu"]
+
+
+@pytest.fixture
+def vad(devices):
+    with Session(devices) as session, SileroVad(session, max_batch=256) as model:
+        yield model
+
+
+# -- references -------------------------------------------------------------------
+def ort_probs(audio: np.ndarray) -> np.ndarray:
+    """Silero's OnnxWrapper loop, written out: zero-padded 512-sample chunks, each
+    prefixed by the previous input's last 64 samples, state carried."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(str(W.onnx_path()), sess_options=opts, providers=["CPUExecutionProvider"])
+    state = np.zeros((2, 1, 128), np.float32)
+    context = np.zeros((1, 64), np.float32)
+    sr = np.array(16000, dtype=np.int64)
+    out = []
+    for lo in range(0, len(audio), 512):
+        chunk = np.zeros((1, 512), np.float32)
+        part = audio[lo:lo + 512]
+        chunk[0, :len(part)] = part
+        x = np.concatenate([context, chunk], axis=1)
+        prob, state = sess.run(None, {"input": x, "state": state, "sr": sr})
+        out.append(prob[0, 0])
+        context = x[:, -64:]
+    return np.array(out, np.float32)
+
+
+def silero_segmenter():
+    """silero's own get_speech_timestamps_from_probs, compiled from its source file
+    (the module imports torch, so it cannot be imported; this function needs none)."""
+    src = (W.package_dir("silero_vad") / "utils_vad.py").read_text()
+    fn = next(n for n in ast.parse(src).body
+              if isinstance(n, ast.FunctionDef) and n.name == "get_speech_timestamps_from_probs")
+    ns = {"List": typing.List, "Callable": typing.Callable, "make_visualization": lambda *a: None}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), "silero_vad/utils_vad.py", "exec"), ns)
+    return ns["get_speech_timestamps_from_probs"]
+
+
+def synthetic_audio(seconds: float = 4.3, seed: int = 0) -> np.ndarray:
+    """Tones, a chirp, noise bursts and silence; length not a multiple of 512."""
+    rng = np.random.default_rng(seed)
+    n = int(16000 * seconds)
+    t = np.arange(n) / 16000
+    x = 0.01 * rng.standard_normal(n)
+    x += 0.4 * np.sin(2 * np.pi * (150 + 400 * t) * t) * (t > 0.5) * (t < 1.8)     # chirp
+    voiced = np.sign(np.sin(2 * np.pi * 120 * t)) * np.exp(-((t - 2.6) / 0.4) ** 2)  # buzz-like source
+    x += 0.3 * voiced + 0.2 * rng.standard_normal(n) * ((t > 3.4) & (t < 3.9))
+    return np.clip(x, -1, 1).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def sample() -> np.ndarray:
+    return load_audio(SAMPLE)
+
+
+@pytest.fixture(scope="module")
+def sample_ort(sample) -> np.ndarray:
+    return ort_probs(sample)
+
+
+# -- weights ------------------------------------------------------------------------
+def test_weights_converted_once_into_cache_keyed_by_onnx_hash(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLARE_CACHE_DIR", str(tmp_path))
+    first = W.load_weights()
+    files = list(tmp_path.glob("silero_vad-16k-*.safetensors"))
+    assert [f.name for f in files] == [f"silero_vad-16k-{W.file_sha256(W.onnx_path())[:16]}.safetensors"]
+    monkeypatch.setattr(W, "extract_from_onnx", lambda path: pytest.fail("cache was not used"))
+    second = W.load_weights()
+    assert set(first) == set(second) == set(W.WEIGHT_NAMES)
+    for k in first:
+        np.testing.assert_array_equal(first[k], second[k])
+
+
+def test_torn_cache_file_is_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLARE_CACHE_DIR", str(tmp_path))
+    W.load_weights()
+    (cached,) = tmp_path.glob("*.safetensors")
+    cached.write_bytes(b"not a safetensors file")
+    assert W.load_weights()["lstm.w_ih"].shape == (512, 128)
+
+
+def test_numpy_reference_matches_onnxruntime():
+    audio = synthetic_audio(2.0, seed=3)
+    np.testing.assert_allclose(R.speech_probs(W.load_weights(), audio), ort_probs(audio), atol=TOL)
+
+
+# -- Flare against onnxruntime ----------------------------------------------------------
+def test_offline_matches_onnxruntime_on_the_sample(vad, sample, sample_ort):
+    probs = vad.probs_offline(sample)
+    assert probs.shape == sample_ort.shape
+    np.testing.assert_allclose(probs, sample_ort, atol=TOL)
+    assert (sample_ort > 0.5).any() and (sample_ort < 0.1).any()  # the sample has speech and silence
+
+
+@pytest.mark.parametrize("seed, seconds", [(0, 4.3), (1, 1.0), (2, 0.01)])
+def test_offline_and_streaming_match_onnxruntime_on_synthetic_audio(vad, seed, seconds):
+    audio = synthetic_audio(seconds, seed)
+    want = ort_probs(audio)
+    np.testing.assert_allclose(vad.probs_offline(audio), want, atol=TOL)
+    np.testing.assert_allclose(vad.probs_streaming(audio), want, atol=TOL)
+
+
+def test_streaming_equals_offline_on_the_sample(vad, sample, sample_ort):
+    streamed = vad.probs_streaming(sample)
+    np.testing.assert_allclose(streamed, vad.probs_offline(sample), atol=1e-5)
+    np.testing.assert_allclose(streamed, sample_ort, atol=TOL)
+
+
+def test_state_is_reset_between_files(vad, sample):
+    other = synthetic_audio(1.5, seed=7)
+    fresh = vad.probs_streaming(other)
+    vad.probs_streaming(sample[:16000 * 4])
+    np.testing.assert_array_equal(vad.probs_streaming(other), fresh)
+    vad.probs_offline(sample[:16000 * 4])
+    np.testing.assert_allclose(vad.probs_offline(other), fresh, atol=1e-5)
+
+
+def test_stream_chunk_keeps_context_and_state_across_executes(vad):
+    audio = synthetic_audio(0.5, seed=4)[: 512 * 15]
+    vad.reset()
+    probs = [vad.stream_chunk(audio[i:i + 512]) for i in range(0, len(audio), 512)]
+    np.testing.assert_allclose(probs, ort_probs(audio), atol=TOL)
+
+
+# -- segments ----------------------------------------------------------------------------
+def test_segmentation_rules_equal_silero_code():
+    theirs = silero_segmenter()
+    rng = np.random.default_rng(0)
+    cases = [VadParams(), VadParams(threshold=0.3, min_silence_duration_ms=300),
+             VadParams(max_speech_duration_s=2.0), VadParams(max_speech_duration_s=1.5, use_max_poss_sil_at_max_speech=False),
+             VadParams(speech_pad_ms=200, min_speech_duration_ms=50)]
+    for trial in range(30):
+        # blocky random probabilities: runs of speech and silence of random lengths
+        runs = rng.integers(1, 40, size=30)
+        levels = rng.uniform(0, 1, size=30)
+        probs = np.repeat(levels, runs)[: rng.integers(50, 600)].tolist()
+        n = len(probs) * 512 - int(rng.integers(0, 512))
+        for p in cases:
+            kw = dict(threshold=p.threshold, min_speech_duration_ms=p.min_speech_duration_ms,
+                      max_speech_duration_s=p.max_speech_duration_s, min_silence_duration_ms=p.min_silence_duration_ms,
+                      speech_pad_ms=p.speech_pad_ms, use_max_poss_sil_at_max_speech=p.use_max_poss_sil_at_max_speech)
+            assert speech_timestamps(probs, n, p) == theirs(probs, audio_length_samples=n, **kw), (trial, p)
+
+
+def test_sample_segments_equal_silero_on_onnxruntime_probs(vad, sample, sample_ort):
+    ours = vad.detect(sample)
+    theirs = silero_segmenter()(sample_ort.tolist(), audio_length_samples=sample.size)
+    assert [(s.start_sample, s.end_sample) for s in ours] == [(t["start"], t["end"]) for t in theirs]
+    assert 3 <= len(ours) <= 8  # three phrases, split at the longer pauses inside them
+    for s in ours:
+        assert 0.5 < s.probability <= 1.0 and s.start == round(s.start_sample / 16000, 3)
+    assert segments(sample_ort, sample.size)[0].start_sample == ours[0].start_sample
+
+
+# -- memory ----------------------------------------------------------------------------
+def test_workspace_reused_no_ledger_growth(devices):
+    long_audio = synthetic_audio(20.0, seed=5)   # 625 chunks: frontend batches of 256
+    short_audio = synthetic_audio(0.7, seed=6)
+    base = LEDGER.live_bytes()
+    with Session(devices) as session:
+        ws = session.workspace()
+        vad = SileroVad(session, workspace=ws, max_batch=256)
+        want_short = vad.probs_offline(short_audio)
+        vad.probs_offline(long_audio)
+        vad.probs_streaming(short_audio)
+        peak = LEDGER.live_bytes()
+        for _ in range(3):  # repeated requests, and short after long
+            np.testing.assert_allclose(vad.probs_offline(short_audio), want_short, atol=1e-6)
+            vad.probs_offline(long_audio)
+            vad.probs_streaming(short_audio)
+            assert LEDGER.live_bytes() == peak
+        vad.release()
+    assert LEDGER.live_bytes() == base  # nothing leaked
+
+
+# -- placement -------------------------------------------------------------------------
+def test_frontend_and_head_on_two_devices_equal_one_device(sample):
+    audio = sample[: 16000 * 6]
+    with Session(["cpu"]) as one, SileroVad(one) as single:
+        want_off, want_stream = single.probs_offline(audio), single.probs_streaming(audio)
+    with Session(["cpu:0", "cpu:1"]) as two, SileroVad(two, placement=split_placement) as split:
+        got_off, got_stream = split.probs_offline(audio), split.probs_streaming(audio)
+        stream = split.pg.describe()["entries"]["stream"]
+        frontend = split.pg.current_plan("frontend").schedule
+        recur = split.pg.current_plan("recur").schedule
+    assert set(stream["splits_per_device"]) == {"cpu:0", "cpu:1"} and stream["copies"] >= 1
+    assert {s.device for s in frontend.splits} == {"cpu:0"} and {s.device for s in recur.splits} == {"cpu:1"}
+    np.testing.assert_allclose(got_off, want_off, atol=1e-6)
+    np.testing.assert_allclose(got_stream, want_stream, atol=1e-6)
+
+
+# -- plugin and command line ---------------------------------------------------------------
+def test_plugin_is_registered():
+    from flare.plugins.manager import PluginManager
+
+    spec = PluginManager().models()["silero-vad"]
+    assert set(spec.entries) == {"stream", "frontend", "recur"} and spec.run is not None
+
+
+def test_cli_json_on_the_shipped_sample(capsys, sample, sample_ort):
+    from flare.models.silero_vad.plugin import run
+
+    assert run(["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    theirs = silero_segmenter()(sample_ort.tolist(), audio_length_samples=sample.size, return_seconds=True,
+                                time_resolution=3)
+    assert out["duration"] == 18.0 and out["mode"] == "offline"
+    assert [(s["start"], s["end"]) for s in out["segments"]] == [(t["start"], t["end"]) for t in theirs]
+
+
+def test_cli_table_streaming_and_errors(capsys, tmp_path):
+    from flare.models.silero_vad.cli import main
+
+    assert main([str(SAMPLE), "--mode", "streaming"]) == 0
+    assert "segment(s)" in capsys.readouterr().out
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"RIFF\x04\x00\x00\x00WAVE")
+    assert main([str(bad)]) == 1
+    assert "bad.wav" in capsys.readouterr().err
