@@ -2,11 +2,12 @@
 
 The kernel sources compile as C++ with FLARE_EMULATE defined (kernels/emulate.h
 maps blockIdx/threadIdx to globals and each kernel to a function that runs the
-grid's threads one after another). `EmulatedDevice` is a `flare.backend.Device`
-whose "device pointers" are host addresses, so the very launch plans the CUDA
-device captures (flare.backends.cuda.lowering) run here and can be compared
-with the NumPy references. What it does not check: the driver API calls
-(allocation, copies, module loading, CUDA graph capture and update).
+grid's threads one after another). `open_emulated_device()` is the real
+`CudaDevice` over `host_driver.HostDriver`, a host stand-in for the driver
+calls whose "device pointers" are host addresses: the very launch plans the
+CUDA device captures run here, replayed from recorded graphs, and can be
+compared with the NumPy references. What it cannot check: the real driver's
+behaviour and the GPU's arithmetic.
 
 Opt-in as a backend named `cuda-emu` with FLARE_CUDA_EMULATE=1 (testing only):
     FLARE_CUDA_EMULATE=1 pytest --pyargs flare.conformance --backends=cuda-emu
@@ -23,17 +24,12 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
-
-from flare.backend import (Backend, Binding, BufferType, Device, MemoryInfo, PreparedSplit, ProbeResult,
-                           SplitProgram, numpy_view)
-from flare.errors import AllocationError, BackendUnavailable, ReleasedError
-from flare.graph import Tensor
+from flare.backend import Backend, ProbeResult
+from flare.errors import BackendUnavailable
 
 from . import lowering
 from .compiler import cache_dir, emulator_headers, kernel_sources
 
-ALIGNMENT = 256
 ENV_FLAG = "FLARE_CUDA_EMULATE"
 
 
@@ -112,77 +108,18 @@ def build_library(cache: Path | None = None) -> KernelLibrary:
         return lib
 
 
-class EmulatedSplit(PreparedSplit):
-    """A split's launch plan, run by the host build of the kernels."""
+def open_emulated_device(capacity: int = 1 << 30, name: str = "cuda-emu:0"):
+    """A `CudaDevice` over the host stand-in driver: the real device code, emulated kernels.
 
-    def __init__(self, device: "EmulatedDevice", plan: list[lowering.Launch]):
-        self.device = device
-        self.plan = plan
-        self.released = False
+    Kernels are still compiled by NVRTC (the stand-in checks the CUBIN names
+    each kernel), so this needs cuda-bindings and NVRTC, but no GPU or driver."""
+    from .device import CudaDevice
+    from .host_driver import HostDriver
+    from .probe import GpuFacts
 
-    def run(self) -> None:
-        if self.released:
-            raise ReleasedError("emulated CUDA split was released")
-        for launch in self.plan:
-            self.device.library.launch(launch)
-
-    def rebind(self, program: SplitProgram) -> bool:
-        """Re-lower against new bindings (what a CUDA graph update does)."""
-        self.plan = lowering.lower_all(program.nodes, program.binding)
-        return True
-
-    def release(self) -> None:
-        self.released = True
-        self.plan = []
-
-
-class EmulatedDevice(Device):
-    """Host memory addressed by raw pointers, kernels run by the emulator."""
-
-    backend = "cuda-emu"
-
-    def __init__(self, name: str = "cuda-emu:0", capacity: int = 1 << 30, priority: int = -10):
-        super().__init__(name, priority)
-        self.capacity = capacity
-        self._arrays: dict[int, np.ndarray] = {}
-        self.library = build_library()
-
-    def buffer_type(self) -> BufferType:
-        return BufferType("cuda-emu", ALIGNMENT, self.capacity)
-
-    def memory(self) -> MemoryInfo:
-        used = sum(a.nbytes for a in self._arrays.values())
-        return MemoryInfo(max(0, self.capacity - used), self.capacity)
-
-    def _alloc_raw(self, nbytes: int) -> int:
-        if nbytes > self.memory().free:
-            raise AllocationError(self.name, nbytes, self.memory().free, "emulated device memory exhausted")
-        raw = np.zeros(nbytes + ALIGNMENT, np.uint8)
-        start = (-raw.ctypes.data) % ALIGNMENT
-        view = raw[start: start + nbytes]
-        self._arrays[view.ctypes.data] = view
-        return view.ctypes.data
-
-    def _free_raw(self, handle: Any) -> None:
-        self._arrays.pop(int(handle), None)
-
-    def _view(self, binding: Binding) -> np.ndarray:
-        return numpy_view(self._arrays[int(binding.buffer.handle)], binding)
-
-    def write(self, binding: Binding, array: np.ndarray) -> None:
-        np.copyto(self._view(binding), array, casting="same_kind")
-
-    def read_into(self, binding: Binding, out: np.ndarray) -> None:
-        np.copyto(out, self._view(binding))
-
-    def supports(self, node: Tensor) -> bool:
-        return lowering.supported(node)
-
-    def compile(self, program: SplitProgram) -> EmulatedSplit:
-        return EmulatedSplit(self, lowering.lower_all(program.nodes, program.binding))
-
-    def live_objects(self) -> dict[str, int]:
-        return {"allocations": len(self._arrays)}
+    driver = HostDriver(build_library(), capacity)
+    return CudaDevice(GpuFacts(0, "host emulator", (9, 0), capacity), 90, "cubin", driver=driver,
+                      name=name, priority=-10)
 
 
 class EmulatedBackend(Backend):
@@ -197,13 +134,20 @@ class EmulatedBackend(Backend):
         cxx = host_compiler()
         if cxx is None:
             return ProbeResult(False, "no C++ compiler (c++, g++ or clang++) to build the CUDA kernel emulator")
-        return ProbeResult(True, f"CUDA kernels emulated on the host (built with {cxx})", ("cuda-emu:0",))
+        try:
+            from .compiler import nvrtc_version
+
+            version = nvrtc_version()  # kernels are still NVRTC-compiled and checked
+        except Exception as exc:
+            return ProbeResult(False, f"the emulator needs cuda-bindings and NVRTC: {exc}")
+        return ProbeResult(True, f"CUDA kernels emulated on the host (built with {cxx}; NVRTC "
+                                 f"{version[0]}.{version[1]})", ("cuda-emu:0",))
 
     @classmethod
-    def open_devices(cls, config: Mapping[str, Any] | None = None) -> list[EmulatedDevice]:
+    def open_devices(cls, config: Mapping[str, Any] | None = None) -> list[Any]:
         result = cls.probe()
         if not result.usable:
             raise BackendUnavailable(f"cuda-emu: {result.reason}")
         capacity = int((config or {}).get("memory_limit", 1 << 30))
-        return [EmulatedDevice("cuda-emu:0", capacity)]
+        return [open_emulated_device(capacity)]
 
