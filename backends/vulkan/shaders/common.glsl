@@ -61,7 +61,11 @@ uint numel(Tensor t) { return t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]; }
 uint group_linear() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }
 uint invocation_linear() { return group_linear() * gl_WorkGroupSize.x + gl_LocalInvocationID.x; }
 
-float i64_to_float(uint lo, uint hi) { return float(int(hi)) * 4294967296.0 + float(lo); }
+// exact (one rounding) for values in i32 range; beyond it the two parts may round twice
+float i64_to_float(uint lo, uint hi) {
+    if (hi == ((int(lo) < 0) ? 0xFFFFFFFFu : 0u)) return float(int(lo));
+    return float(int(hi)) * 4294967296.0 + float(lo);
+}
 
 // f32 -> i64 words, truncating toward zero; exact for every finite f32 in i64 range
 uvec2 float_to_i64(float v) {
