@@ -105,6 +105,8 @@ def schedule(
             return pinned[t.name]
         if placement is not None:
             choice = placement(t, list(names))
+            if choice is not None and choice not in by_name and f"{choice}:0" in by_name:
+                choice = f"{choice}:0"  # a backend name means its first device
             if choice is not None and choice not in by_name:
                 raise PlacementError(f"placement callback put {t.name!r} on {choice!r}, which is not one of {names}", [t.name])
             return choice

@@ -1,0 +1,160 @@
+"""Plugins: registration hooks, broken and duplicate plugins, autoload switch,
+observer wrappers, and a third-party backend installed as its own distribution."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flare.errors import PluginError
+from flare.plugins import BackendSpec, ModelSpec, PluginManager, hookimpl
+from flare.backends.cpu.device import CpuBackend
+from flare.session import Session
+
+
+class DupPlugin:
+    @hookimpl
+    def flare_backends(self):
+        return [BackendSpec("cpu", CpuBackend)]
+
+
+class RaisingPlugin:
+    @hookimpl
+    def flare_models(self):
+        raise RuntimeError("weights server unreachable")
+
+
+class GoodModels:
+    @hookimpl
+    def flare_models(self):
+        return [ModelSpec("toy", "a toy"), "not a spec"]
+
+
+def test_duplicate_backend_name_is_an_error():
+    pm = PluginManager(autoload=False)
+    pm.register(DupPlugin(), name="dup")
+    with pytest.raises(PluginError, match="'cpu' registered twice"):
+        pm.backends()
+
+
+def test_broken_plugins_are_reported_and_skipped():
+    pm = PluginManager(autoload=False)
+    pm.register(RaisingPlugin(), name="raising")
+    pm.register(GoodModels(), name="good")
+    assert list(pm.models()) == ["toy"]
+    errors = {b.name: b.error for b in pm.broken}
+    assert "weights server unreachable" in errors["raising"]
+    assert "returned str" in errors["good"]
+
+
+def test_autoload_can_be_disabled(monkeypatch):
+    monkeypatch.setenv("FLARE_DISABLE_PLUGIN_AUTOLOAD", "1")
+    pm = PluginManager()
+    assert list(pm.backends()) == ["cpu"]  # built-ins only
+
+
+def test_observer_wrappers_see_every_lifecycle_step():
+    seen = []
+
+    class Tracer:
+        @hookimpl(wrapper=True)
+        def flare_execute(self, graph, entry, inputs):
+            seen.append(("execute", entry, sorted(inputs)))
+            result = yield
+            seen.append(("executed", sorted(result)))
+            return result
+
+        @hookimpl(wrapper=True)
+        def flare_prepare(self, graph, entry, shapes):
+            seen.append(("prepare", entry))
+            return (yield)
+
+        @hookimpl(wrapper=True)
+        def flare_release(self, graph):
+            seen.append(("release", graph.name))
+            return (yield)
+
+    pm = PluginManager(autoload=False)
+    pm.register(Tracer())
+
+    def build(b, shapes):
+        b.output("y", b.relu(b.input("x", shapes["x"])))
+
+    with Session(["cpu"], plugins=pm) as sess:
+        pg = sess.prepare({"full": build}, {"full": {"x": (3,)}}, name="traced")
+        out = pg.execute("full", x=np.array([-1, 0, 2], np.float32))
+        pg.release()
+    np.testing.assert_array_equal(out["y"], [0, 0, 2])
+    assert seen == [("prepare", "full"), ("execute", "full", ["x"]), ("executed", ["y"]), ("release", "traced")]
+
+
+THIRD_PARTY = {
+    "pyproject.toml": """
+        [build-system]
+        requires = ["setuptools>=68"]
+        build-backend = "setuptools.build_meta"
+        [project]
+        name = "flare-backend-mirror"
+        version = "0.3.0"
+        dependencies = ["flare-runtime"]
+        [project.entry-points."flare.backends"]
+        mirror = "flare_mirror"
+        [tool.setuptools]
+        py-modules = ["flare_mirror"]
+    """,
+    "flare_mirror.py": '''
+        """A third-party backend: Flare's CPU kernels behind a device of its own name."""
+        from flare.backend import ProbeResult
+        from flare.backends.cpu.device import CpuBackend, CpuDevice
+        from flare.plugins import BackendSpec, hookimpl
+
+        class MirrorDevice(CpuDevice):
+            backend = "mirror"
+
+        class MirrorBackend(CpuBackend):
+            name = "mirror"
+
+            @classmethod
+            def probe(cls):
+                return ProbeResult(True, "mirror of the CPU kernels", ("mirror:0",))
+
+            @classmethod
+            def open_devices(cls, config=None):
+                return [MirrorDevice(f"mirror:{i}") for i in range(int((config or {}).get("count", 1)))]
+
+        @hookimpl
+        def flare_backends():
+            return [BackendSpec("mirror", MirrorBackend, version="0.3.0", priority=5)]
+    ''',
+}
+
+
+@pytest.mark.slow
+def test_third_party_backend_distribution(tmp_path: Path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name, text in THIRD_PARTY.items():
+        (src / name).write_text(textwrap.dedent(text))
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(dist), str(src)], check=True)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", *map(str, dist.glob("*.whl"))], check=True)
+    env = {k: v for k, v in os.environ.items() if k != "FLARE_DISABLE_PLUGIN_AUTOLOAD"}
+    listing = subprocess.run([py, "-m", "flare.cli", "backends", "--json"], capture_output=True, text=True,
+                             check=True, env=env)
+    backends = {b["name"]: b for b in json.loads(listing.stdout)["backends"]}
+    assert backends["mirror"]["usable"] and backends["mirror"]["version"] == "0.3.0"
+    suite = subprocess.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "flare.conformance",
+                            "--backends=mirror", "--require-backends"], capture_output=True, text=True,
+                           env=env, cwd=tmp_path)
+    assert suite.returncode == 0, suite.stdout[-3000:] + suite.stderr[-2000:]
+    assert " passed" in suite.stdout and "skipped" not in suite.stdout.splitlines()[-1]
