@@ -1,10 +1,11 @@
-"""The CUDA kernels and their lowering, checked against the NumPy references on the host.
+"""Every CUDA kernel and its lowering, checked against the NumPy references.
 
-The kernel sources are compiled as C++ (flare.backends.cuda.emulator) and run
-by the real CudaDevice over a host stand-in driver, with exactly the launch
-plans a GPU would capture and replay, so this checks kernel logic, argument
-layout, strides/broadcast handling and dtype handling without a GPU. The real
-driver and the GPU's arithmetic are checked by test_cuda_gpu.py, on a GPU only.
+Two devices: `gpu` (skipped with the probe's reason where there is none) and
+`emulated`, the real CudaDevice over a host stand-in driver with the kernel
+sources compiled as C++ (flare.backends.cuda.emulator). The emulated run uses
+exactly the launch plans a GPU captures and replays, so kernel logic, argument
+layout, strides/broadcast and dtypes are checked on any machine; the GPU run
+adds the real driver and the GPU's arithmetic.
 """
 from __future__ import annotations
 
@@ -21,15 +22,14 @@ from flare.ledger import LEDGER
 
 from flare.backends.cuda import lowering
 from flare.backends.cuda.compiler import kernel_sources
-from flare.backends.cuda.emulator import host_compiler, open_emulated_device
-
-pytestmark = pytest.mark.skipif(host_compiler() is None, reason="no C++ compiler to build the kernel emulator")
+from flare.backends.cuda.testing import KINDS, open_device
 
 
-@pytest.fixture(scope="module")
-def device():
-    pytest.importorskip("cuda.bindings", reason="the emulated device compiles kernels with NVRTC")
-    dev = open_emulated_device()
+@pytest.fixture(scope="module", params=KINDS)
+def device(request):
+    dev, why = open_device(request.param)
+    if dev is None:
+        pytest.skip(why)
     yield dev
     dev.close()
     assert all(n == 0 for n in dev.live_objects().values()), dev.live_objects()
