@@ -18,14 +18,12 @@ from flare.ledger import LEDGER
 
 from flare.backends.cuda import device as device_module
 from flare.backends.cuda.driver import CudaError
-from flare.backends.cuda.testing import KINDS, open_device
+from flare.backends.cuda.testing import KINDS, device_for_test, open_device
 
 
 @pytest.fixture(params=KINDS)
 def device(request):
-    dev, why = open_device(request.param)
-    if dev is None:
-        pytest.skip(why)
+    dev = device_for_test(request, request.param)
     before = LEDGER.snapshot().count(dev.name)
     yield dev
     assert LEDGER.snapshot().count(dev.name) == before, "a test leaked a buffer"

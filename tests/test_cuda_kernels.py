@@ -22,14 +22,12 @@ from flare.ledger import LEDGER
 
 from flare.backends.cuda import lowering
 from flare.backends.cuda.compiler import kernel_sources
-from flare.backends.cuda.testing import KINDS, open_device
+from flare.backends.cuda.testing import KINDS, device_for_test
 
 
 @pytest.fixture(scope="module", params=KINDS)
 def device(request):
-    dev, why = open_device(request.param)
-    if dev is None:
-        pytest.skip(why)
+    dev = device_for_test(request, request.param)
     yield dev
     dev.close()
     assert all(n == 0 for n in dev.live_objects().values()), dev.live_objects()

@@ -29,3 +29,34 @@ def open_device(kind: str):
             return None, "no C++ compiler to build the kernel emulator"
         return open_emulated_device(), ""
     raise ValueError(f"device kind {kind!r}: expected one of {KINDS}")
+
+
+def cuda_required(config) -> bool:
+    """Whether an unusable GPU must fail the run instead of skipping: FLARE_REQUIRE_CUDA=1,
+    or pytest's `--require-backends` (Flare's pytest plugin) covering `cuda`."""
+    import os
+
+    if os.environ.get("FLARE_REQUIRE_CUDA"):
+        return True
+    try:
+        required = config.getoption("--require-backends")
+        selected = config.getoption("--backends")
+    except ValueError:  # Flare's pytest plugin is not loaded
+        return False
+    if not required:
+        return False
+    if required == "*":
+        return not selected or "cuda" in [b.strip() for b in selected.split(",")]
+    return "cuda" in [b.strip() for b in required.split(",")]
+
+
+def device_for_test(request, kind: str):
+    """Open a device of `kind` for a pytest fixture, or skip (fail where CUDA is required)."""
+    import pytest
+
+    dev, why = open_device(kind)
+    if dev is None:
+        if kind == "gpu" and cuda_required(request.config):
+            pytest.fail(f"{why} (CUDA is required here)", pytrace=False)
+        pytest.skip(why)
+    return dev
