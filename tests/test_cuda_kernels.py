@@ -30,7 +30,7 @@ def device(request):
     dev = device_for_test(request, request.param)
     yield dev
     dev.close()
-    assert all(n == 0 for n in dev.live_objects().values()), dev.live_objects()
+    assert not any({**dev.live_objects(), **dev.cache_objects()}.values()), dev.live_objects()
 
 
 def run_graph(dev, graph, inputs, state=None):
