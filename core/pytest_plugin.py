@@ -3,8 +3,9 @@
 - `--backends=cpu,vulkan` selects backends (default: every installed one);
 - a `backend` fixture is parametrized over them (ids `test_x[cpu]`), and skips
   with the backend's own reason when it cannot run here;
-- `--require-backends` turns those skips into failures (for GPU machines and
-  CI, where a silently skipped backend would be a false green);
+- `--require-backends[=NAMES]` turns those skips into failures, for all
+  selected backends or only NAMES (for GPU machines and CI, where a silently
+  skipped backend would be a false green);
 - the report header lists each backend's status.
 """
 from __future__ import annotations
@@ -36,8 +37,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("flare", "Flare backend matrix")
     group.addoption("--backends", default=None,
                     help="comma-separated backends to run backend tests on (default: all installed)")
-    group.addoption("--require-backends", action="store_true", default=False,
-                    help="fail instead of skip when a selected backend cannot run here")
+    group.addoption("--require-backends", nargs="?", const="*", default=None, metavar="NAMES",
+                    help="fail instead of skip when a backend cannot run here: all selected backends, "
+                         "or only the comma-separated NAMES (e.g. --require-backends=cpu,vulkan)")
 
 
 def _selected(config: pytest.Config) -> list[str]:
@@ -48,6 +50,13 @@ def _selected(config: pytest.Config) -> list[str]:
     if not opt:
         return installed
     return [b.strip() for b in opt.split(",") if b.strip()]
+
+
+def _required(config: pytest.Config, name: str) -> bool:
+    opt = config.getoption("--require-backends")
+    if not opt:
+        return False
+    return opt == "*" or name in [b.strip() for b in opt.split(",")]
 
 
 def _status(name: str) -> tuple[bool, str]:
@@ -91,7 +100,7 @@ def backend(request: pytest.FixtureRequest) -> BackendUnderTest:
     usable, reason = _status(name)
     if not usable:
         message = f"backend {name} unusable here: {reason}"
-        if request.config.getoption("--require-backends"):
+        if _required(request.config, name):
             pytest.fail(message + " (--require-backends)", pytrace=False)
         pytest.skip(message)
     return BackendUnderTest(name, usable, reason)

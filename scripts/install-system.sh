@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# System packages Flare's backends, models and tests use (Debian/Ubuntu, run as root):
+#   libvulkan1 + mesa-vulkan-drivers  the Vulkan loader and Mesa's CPU driver (lavapipe)
+#   glslc                             compiles the GLSL compute shaders to SPIR-V (stale-.spv check)
+#   openmpi-bin + libopenmpi-dev      MPI ranks (mpirun) for multi-rank runs
+#   espeak-ng                         regenerates the shipped speech sample (optional)
+set -euo pipefail
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends \
+    libvulkan1 mesa-vulkan-drivers glslc vulkan-tools \
+    openmpi-bin libopenmpi-dev espeak-ng >/dev/null
+echo "system packages installed"
