@@ -129,10 +129,9 @@ class MoeLM:
         of each chunk's last token. All-single-token batches use the `decode` entry."""
         self._check_alive()
         n = sum(len(c.tokens) for c in chunks)
-        total = pad_to or n
-        if self.experts == OFFLOAD and self.cfg.slots_needed(total) > self.slots:
+        if self.experts == OFFLOAD and self.cfg.slots_needed(n) > self.slots:  # padding selects no experts
             raise ExpertCacheError(
-                f"moe-lm: a step of {total} token(s) may need {self.cfg.slots_needed(total)} experts per layer; the "
+                f"moe-lm: a step of {n} token(s) may need {self.cfg.slots_needed(n)} experts per layer; the "
                 f"expert cache has {self.slots} slot(s) per layer (prefill_chunk is {self.prefill_chunk})")
         decode = pad_to is None and all(len(c.tokens) == 1 for c in chunks)
         inputs = make_inputs(self.cfg, chunks, pad_to=pad_to, out_rows=not decode)
