@@ -124,10 +124,10 @@ def judge(facts: ProbeFacts) -> ProbeResult:
         return ProbeResult(False, reason, (), details)
 
     if facts.bindings_error:
-        return no(f"cuda-bindings is not installed ({facts.bindings_error}): {INSTALL_HINT}")
-    if facts.driver_error:
+        return no(f"cuda-bindings is not installed: {INSTALL_HINT}")
+    if facts.driver_error:  # the loader's own words stay in details["driver_error"]
         return no("no NVIDIA driver: the CUDA driver library (libcuda.so) could not be loaded; "
-                  f"install the NVIDIA driver ({facts.driver_error})")
+                  "install the NVIDIA driver")
     if facts.init_status == drv.NO_DEVICE or (facts.init_status == drv.SUCCESS and not facts.gpus
                                                 and not facts.gpu_error):
         ver = f" {_fmt_version(drv.version_tuple(facts.driver_version))}" if facts.driver_version else ""
