@@ -203,14 +203,10 @@ def _compile_with_nvrtc(source: KernelSource, arch: int, fmt: Format, options: t
 def cache_dir() -> Path:
     """Where compiled images live: `$FLARE_CACHE_DIR/cuda`, else `~/.cache/flare/cuda`.
 
-    FLARE_CACHE_DIR names Flare's cache root (shared with other backends);
-    XDG_CACHE_HOME is honoured when it is unset."""
+    The same root as `flare.cache.cache_dir("cuda")`, but not created here: a
+    cache that cannot be created only costs recompiling."""
     root = os.environ.get("FLARE_CACHE_DIR")
-    if root:
-        return Path(root).expanduser() / "cuda"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "flare" / "cuda"
+    return (Path(root).expanduser() if root else Path.home() / ".cache" / "flare") / "cuda"
 
 
 def cache_key(source: KernelSource, arch: int, fmt: Format, version: tuple[int, int],

@@ -20,7 +20,7 @@ from flare.backend import PreparedSplit, SplitProgram
 from flare.errors import ReleasedError
 
 from . import lowering
-from .driver import CudaError, call
+from .driver import call
 
 if TYPE_CHECKING:
     from .device import CudaDevice
@@ -139,5 +139,3 @@ class CudaGraphSplit(PreparedSplit):
         except Exception:
             pass
 
-
-__all__ = ["CudaGraphSplit", "CudaError"]

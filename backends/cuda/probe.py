@@ -15,7 +15,7 @@ raises; `judge(facts)` is a pure function from those facts to a
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from flare.backend import ProbeResult
