@@ -3,7 +3,7 @@
 Each run loads the model fresh (so the ledger's peak covers load and run),
 serves the same requests (prefill + greedy decode), and records tokens/s,
 peak device bytes and staging counters. A->B->B->A cancels slow drift (page
-cache warm-up, a busy neighbour); outputs must be bitwise identical in every
+cache warm-up, a busy neighbour); the time ratio compares medians; outputs must be bitwise identical in every
 run. Not a test: run it by hand, e.g.
 
     python bench/moe_resident_vs_offload.py --size small
@@ -36,7 +36,7 @@ def one_run(args: argparse.Namespace, experts: str, devices: list[str]) -> dict:
     LEDGER.reset_peak(dev)
     t0 = time.perf_counter()
     model = MoeLM.load(args.size, experts=experts, cache_mb=args.cache_mb, devices=devices,
-                       expert_source=args.expert_source)
+                       expert_source=args.expert_source, prefetch=args.prefetch if experts == "offload" else 0)
     load_s = time.perf_counter() - t0
     outputs = []
     try:
@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="cpu", help="first device (cpu is appended as fallback)")
     p.add_argument("--cache-mb", type=float, default=None, help="offload cache MiB (default: the size's default)")
     p.add_argument("--expert-source", choices=["mmap", "host"], default="mmap")
+    p.add_argument("--prefetch", type=int, default=0,
+                   help="offload: guess this many experts per token of the next layer, copy in the background")
+    p.add_argument("--rounds", type=int, default=1, help="repeat the A->B->B->A sequence (medians are reported)")
     p.add_argument("--requests", type=int, default=3)
     p.add_argument("--prompt-tokens", type=int, default=48)
     p.add_argument("--new-tokens", type=int, default=32)
@@ -92,12 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"moe-lm {args.size}: {cfg.n_layers} layers, {cfg.n_experts} experts (top-{cfg.top_k}), "
           f"{cfg.expert_total_bytes / 2**20:.0f} MiB of experts in {path}", flush=True)
     runs = []
-    for experts in ("resident", "offload", "offload", "resident"):
+    for experts in ("resident", "offload", "offload", "resident") * args.rounds:
         r = one_run(args, experts, devices)
         runs.append(r)
         st = r["staging"]
         extra = (f" slots {r['slots']}/{cfg.n_experts} hit {st['hit_rate']:.2f} staged {st['experts_staged']} "
-                 f"({st['bytes_staged'] / 2**20:.0f} MiB, {st['copies']} copies, {st['seconds']:.2f} s)" if st else "")
+                 f"({st['bytes_staged'] / 2**20:.0f} MiB, {st['copies']} copies, {st['seconds']:.2f} s)"
+                 + (f" prefetched {st['prefetched']} (used {st['prefetch_hits']}, waited {st['prefetch_wait_seconds']:.2f} s)"
+                    if args.prefetch else "") if st else "")
         print(f"{experts:9s} load {r['load_s']:.2f}s prefill {r['prefill_tok_s']:.1f} tok/s decode "
               f"{r['decode_tok_s']:.1f} tok/s total {r['total_s']:.2f}s peak {r['peak_bytes'] / 2**20:.1f} MiB{extra}",
               flush=True)
@@ -105,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     identical = all(o[0] == r[0] and np.array_equal(o[1], r[1]) for run in runs for o, r in zip(run["outputs"], ref))
     res = [r for r in runs if r["experts"] == "resident"]
     off = [r for r in runs if r["experts"] == "offload"]
-    time_ratio = statistics.mean(r["total_s"] for r in off) / statistics.mean(r["total_s"] for r in res)
+    time_ratio = statistics.median(r["total_s"] for r in off) / statistics.median(r["total_s"] for r in res)
     mem_ratio = max(r["peak_bytes"] for r in off) / min(r["peak_bytes"] for r in res)
-    print(f"offload/resident: time {time_ratio:.2f}x (goal <= 1.5x), peak memory {mem_ratio:.1%} (goal <= 30%), "
+    print(f"offload/resident over {len(runs)} runs: median time {time_ratio:.2f}x (goal <= 1.5x), peak memory {mem_ratio:.1%} (goal <= 30%), "
           f"outputs identical: {identical}")
     if args.json:
         with open(args.json, "w") as fh:

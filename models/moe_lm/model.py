@@ -82,6 +82,7 @@ class MoeLM:
         layer_devices: Mapping[int, str] | None = None,
         expert_layer_devices: Mapping[int, str] | None = None,
         trace: bool = False,
+        prefetch: int = 0,
     ) -> "MoeLM":
         """Load (generating the weights file on first use) and prepare.
 
@@ -91,6 +92,8 @@ class MoeLM:
         prefill_chunk: most tokens per step (power of two); with the decode batch
         (max_seqs) it sets how many experts a layer may need at once.
         Raises ExpertCacheError (a ModelError) when the cache cannot hold them.
+        prefetch: offload only; guess this many experts per token of the next layer
+        and copy them on a background thread (CPU expert caches only; outputs unchanged).
         """
         cfg = get_config(size) if isinstance(size, str) else size
         if experts not in MODES:
@@ -115,6 +118,8 @@ class MoeLM:
         try:
             placement = Placement(main_device, expert_device, layers=layer_devices,
                                   expert_layers=expert_layer_devices, devices=sess.devices)
+            if stager is not None and prefetch:
+                _enable_prefetch(stager, cfg, wf, placement, sess, prefetch)
             return cls(cfg, sess, wf, experts=experts, slots=slots, prefill_chunk=chunk, placement=placement,
                        stager=stager, owns_session=owns)
         except BaseException:
@@ -122,6 +127,7 @@ class MoeLM:
                 sess.close()
             wf.close()
             raise
+
 
     # -------------------------------------------------------------------- steps
     def step(self, chunks: Sequence[SeqChunk], *, pad_to: int | None = None) -> np.ndarray:
@@ -223,8 +229,12 @@ class MoeLM:
             return
         self.released = True
         try:
+            if self.stager is not None:
+                self.stager.drain()
             self.graph.release()
         finally:
+            if self.stager is not None:
+                self.stager.close()  # no background copy may outlive the buffers
             if self._owns_session:
                 self.session.close()
             if self.stager is not None:
@@ -245,3 +255,19 @@ class MoeLM:
     def __repr__(self) -> str:
         return (f"MoeLM({self.cfg.name}, experts={self.experts}, slots={self.slots}, "
                 f"devices={[d.name for d in self.session.devices]})")
+
+
+def _enable_prefetch(stager: ExpertStager, cfg: MoeConfig, wf: weights_mod.WeightFile, placement: Placement,
+                     session: Session, prefetch: int) -> None:
+    """Prefetch writes caches from a background thread: allowed only where every expert
+    cache lives in host memory (CPU devices), where such writes need no queue."""
+    from .placement import resolve
+
+    names = [d.name for d in session.devices]
+    for i in range(cfg.n_layers):
+        dev = session.device(resolve(placement.wanted(f"L{i}.experts.gate") or names[0], names))
+        if dev.backend != "cpu":
+            raise ModelError(f"moe-lm: expert prefetch needs the expert caches on a CPU device; layer {i}'s are on "
+                             f"{dev.name} (background writes would race its queue)")
+    stager.prefetch = int(prefetch)
+    stager.set_routers({n: wf.tensor(n) for n in wf.names() if ".router" in n})
