@@ -197,3 +197,39 @@ def test_weights_are_deterministic(tmp_path):
     wf = moe_weights.WeightFile(path, CFG)
     assert all(np.array_equal(wf.tensor(k), a[k]) for k in a)
     wf.close()
+
+
+def test_prefetch_changes_timing_not_outputs(tiny_path):
+    plain = MoeLM.load("tiny", experts="offload", weights_path=tiny_path)
+    ahead = MoeLM.load("tiny", experts="offload", weights_path=tiny_path, prefetch=2, trace=True)
+    try:
+        for prompt in ("prefetch the next layer", "b"):
+            a = plain.generate(encode(prompt), 8, stop_at_eos=False)
+            b = ahead.generate(encode(prompt), 8, stop_at_eos=False)
+            assert a[0] == b[0] and all(np.array_equal(x, y) for x, y in zip(a[1], b[1]))
+        st = ahead.stager.stats
+        assert st.prefetched > 0 and 0 < st.prefetch_hits <= st.prefetched
+        assert all(r.prefetched == () for r in ahead.stager.records if r.layer == CFG.n_layers - 1)
+    finally:
+        plain.release()
+        ahead.release()
+    assert ahead.stager._pool is None  # the prefetch thread is gone with the model
+
+
+def test_prefetch_refuses_device_caches(tiny_path):
+    from flare.errors import BackendUnavailable
+    from flare.session import Session
+
+    try:
+        session = Session(["vulkan", "cpu"])
+    except BackendUnavailable as exc:
+        pytest.skip(f"vulkan not usable here: {exc}")
+    try:
+        with pytest.raises(ModelError, match="prefetch needs the expert caches on a CPU device"):
+            MoeLM.load("tiny", experts="offload", weights_path=tiny_path, session=session, prefetch=2)
+        model = MoeLM.load("tiny", experts="offload", weights_path=tiny_path, session=session, prefetch=2,
+                           expert_device="cpu")  # experts on the host device: allowed
+        model.generate(encode("x"), 2)
+        model.release()
+    finally:
+        session.close()
