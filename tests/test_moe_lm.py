@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from flare.errors import ModelError
-from flare.models.moe_lm import EOS, MoeLM, Sampling, SeqChunk, encode, get_config
+from flare.models.moe_lm import MoeLM, Sampling, SeqChunk, encode, get_config, make_inputs
 from flare.models.moe_lm import weights as moe_weights
 from flare.models.moe_lm.numpy_reference import forward
 
@@ -176,3 +176,28 @@ def test_plugin_registers_model_spec():
     pm.register(plugin, name="moe-test")
     spec = pm.models()["moe-lm"]
     assert set(spec.entries) == {"prefill", "decode"} and spec.run is not None and spec.stage_experts is not None
+
+
+def test_reference_evaluator_runs_the_offload_graph_with_the_stager(offload):
+    """flare.reference.evaluate serves the host node with the same callback (its ctx offers write_rows)."""
+    from flare.graph import GraphBuilder
+    from flare.models.moe_lm.graph import STAGE_CALLBACK, GraphSpec, build_step, input_shapes
+    from flare.reference import evaluate
+
+    cfg = offload.cfg
+    stager = type(offload.stager)(cfg, offload.stager.source, offload.slots, trace=True)
+    spec = GraphSpec(cfg, offload.weight_file.as_dict(), "offload", offload.slots)
+    prompt = encode("ref eval")[:4]
+    b = GraphBuilder()
+    build_step(b, spec, input_shapes(cfg, len(prompt), 1))
+    graph = b.build()
+    inputs = make_inputs(cfg, [SeqChunk(0, 0, prompt)])
+    out, state = evaluate(graph, inputs, callbacks={STAGE_CALLBACK: stager})
+    ref, routes = forward(cfg, offload.weight_file.as_dict(), prompt)
+    np.testing.assert_allclose(out["logits"][0], ref[-1], atol=1e-4)
+    for rec in stager.records:
+        assert set(rec.staged) == set(routes[rec.layer].ravel().tolist())
+        for expert in rec.staged:
+            slot = stager.resident(rec.layer)[expert]
+            assert np.array_equal(state[f"L{rec.layer}.experts.up"][slot],
+                                  offload.weight_file.tensor(f"L{rec.layer}.experts.up")[expert])
