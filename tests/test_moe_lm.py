@@ -201,3 +201,18 @@ def test_reference_evaluator_runs_the_offload_graph_with_the_stager(offload):
             slot = stager.resident(rec.layer)[expert]
             assert np.array_equal(state[f"L{rec.layer}.experts.up"][slot],
                                   offload.weight_file.tensor(f"L{rec.layer}.experts.up")[expert])
+
+
+def test_sampler_is_seeded_and_respects_filters():
+    from flare.models.moe_lm.config import BOS, PAD, SEP
+    from flare.models.moe_lm.sampling import Sampler
+
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal(260).astype(np.float32)
+    logits[[BOS, PAD, SEP]] = 100.0  # never generated, however likely
+    allowed = np.where(np.isin(np.arange(260), [BOS, PAD, SEP]), -np.inf, logits)
+    assert Sampler(Sampling())(logits) == int(np.argmax(allowed))
+    assert len({Sampler(Sampling(greedy=False, seed=4))(logits) for _ in range(3)}) == 1  # same seed, same token
+    s = Sampler(Sampling(greedy=False, seed=4, top_k=3))
+    picks = [s(logits) for _ in range(200)]
+    assert set(picks) == set(np.argsort(-allowed)[:3].tolist())

@@ -53,6 +53,7 @@ class Sampler:
             drop = order[~keep]
             p[drop] = 0.0
             p /= p.sum()
-        u = self._rng.random()
-        idx = int(np.searchsorted(np.cumsum(p), u * p.sum(), side="right"))
-        return min(idx, v.size - 1) if p[min(idx, v.size - 1)] > 0 else int(np.flatnonzero(p)[-1])
+        cdf = np.cumsum(p)
+        # side="right": cdf[idx-1] <= u*total < cdf[idx], so p[idx] > 0 (a dropped token is never chosen)
+        idx = int(np.searchsorted(cdf, self._rng.random() * cdf[-1], side="right"))
+        return min(idx, v.size - 1)
