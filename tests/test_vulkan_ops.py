@@ -23,9 +23,8 @@ import pytest
 from flare.graph import GraphBuilder
 from flare.ledger import LEDGER
 
-vk_loader = pytest.importorskip("flare.backends.vulkan.loader")
-from flare.backends.vulkan import VulkanBackend  # noqa: E402
-from flare.backends.vulkan.testing import HandBound  # noqa: E402
+from flare.backends.vulkan import VulkanBackend
+from flare.backends.vulkan.testing import HandBound
 
 PROBE = VulkanBackend.probe()
 pytestmark = pytest.mark.skipif(not PROBE.usable, reason=f"Vulkan unusable here: {PROBE.reason}")

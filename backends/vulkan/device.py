@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-import weakref
 from collections import Counter
 from dataclasses import replace
 from typing import Any, Mapping
@@ -66,7 +65,7 @@ class VulkanDevice(Device):
         self._queue_lock = threading.Lock()
         self._transfer_lock = threading.Lock()
         self._allocs: dict[int, Allocation] = {}
-        self._splits: "weakref.WeakSet[PreparedSplit]" = weakref.WeakSet()
+        self._splits: set[PreparedSplit] = set()  # strong: close() must reach splits nobody released
         self.handle = None
         try:
             prio = vk.ffi.new("float[1]", [1.0])
