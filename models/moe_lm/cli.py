@@ -28,6 +28,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--expert-cache-mb", type=float, default=None, help="offload: expert cache MiB over all layers")
     p.add_argument("--expert-source", choices=["mmap", "host"], default="mmap",
                    help="offload: copy experts from the memory-mapped file or from host memory")
+    p.add_argument("--prefetch", type=int, default=0, metavar="N",
+                   help="offload: copy N guessed experts per token of the next layer on a background thread (CPU caches)")
     p.add_argument("--backend", default="cpu",
                    help="device(s), comma separated, first preferred (e.g. vulkan or vulkan,cpu); cpu is appended")
     p.add_argument("--expert-device", action="append", default=[], metavar="LAYERS=DEVICE",
@@ -82,7 +84,7 @@ def run(argv: Sequence[str], stdout: TextIO | None = None, stderr: TextIO | None
         with MoeLM.load(args.size, experts=args.experts, cache_mb=args.expert_cache_mb, devices=_devices(args.backend),
                         seed=args.weights_seed, prefill_chunk=args.prefill_chunk, expert_source=args.expert_source,
                         expert_device=expert_all[-1] if expert_all else None, layer_devices=layer_devices,
-                        expert_layer_devices=expert_layers) as model:
+                        expert_layer_devices=expert_layers, prefetch=args.prefetch) as model:
             tokens, _ = model.generate(encode(args.prompt), args.max_new_tokens, sampling, on_token=emit)
             out.write(decoder.decode(b"", final=True) + "\n")
             out.flush()

@@ -25,7 +25,7 @@ from . import weights as weights_mod
 from .batch import SeqChunk, make_inputs, pow2_chunks
 from .config import EOS, MoeConfig, get_config
 from .graph import MODES, OFFLOAD, STAGE_CALLBACK, GraphSpec, entry_builders, input_shapes
-from .placement import Placement
+from .placement import Placement, resolve
 from .sampling import Sampler, Sampling
 from .staging import ExpertCacheError, ExpertStager, slots_for_budget
 
@@ -127,7 +127,6 @@ class MoeLM:
                 sess.close()
             wf.close()
             raise
-
 
     # -------------------------------------------------------------------- steps
     def step(self, chunks: Sequence[SeqChunk], *, pad_to: int | None = None) -> np.ndarray:
@@ -261,8 +260,6 @@ def _enable_prefetch(stager: ExpertStager, cfg: MoeConfig, wf: weights_mod.Weigh
                      session: Session, prefetch: int) -> None:
     """Prefetch writes caches from a background thread: allowed only where every expert
     cache lives in host memory (CPU devices), where such writes need no queue."""
-    from .placement import resolve
-
     names = [d.name for d in session.devices]
     for i in range(cfg.n_layers):
         dev = session.device(resolve(placement.wanted(f"L{i}.experts.gate") or names[0], names))
