@@ -99,7 +99,7 @@ def sample_ort(sample) -> np.ndarray:
 def test_weights_converted_once_into_cache_keyed_by_onnx_hash(tmp_path, monkeypatch):
     monkeypatch.setenv("FLARE_CACHE_DIR", str(tmp_path))
     first = W.load_weights()
-    files = list(tmp_path.glob("silero_vad-16k-*.safetensors"))
+    files = list((tmp_path / "silero-vad").glob("silero_vad-16k-*.safetensors"))
     assert [f.name for f in files] == [f"silero_vad-16k-{W.file_sha256(W.onnx_path())[:16]}.safetensors"]
     monkeypatch.setattr(W, "extract_from_onnx", lambda path: pytest.fail("cache was not used"))
     second = W.load_weights()
@@ -111,7 +111,7 @@ def test_weights_converted_once_into_cache_keyed_by_onnx_hash(tmp_path, monkeypa
 def test_torn_cache_file_is_rebuilt(tmp_path, monkeypatch):
     monkeypatch.setenv("FLARE_CACHE_DIR", str(tmp_path))
     W.load_weights()
-    (cached,) = tmp_path.glob("*.safetensors")
+    (cached,) = (tmp_path / "silero-vad").glob("*.safetensors")
     cached.write_bytes(b"not a safetensors file")
     assert W.load_weights()["lstm.w_ih"].shape == (512, 128)
 
@@ -232,11 +232,32 @@ def test_frontend_and_head_on_two_devices_equal_one_device(sample):
 
 
 # -- plugin and command line ---------------------------------------------------------------
-def test_plugin_is_registered():
+def test_plugin_is_registered_and_prepares():
     from flare.plugins.manager import PluginManager
 
     spec = PluginManager().models()["silero-vad"]
     assert set(spec.entries) == {"stream", "frontend", "recur"} and spec.run is not None
+    with Session(["cpu"]) as session:
+        pg = spec.prepare(session)
+        out = pg.execute("stream", chunk=np.zeros((1, 512), np.float32))
+        assert out["prob"].shape == (1, 1) and 0.0 <= out["prob"][0, 0] < 0.5
+
+
+def test_progress_bar_path_gives_the_same_segments():
+    import io
+
+    from rich.console import Console
+
+    from flare.models.silero_vad import cli
+
+    audio = synthetic_audio(3.0, seed=8)
+    console = Console(file=io.StringIO(), force_terminal=True, width=100)
+    seen = []
+    with Session(["cpu"]) as session, SileroVad(session) as model:
+        for mode in ("offline", "streaming"):
+            assert cli._with_progress(model, audio, mode, VadParams(), console) == model.detect(audio, mode)
+        model.probs_offline(audio, progress=lambda done, total: seen.append((done, total)))
+    assert seen[-1] == (94, 94) and "chunks" in console.file.getvalue()
 
 
 def test_cli_json_on_the_shipped_sample(capsys, sample, sample_ort):

@@ -33,6 +33,14 @@ def load_weights(config: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
     return {f"encoder/{k}": weights.loader(k) for k in weights.shapes if k != "embeddings.position_ids"}
 
 
+def prepare(session: Any, **options: Any) -> Any:
+    """ModelSpec.prepare: the model's PreparedGraph with default options (for `flare describe`,
+    benchmarks). Options go to MiniLM (workspace, placement, max_batch, max_length)."""
+    from .runner import MiniLM
+
+    return MiniLM(session, **options).pg
+
+
 def run(argv: list[str]) -> int:
     from .cli import main
 
@@ -48,6 +56,7 @@ def flare_models() -> list[ModelSpec]:
         load_weights=load_weights,
         placement=None,
         run=run,
+        prepare=prepare,
         config={"hidden": 384, "layers": 6, "heads": 12, "max_seq_length": 256,
                 "example_shapes": {"embed": {"ids": (1, 16), "mask": (1, 1, 1, 16)}}},
         version="1",

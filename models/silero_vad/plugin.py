@@ -38,6 +38,14 @@ def _entry(fn: Callable) -> Callable[[Any, Mapping[str, tuple]], None]:
     return build
 
 
+def prepare(session: Any, **options: Any) -> Any:
+    """ModelSpec.prepare: the model's PreparedGraph with default options (for `flare describe`,
+    benchmarks). Options go to SileroVad (workspace, placement, block, max_batch)."""
+    from .runner import SileroVad
+
+    return SileroVad(session, **options).pg
+
+
 def run(argv: list[str]) -> int:
     from .cli import main
 
@@ -53,6 +61,7 @@ def flare_models() -> list[ModelSpec]:
         load_weights=load_weights,
         placement=None,
         run=run,
+        prepare=prepare,
         config={"sample_rate": 16000, "chunk": CHUNK, "context": CONTEXT, "hidden": HIDDEN,
                 "example_shapes": {"stream": {"chunk": (1, CHUNK)}, "frontend": {"windows": (32, CHUNK + CONTEXT)},
                                    "recur": {"xproj": (64, 4 * HIDDEN)}}},

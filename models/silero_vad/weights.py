@@ -50,8 +50,10 @@ def onnx_path() -> Path:
 
 
 def cache_dir() -> Path:
-    """FLARE_CACHE_DIR, else ~/.cache/flare."""
-    return Path(os.environ.get("FLARE_CACHE_DIR") or Path.home() / ".cache" / "flare")
+    """<FLARE_CACHE_DIR or ~/.cache/flare>/silero-vad (created)."""
+    from flare.cache import cache_dir as flare_cache_dir
+
+    return flare_cache_dir("silero-vad")
 
 
 def file_sha256(path: Path) -> str:
