@@ -93,6 +93,7 @@ def test_mixed_batch_prefill_and_decode_in_one_step(resident, offload):
         model.prefill(2, c)
         out = model.step([SeqChunk(0, 5, a[5:7]), SeqChunk(1, len(b), [66]), SeqChunk(2, len(c), [67])])
         assert out.shape == (3, cfg.vocab)
+        assert model.graph.current_plan("mixed").shapes["tokens"] == (4,)
         results.append(out)
         for row, seq in zip(out, (a[:7], b + [66], c + [67])):
             np.testing.assert_allclose(row, forward(cfg, weights, seq)[0][-1], atol=1e-4)
@@ -100,6 +101,10 @@ def test_mixed_batch_prefill_and_decode_in_one_step(resident, offload):
         model.prefill(3, a[:5])
         padded = model.step([SeqChunk(3, 5, a[5:7])], pad_to=4)
         np.testing.assert_allclose(padded[0], out[0], atol=1e-5)
+        # decode tokens padded to a captured batch of 4 (the decode entry outputs every row)
+        dec = model.step([SeqChunk(1, len(b) + 1, [70]), SeqChunk(2, len(c) + 1, [71])], pad_to=4, entry="decode")
+        assert dec.shape == (2, cfg.vocab)
+        np.testing.assert_allclose(dec[1], forward(cfg, weights, c + [67, 71])[0][-1], atol=1e-4)
     assert np.array_equal(results[0], results[1])
 
 
@@ -175,7 +180,7 @@ def test_plugin_registers_model_spec():
     pm = PluginManager(autoload=False)
     pm.register(plugin, name="moe-test")
     spec = pm.models()["moe-lm"]
-    assert set(spec.entries) == {"prefill", "decode"} and spec.run is not None and spec.stage_experts is not None
+    assert set(spec.entries) == {"prefill", "decode", "mixed"} and spec.run is not None and spec.stage_experts is not None
 
 
 def test_reference_evaluator_runs_the_offload_graph_with_the_stager(offload):

@@ -137,14 +137,19 @@ def _moe(b: GraphBuilder, spec: GraphSpec, i: int, x: Tensor, kv_rows: Tensor, w
     return b.add(x, y, name=f"{p}.residual")
 
 
+ENTRIES = ("prefill", "decode", "mixed")
+
+
 def entry_builders(spec: GraphSpec) -> dict[str, Callable[[GraphBuilder, Mapping[str, tuple]], None]]:
-    """`prefill` (per-token positions/sequences, logits of `out_rows`) and `decode` (one
-    token per sequence, logits of every token). Both are `build_step`; they differ in
-    what they output, and share weights, KV state and expert caches by name."""
+    """`prefill` (per-token positions/sequences, logits of `out_rows`), `decode` (one
+    token per sequence, logits of every token) and `mixed` (a prefill chunk and decode
+    tokens of other sequences in one batch: the prefill graph under its own name, so a
+    catalog can select or drop mixed programs). All are `build_step`; they share
+    weights, KV state and expert caches by name."""
     def prefill(b: GraphBuilder, shapes: Mapping[str, tuple]) -> None:
         build_step(b, spec, shapes)
 
     def decode(b: GraphBuilder, shapes: Mapping[str, tuple]) -> None:
         build_step(b, spec, {k: v for k, v in shapes.items() if k != "out_rows"})
 
-    return {"prefill": prefill, "decode": decode}
+    return {"prefill": prefill, "decode": decode, "mixed": prefill}

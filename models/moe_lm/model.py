@@ -24,7 +24,7 @@ from flare.session import Session
 from . import weights as weights_mod
 from .batch import SeqChunk, make_inputs, pow2_chunks
 from .config import EOS, MoeConfig, get_config
-from .graph import MODES, OFFLOAD, STAGE_CALLBACK, GraphSpec, entry_builders, input_shapes
+from .graph import ENTRIES, MODES, OFFLOAD, STAGE_CALLBACK, GraphSpec, entry_builders, input_shapes
 from .placement import Placement, resolve
 from .sampling import Sampler, Sampling
 from .staging import ExpertCacheError, ExpertStager, slots_for_budget
@@ -60,6 +60,7 @@ class MoeLM:
         shapes = {"prefill": input_shapes(cfg, prefill_chunk, 1), "decode": input_shapes(cfg, 1)}
         self.graph = session.prepare(entry_builders(self.spec), shapes, placement=placement,
                                      callbacks=callbacks, name=f"moe-lm-{cfg.name}")
+        self._prepared_entries = set(shapes)
         self.released = False
 
     # ------------------------------------------------------------------ loading
@@ -129,19 +130,33 @@ class MoeLM:
             raise
 
     # -------------------------------------------------------------------- steps
-    def step(self, chunks: Sequence[SeqChunk], *, pad_to: int | None = None) -> np.ndarray:
-        """Run one batch of chunks (prefill, decode or mixed); logits [len(chunks), vocab]
-        of each chunk's last token. All-single-token batches use the `decode` entry."""
+    def step(self, chunks: Sequence[SeqChunk], *, pad_to: int | None = None, entry: str | None = None) -> np.ndarray:
+        """Run one batch of chunks; logits [len(chunks), vocab] of each chunk's last token.
+
+        The entry is `decode` for unpadded all-single-token batches, `prefill` for one
+        chunk, `mixed` for several chunks of which one has several tokens (or `entry`).
+        """
         self._check_alive()
         n = sum(len(c.tokens) for c in chunks)
         if self.experts == OFFLOAD and self.cfg.slots_needed(n) > self.slots:  # padding selects no experts
             raise ExpertCacheError(
                 f"moe-lm: a step of {n} token(s) may need {self.cfg.slots_needed(n)} experts per layer; the "
                 f"expert cache has {self.slots} slot(s) per layer (prefill_chunk is {self.prefill_chunk})")
-        decode = pad_to is None and all(len(c.tokens) == 1 for c in chunks)
-        inputs = make_inputs(self.cfg, chunks, pad_to=pad_to, out_rows=not decode)
+        if entry is None:
+            if pad_to is None and all(len(c.tokens) == 1 for c in chunks):
+                entry = "decode"
+            else:
+                entry = "prefill" if len(chunks) == 1 else "mixed"
+        if entry not in ENTRIES:
+            raise ModelError(f"moe-lm: unknown entry {entry!r}; entries are {', '.join(ENTRIES)}")
+        if entry == "decode" and any(len(c.tokens) != 1 for c in chunks):
+            raise ModelError("moe-lm: the decode entry takes one token per sequence")
+        inputs = make_inputs(self.cfg, chunks, pad_to=pad_to, out_rows=entry != "decode")
+        if entry not in self._prepared_entries:
+            self.graph.prepare(entry, {k: v.shape for k, v in inputs.items()})
+            self._prepared_entries.add(entry)
         t0 = time.perf_counter()
-        out = self.graph.execute("decode" if decode else "prefill", **inputs)["logits"]
+        out = self.graph.execute(entry, **inputs)["logits"][: len(chunks)]  # decode: padding rows dropped
         self.counters.seconds += time.perf_counter() - t0
         self.counters.steps += 1
         self.counters.tokens_in += n

@@ -51,7 +51,7 @@ SPEC = ModelSpec(
     name="moe-lm",
     description="Mixture-of-experts decoder LM (synthetic weights): expert placement, resident/offload staging, "
                 "mixed prefill batches",
-    entries={"prefill": _prefill, "decode": _decode},
+    entries={"prefill": _prefill, "decode": _decode, "mixed": _prefill},
     load_weights=load_weights,
     placement=Placement(),
     stage_experts=ExpertStager,
