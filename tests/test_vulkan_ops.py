@@ -375,3 +375,12 @@ def test_chain_of_fifty_nodes_with_barriers_only_where_needed(dev):
     check(got, h, (1e-3, 1e-4))  # ten layers compound the per-layer 1e-4
     assert stats["dispatches"] == 50
     assert stats["barriers"] < stats["dispatches"]
+
+
+def test_every_registry_op_has_a_kernel_or_is_a_view():
+    from flare.ops import OPS
+    from flare.backends.vulkan import kernels
+
+    missing = sorted(set(OPS) - set(kernels.LOWER) - {"host"})  # host nodes run Python, never a kernel
+    assert not missing, f"ops without a Vulkan lowering: {missing}"
+
