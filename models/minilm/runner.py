@@ -9,11 +9,16 @@ their embeddings are dropped.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from flare.errors import InputError
+
+if TYPE_CHECKING:
+    from flare.graph import Tensor
+    from flare.session import Session
+    from flare.workspace import GraphWorkspace
 
 from . import graph as G
 from .tokenize import encode, pad_batch
@@ -37,7 +42,8 @@ def _pow2(n: int, cap: int) -> int:
 class MiniLM:
     """Sentence embeddings on a session. Use as a context manager or call `release()`."""
 
-    def __init__(self, session: Any, *, workspace: Any = None, placement: Any = None,
+    def __init__(self, session: "Session", *, workspace: "GraphWorkspace | None" = None,
+                 placement: "Callable[[Tensor, list[str]], str | None] | None" = None,
                  max_batch: int = 32, max_length: int | None = None,
                  weights: SafetensorsWeights | None = None, config: BertConfig | None = None):
         self.cfg = config or load_config()
@@ -91,7 +97,7 @@ class MiniLM:
         return e @ e.T
 
 
-def split_placement(tensor: Any, devices: list[str]) -> str | None:
+def split_placement(tensor: "Tensor", devices: list[str]) -> str | None:
     """Encoder (embeddings + layers) on the first device, pooling head on the last."""
     if len(devices) < 2:
         return None

@@ -13,11 +13,16 @@ recurrence `block` steps per execute. Streaming: one `stream` execute per
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
 from flare.errors import InputError
+
+if TYPE_CHECKING:
+    from flare.graph import Tensor
+    from flare.session import Session
+    from flare.workspace import GraphWorkspace
 
 from . import graph as G
 from .numpy_reference import CHUNK, WINDOW, windows
@@ -40,7 +45,8 @@ def _bucket(n: int, max_batch: int) -> int:
 class SileroVad:
     """Silero VAD on a session. Use as a context manager or call `release()`."""
 
-    def __init__(self, session: Any, *, workspace: Any = None, placement: Any = None,
+    def __init__(self, session: "Session", *, workspace: "GraphWorkspace | None" = None,
+                 placement: "Callable[[Tensor, list[str]], str | None] | None" = None,
                  weights: Mapping[str, np.ndarray] | None = None, block: int = 64, max_batch: int = 2048):
         if block < 1 or max_batch < MIN_BATCH:
             raise ValueError(f"block must be >= 1 and max_batch >= {MIN_BATCH}")
@@ -138,7 +144,7 @@ def _mono16k(audio: np.ndarray) -> np.ndarray:
     return audio
 
 
-def split_placement(tensor: Any, devices: list[str]) -> str | None:
+def split_placement(tensor: "Tensor", devices: list[str]) -> str | None:
     """Frontend (STFT + encoder + input projection) on the first device, the
     recurrence and head on the last: the placement test's split, and a sensible
     one when the first device is an accelerator (batched convs) and the last the
