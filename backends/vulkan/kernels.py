@@ -13,7 +13,6 @@ dtypes its shader reads.
 """
 from __future__ import annotations
 
-import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence

@@ -14,7 +14,7 @@ import numpy as np
 
 from flare.backend import Binding, Buffer, Device, PreparedSplit, SplitProgram
 from flare.dtypes import to_numpy
-from flare.graph import Graph, Tensor
+from flare.graph import Graph
 
 
 class HandBound:
