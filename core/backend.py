@@ -124,6 +124,12 @@ class PreparedSplit(abc.ABC):
     def release(self) -> None:
         """Destroy captures (command buffers, CUDA graphs); idempotent."""
 
+    def rebind(self, program: "SplitProgram") -> bool:
+        """Point the capture at new bindings of the *same* nodes (workspace growth,
+        grown inputs) without re-capturing. Return False when that is not possible;
+        the caller then releases this split and compiles `program` anew."""
+        return False
+
 
 class Device(abc.ABC):
     """One device of a backend. Subclasses implement the `_raw` hooks and `compile`."""
@@ -197,7 +203,13 @@ class Device(abc.ABC):
         """Wait for queued work (a no-op for synchronous devices)."""
 
     def live_objects(self) -> dict[str, int]:
-        """Counts of live backend objects (pipelines, command pools, graphs...) for leak tests."""
+        """Counts of live per-graph backend objects (command buffers, descriptor pools, CUDA
+        graphs...): back to their starting values after release, which leak tests assert."""
+        return {}
+
+    def cache_objects(self) -> dict[str, int]:
+        """Counts of device-lifetime caches (pipelines, loaded modules, staging buffers):
+        kept across graphs on purpose and freed by close()."""
         return {}
 
     def describe(self) -> dict[str, Any]:

@@ -371,7 +371,7 @@ class PreparedGraph:
             return
         if not fresh:
             self.stats["rebinds"] += 1
-        plan.release_captures()
+        old_programs, plan.programs = plan.programs, []
         new_buffers: list[Buffer] = []
         retired: list[tuple[tuple[str, str], Buffer]] = []
         growth: Growth | None = None
@@ -382,15 +382,21 @@ class PreparedGraph:
             growth = self.workspace.grow(needs)
             self._make_bindings(plan, growth)
             for split in plan.schedule.splits:
+                old = old_programs[split.index] if old_programs else None
                 if split.host:
                     programs.append(None)
                     continue
                 dev = self.devices[split.device]
-                programs.append(dev.compile(SplitProgram(dev, split.nodes, plan.split_bindings[split.index])))
+                program = SplitProgram(dev, split.nodes, plan.split_bindings[split.index])
+                if old is not None and old.rebind(program):
+                    programs.append(old)   # updated in place (e.g. cuGraphExecUpdate)
+                    continue
+                if old is not None:
+                    old.release()
+                programs.append(dev.compile(program))
         except BaseException:
-            for prog in programs:
-                if prog is not None:
-                    prog.release()
+            for prog in {id(p): p for p in programs + list(old_programs) if p is not None}.values():
+                prog.release()
             if growth is not None:
                 growth.abort()
             self._forget(new_buffers, retired)
