@@ -108,7 +108,10 @@ class Memory:
             vk.vkBindBufferMemory(self.device, buffer, memory, 0)
             mapped = cbuf = None
             if staging or self.types.mapped:
-                cbuf = vk.vkMapMemory(self.device, memory, 0, nbytes, 0)  # explicit size: VK_WHOLE_SIZE is -1 here
+                try:
+                    cbuf = vk.vkMapMemory(self.device, memory, 0, nbytes, 0)  # explicit size: VK_WHOLE_SIZE is -1 here
+                except vk.VkError as exc:
+                    raise AllocationError(self.name, nbytes, free_hint, f"vkMapMemory: {type(exc).__name__}") from None
                 mapped = np.frombuffer(cbuf, dtype=np.uint8, count=nbytes)
             return Allocation(buffer, memory, nbytes, mapped, cbuf)
         except BaseException:
