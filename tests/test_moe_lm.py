@@ -173,7 +173,8 @@ def test_cli_streams_tokens(monkeypatch, tmp_path):
     assert rc == 1 and "ExpertCacheError" in err.getvalue() and "MiB" in err.getvalue()
 
 
-def test_plugin_registers_model_spec():
+def test_plugin_registers_model_spec(monkeypatch, tmp_path):
+    monkeypatch.setenv("FLARE_CACHE_DIR", str(tmp_path))
     from flare.models.moe_lm import plugin
     from flare.plugins.manager import PluginManager
 
@@ -181,6 +182,11 @@ def test_plugin_registers_model_spec():
     pm.register(plugin, name="moe-test")
     spec = pm.models()["moe-lm"]
     assert set(spec.entries) == {"prefill", "decode", "mixed"} and spec.run is not None and spec.stage_experts is not None
+    from flare.session import Session
+
+    with Session(["cpu"]) as session:  # what `flare describe moe-lm` does
+        info = spec.prepare(session, experts="offload").describe()
+        assert info["entries"]["decode"]["host_splits"] == get_config("tiny").n_layers
 
 
 def test_reference_evaluator_runs_the_offload_graph_with_the_stager(offload):

@@ -42,6 +42,15 @@ def load_weights(config: Mapping[str, Any] | MoeConfig | None = None) -> Mapping
     return weights.WeightFile(weights.ensure(cfg, seed), cfg).as_dict()
 
 
+def prepare(session: Any, **options: Any) -> Any:
+    """ModelSpec.prepare: the model's PreparedGraph (`prefill` + `decode`) on `session`, for
+    `flare describe` and benchmarks. Options go to `MoeLM.load` (size, experts, cache_mb, ...);
+    the graph is released with the session. Use `MoeLM.load` for the full API."""
+    from .model import MoeLM
+
+    return MoeLM.load(session=session, **options).graph
+
+
 def _run(argv: list[str]) -> int:
     from .cli import run
     return run(argv)
@@ -56,6 +65,7 @@ SPEC = ModelSpec(
     placement=Placement(),
     stage_experts=ExpertStager,
     run=_run,
+    prepare=prepare,
     config={"sizes": {name: cfg.to_json() for name, cfg in SIZES.items()}, "default_size": "tiny",
             "api": "flare.models.moe_lm.MoeLM"},
     version="0.1.0",
