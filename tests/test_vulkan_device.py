@@ -188,3 +188,26 @@ def test_close_with_live_split_and_buffer_cleans_up():
     assert not any(d.live_objects().values())
     hb.release()  # late release after close is harmless and clears the ledger
     assert LEDGER.snapshot().count(d.name) == 0
+
+
+def test_rebind_points_the_capture_at_new_memory(dev):
+    graph = _mlp_graph()
+    x = RNG.standard_normal((4, 8)).astype(np.float32)
+    first, second = HandBound(dev, graph), HandBound(dev, graph, gap=3)
+    try:
+        want = first.run({"x": x})["y"]
+        split = first.split
+        objects = dev.live_objects()
+        second.write_leaves({"x": x})
+        assert split.rebind(SplitProgram(dev, graph.nodes, second.bindings))
+        assert dev.live_objects() == objects  # same pools, command buffer and fence
+        dev.fill_zero(second.bindings[graph.outputs["y"].id])
+        split.run()
+        np.testing.assert_array_equal(second.outputs()["y"], want)
+        assert not split.rebind(SplitProgram(dev, graph.nodes[:-1], second.bindings))  # other nodes: re-compile
+        split.release()
+        assert not split.rebind(SplitProgram(dev, graph.nodes, second.bindings))
+    finally:
+        first.split = None
+        first.release()
+        second.release()

@@ -50,11 +50,12 @@ class VulkanPreparedSplit(PreparedSplit):
         self.sets: list[Any] = []
         self.stats = {"dispatches": 0, "barriers": 0}
         try:
-            self.dispatches = self._lower()
+            self.dispatches = self._lower(program)
             if self.dispatches:
                 self._write_meta()
                 self.pipelines = [device.pipelines.get(d.shader, d.spec) for d in self.dispatches]
                 self._descriptors()
+                self._update_descriptors()
                 self._create_commands()
                 if record:
                     self.record()
@@ -63,11 +64,11 @@ class VulkanPreparedSplit(PreparedSplit):
             raise
 
     # -- building ----------------------------------------------------------------------
-    def _lower(self) -> list[Dispatch]:
+    def _lower(self, program: SplitProgram) -> list[Dispatch]:
         out: list[Dispatch] = []
-        for node in self.program.nodes:
+        for node in program.nodes:
             try:
-                dispatches = kernels.lower(node, self.program, self.device)
+                dispatches = kernels.lower(node, program, self.device)
             except kernels.Unsupported as exc:
                 raise FlareError(f"node {node.name!r} ({node.op}) cannot run on {self.device.name}: {exc}") from None
             for d in dispatches:
@@ -82,13 +83,19 @@ class VulkanPreparedSplit(PreparedSplit):
         return out
 
     def _write_meta(self) -> None:
+        """All dispatches' descriptors and parameters into the split's metadata buffer
+        (reused when the new words fit, e.g. on rebind)."""
         words: list[int] = []
         self.meta_base: list[int] = []
         for d in self.dispatches:
             self.meta_base.append(len(words))
             words += d.meta_words()
         data = np.asarray(words, dtype=np.uint32)
-        self.meta = self.device.alloc(data.nbytes, tag="vulkan:split-meta")
+        if self.meta is None or self.meta.nbytes < data.nbytes:
+            new = self.device.alloc(data.nbytes, tag="vulkan:split-meta")
+            if self.meta is not None:
+                self.meta.release()
+            self.meta = new
         self.device.upload_bytes(self.meta.handle, 0, data.tobytes())
 
     def _descriptors(self) -> None:
@@ -103,6 +110,9 @@ class VulkanPreparedSplit(PreparedSplit):
         alloc = vk.VkDescriptorSetAllocateInfo(descriptorPool=self.pool, descriptorSetCount=len(layouts), pSetLayouts=layouts)
         sets = vk.vkAllocateDescriptorSets(dev, alloc)
         self.sets = [sets[i] for i in range(len(layouts))]
+
+    def _update_descriptors(self) -> None:
+        vk, dev = self.vk, self.device.handle
         infos = []  # keep every struct alive until vkUpdateDescriptorSets returns
         writes = []
         meta = self.meta.handle
@@ -188,6 +198,32 @@ class VulkanPreparedSplit(PreparedSplit):
                                 len(barriers), barriers if barriers else None, 0, None)
 
     # -- lifecycle ------------------------------------------------------------------------
+    def rebind(self, program: SplitProgram) -> bool:
+        """Point this split at new bindings of the same nodes (workspace growth, grown inputs).
+
+        Possible when the nodes lower to the same shaders and constants: the metadata is
+        rewritten (in the same buffer when it fits), the descriptor sets are updated in
+        place and the command buffer is recorded again (its grid and barriers may change);
+        pools, fence and pipelines are kept. Returns False (nothing changed) otherwise.
+        """
+        if self.released or program.device is not self.device:
+            return False
+        if [n.id for n in program.nodes] != [n.id for n in self.program.nodes]:
+            return False
+        try:
+            dispatches = self._lower(program)
+        except FlareError:
+            return False
+        if [(d.shader, d.spec) for d in dispatches] != [(d.shader, d.spec) for d in self.dispatches]:
+            self.stats["dispatches"] = len(self.dispatches)
+            return False
+        self.program, self.dispatches = program, dispatches
+        if dispatches:
+            self._write_meta()  # an AllocationError here propagates; the caller releases this split
+            self._update_descriptors()
+            self.record()
+        return True
+
     def run(self) -> None:
         """Submit the recorded command buffer and wait for it to finish."""
         if self.released:
