@@ -12,9 +12,10 @@ A tensor's memory is owned by its *storage* tensor: itself, or — for view ops
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -199,6 +200,19 @@ class GraphBuilder:
         self._outputs: dict[str, Tensor] = {}
         self._names: set[str] = set()
         self._counter = itertools.count()
+        self._scopes: list[str] = []
+
+    @contextlib.contextmanager
+    def scope(self, prefix: str) -> Iterator[None]:
+        """Prefix the names of op nodes made inside (`enc/matmul_3`), including the
+        nodes the builder inserts itself, so placement callbacks can route a whole
+        stage by name. Leaves (inputs, weights, state) keep their names: weights are
+        looked up by them."""
+        self._scopes.append(prefix)
+        try:
+            yield
+        finally:
+            self._scopes.pop()
 
     # leaves ------------------------------------------------------------
     def input(self, name: str, shape: Sequence[int], dtype: str = "f32") -> Tensor:
@@ -267,6 +281,8 @@ class GraphBuilder:
             raise GraphError(f"unknown op {op_name!r}", name or op_name)
         opdef = OPS[op_name]
         name = name or f"{op_name}_{next(self._counter)}"
+        if self._scopes:
+            name = "/".join(self._scopes) + "/" + name
         if name in self._names:
             raise GraphError("name used twice", name)
         for src in srcs:

@@ -134,6 +134,13 @@ def schedule(
         if node.op == "host":
             continue  # placed after its inputs are (below)
         choice = ask(node)
+        if choice is not None and opdef.writes_src0:
+            home = device_of.get(node.srcs[0].storage.id)
+            if home is not None and home != choice:
+                # the write would land in a copy of the state and be lost
+                raise PlacementError(f"placement put {node.name!r} ({node.op}) on {choice}, but the state "
+                                     f"{node.srcs[0].storage.name!r} it writes lives on {home}", [node.name])
+            device_of.setdefault(node.srcs[0].storage.id, choice)
         if choice is not None:
             if not by_name[choice].supports(node):
                 raise PlacementError(f"placement put {node.name!r} ({node.op}) on {choice}, which does not support it", [node.name])

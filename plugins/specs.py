@@ -28,8 +28,9 @@ class BackendSpec:
 class ModelSpec:
     """A model plugin.
 
-    - `build(builder, config, **shapes)` adds one entry point's graph; `entries`
-      maps entry names (`full`, `body`, `prefill`, `decode`, ...) to such builders.
+    - `entries` maps entry names (`full`, `body`, `prefill`, `decode`, ...) to
+      builders `build(builder, shapes)` that add one entry point's graph for the
+      given input shapes (what `Session.prepare` calls).
     - `load_weights(config) -> Mapping[str, ndarray | loader]` finds the weights.
     - `placement(tensor, devices) -> device name | None` overrides where a node
       or weight goes (None: let the scheduler decide).

@@ -78,3 +78,15 @@ def test_set_rows_refuses_non_state_destination():
     b = GraphBuilder()
     with pytest.raises(ShapeError, match="state"):
         b.set_rows(b.input("d", (4, 2)), b.input("i", (1,), "i32"), b.input("v", (1, 2)))
+
+
+def test_scope_prefixes_op_nodes_including_inserted_ones():
+    b = GraphBuilder()
+    x = b.input("x", (2, 3))
+    with b.scope("enc"):
+        t = b.transpose(x)
+        r = b.reshape(t, shape=(6,))   # inserts a contiguous inside the scope
+        with b.scope("inner"):
+            y = b.relu(r, name="act")
+    assert t.name.startswith("enc/") and r.srcs[0].name.startswith("enc/contiguous")
+    assert y.name == "enc/inner/act" and x.name == "x"

@@ -155,3 +155,19 @@ def test_repeated_multi_device_executes_allocate_nothing():
                 pg.execute("full", x=X)
         assert counter.seen == 0
         pg.release()
+
+
+def test_a_state_write_placed_away_from_its_state_is_refused():
+    """Otherwise the write would land in a copy of the state and be lost."""
+    def build(b, shapes):
+        x, st = b.input("x", (1, 4)), b.state("s", (1, 4))
+        y = b.add(x, st, name="use")
+        b.copy_into(st, y, name="write")
+        b.output("y", y)
+    with Session(["cpu:0", "cpu:1"]) as sess:
+        with pytest.raises(PlacementError, match="'write'.*lives on cpu:0"):
+            sess.prepare({"full": build}, {"full": {"x": (1, 4)}}, placement=by_name({"write": "cpu:1", "s": "cpu:0"}))
+        # placing the state itself moves its writer with it
+        pg = sess.prepare({"full": build}, {"full": {"x": (1, 4)}}, placement=by_name({"s": "cpu:1"}))
+        ones = np.ones((1, 4), np.float32)
+        assert [pg.execute("full", x=ones)["y"][0, 0] for _ in range(3)] == [1, 2, 3]
