@@ -1,0 +1,1 @@
+"""Peers: other ways to serve a workload's requests (onnxruntime, NumPy, torch), to compare Flare with."""
