@@ -1,0 +1,69 @@
+"""Export adapter of `moe-lm`: its programs per bucket (resident experts) and its weights file.
+
+Uses only moe-lm's public pieces (config sizes, the step graph builder,
+`input_shapes`, the weights generator), so the core is built from the same
+graph `MoeLM.step` runs. Experts are exported resident: a core's weights
+file holds every expert, and expert parallelism slices them per rank at
+load time.
+"""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any
+
+from flare.errors import ModelError
+
+from .adapters import ExportAdapter, ProgramSpec, register_adapter, token_lm_buckets, token_lm_shapes
+from .schema import Serving
+
+
+class MoeLmAdapter(ExportAdapter):
+    name = "moe-lm"
+
+    def __init__(self, size: str = "tiny", seed: int = 0, prefill_chunk: int | None = None, **unknown: Any):
+        from flare.models.moe_lm.config import get_config
+
+        if unknown:
+            raise ModelError(f"moe-lm export: unknown options {sorted(unknown)} (known: size, seed, prefill_chunk)")
+        cfg = get_config(size)
+        if prefill_chunk is not None:
+            cfg = cfg.replace(prefill_chunk=int(prefill_chunk))
+        self.cfg = cfg
+        self.seed = int(seed)
+
+    def config(self) -> dict[str, Any]:
+        return {"size": self.cfg.name, "seed": self.seed, "experts": "resident", **dataclasses.asdict(self.cfg)}
+
+    def serving(self) -> Serving:
+        from flare.models.moe_lm.config import EOS, PAD
+        from flare.models.moe_lm.sampling import NEVER
+
+        c = self.cfg
+        return Serving("token-lm/1", c.max_seqs, c.max_ctx, c.prefill_chunk, c.vocab, PAD, EOS, tuple(NEVER))
+
+    def mixed_support(self) -> tuple[bool, str]:
+        from flare.models.moe_lm.graph import ENTRIES
+
+        if "mixed" not in ENTRIES:
+            return False, "moe-lm declares no mixed entry"
+        if self.cfg.max_seqs < 2:
+            return False, f"moe-lm {self.cfg.name} serves one sequence at a time (max_seqs 1)"
+        return True, "moe-lm's step graph takes a prefill chunk and decode tokens of other sequences in one batch"
+
+    def programs(self, mixed: bool) -> list[ProgramSpec]:
+        from flare.models.moe_lm.graph import RESIDENT, GraphSpec, entry_builders
+
+        builders = entry_builders(GraphSpec(self.cfg, {}, RESIDENT, 0))  # weights are declared, never read here
+        serving = self.serving()
+        return [ProgramSpec(kind, t, b, builders[kind], token_lm_shapes(serving, kind, t, b))
+                for kind, t, b in token_lm_buckets(serving, mixed)]
+
+    def write_weights(self, path: Path) -> None:
+        from flare.models.moe_lm import weights
+
+        shutil.copyfile(weights.ensure(self.cfg, self.seed), path)
+
+
+register_adapter("moe-lm", MoeLmAdapter)

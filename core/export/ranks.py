@@ -1,0 +1,122 @@
+"""Ranks on MPI (mpi4py over Open MPI): spawning, JSON messages without pickle, agreement.
+
+mpi4py's lower-case methods pickle; a core must never be unpickled, and
+neither is anything here: messages are JSON encoded to bytes and moved with
+the buffer-based upper-case calls (`Bcast`, `Allgather`, `Allgatherv`).
+
+`flare run NAME.core --ranks N` re-executes itself under `mpirun -n N`;
+under mpirun, rank 0 alone reads the command line and broadcasts the load
+options; every rank validates and selects on its own, and `agree` makes all
+ranks either continue with the same selection digest or raise the same error.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any, Callable, Sequence, TypeVar
+
+import numpy as np
+
+from flare.errors import CoreFormatError, FlareError
+
+T = TypeVar("T")
+MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
+
+
+def under_mpirun() -> bool:
+    """True when this process was started by mpirun with more than one rank."""
+    for var in MPI_SIZE_VARS:
+        v = os.environ.get(var)
+        if v and v.isdigit() and int(v) > 1:
+            return True
+    return False
+
+
+def world() -> Any:
+    """MPI.COMM_WORLD (imports mpi4py only when ranks are used)."""
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise FlareError(f"ranks need mpi4py (pip install 'flare-runtime[mpi]'): {exc}") from None
+    return MPI.COMM_WORLD
+
+
+def bcast_json(comm: Any, obj: Any = None, root: int = 0) -> Any:
+    """Broadcast a JSON-able object from `root` (others pass None)."""
+    if comm.Get_rank() == root:
+        data = np.frombuffer(json.dumps(obj, sort_keys=True).encode(), np.uint8)
+        n = np.array([data.size], np.int64)
+    else:
+        data, n = None, np.zeros(1, np.int64)
+    comm.Bcast(n, root=root)
+    if comm.Get_rank() != root:
+        data = np.empty(int(n[0]), np.uint8)
+    comm.Bcast(data, root=root)
+    return json.loads(data.tobytes().decode()) if comm.Get_rank() != root else obj
+
+
+def allgather_json(comm: Any, obj: Any) -> list[Any]:
+    """Every rank's JSON-able object, in rank order, on every rank."""
+    data = np.frombuffer(json.dumps(obj, sort_keys=True).encode(), np.uint8)
+    sizes = np.zeros(comm.Get_size(), np.int64)
+    comm.Allgather(np.array([data.size], np.int64), sizes)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    buf = np.empty(int(sizes.sum()), np.uint8)
+    comm.Allgatherv(data, [buf, sizes.tolist(), offsets.tolist(), _byte_type()])
+    return [json.loads(buf[o: o + s].tobytes().decode()) for o, s in zip(offsets, sizes)]
+
+
+def _byte_type() -> Any:
+    from mpi4py import MPI
+    return MPI.BYTE
+
+
+def agree(comm: Any, work: Callable[[], T], digest: Callable[[T], str],
+          describe: Callable[[T], Any] = lambda r: None) -> tuple[T, list[Any]]:
+    """Run `work` on every rank; continue only if every rank succeeded with the same digest.
+
+    Returns (this rank's result, every rank's `describe(result)`). Otherwise every rank raises
+    the same CoreFormatError: the first failing rank's error, or the digest disagreement.
+    """
+    result: Any = None
+    try:
+        result = work()
+        mine = {"ok": True, "digest": digest(result), "info": describe(result)}
+    except FlareError as exc:
+        mine = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "field": getattr(exc, "field", None)}
+    every = allgather_json(comm, mine)
+    failed = [(r, m) for r, m in enumerate(every) if not m["ok"]]
+    if failed:
+        r, m = failed[0]
+        raise CoreFormatError(f"rank {r} of {len(every)} stopped: {m['error']}", m.get("field"))
+    digests = {m["digest"] for m in every}
+    if len(digests) != 1:
+        table = ", ".join(f"rank {r}: {m['digest'][:12]}" for r, m in enumerate(every))
+        raise CoreFormatError(f"ranks disagree on the selection ({table})", "selection")
+    return result, [m["info"] for m in every]
+
+
+def mpirun_command(n: int, argv: Sequence[str]) -> list[str]:
+    """`mpirun -n N python -c 'flare.cli.main' ARGV` (root- and oversubscription-safe).
+
+    Not `python -m flare.cli`: that would run a second copy of the module as __main__,
+    whose command tables the extensions (export, bench) do not register into."""
+    mpirun = shutil.which("mpirun") or shutil.which("mpiexec")
+    if mpirun is None:
+        raise FlareError("--ranks needs mpirun on PATH (Debian: apt install openmpi-bin)")
+    cmd = [mpirun, "-n", str(int(n)), "--oversubscribe"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    return cmd + [sys.executable, "-c", "import sys; from flare.cli import main; sys.exit(main(sys.argv[1:]))", *argv]
+
+
+def spawn(n: int, argv: Sequence[str]) -> int:
+    """Re-run `flare ARGV` on `n` ranks; returns mpirun's exit status."""
+    if n < 1:
+        raise FlareError(f"--ranks must be >= 1, got {n}")
+    env = dict(os.environ)
+    env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    return subprocess.call(mpirun_command(n, argv), env=env)

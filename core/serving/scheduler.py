@@ -1,0 +1,168 @@
+"""Continuous batching: admit requests into free sequence slots and run one program per step.
+
+Each step is one of:
+- `mixed`: one sequence's prefill chunk plus one decode token of every
+  sequence already decoding (when the core has mixed programs);
+- `prefill`: a chunk of the oldest sequence still reading its prompt;
+- `decode`: one token of every decoding sequence.
+
+Without mixed programs, prefill and decode steps alternate whenever both
+have work, so neither starves: a prompt advances by at least one chunk every
+other step and every decoding sequence gets a token every other step.
+Prompts are served oldest first. Finished sequences free their slot at once
+(their KV rows need no reset: the mask never admits rows a request did not
+write). Greedy decoding (argmax, never a token the contract forbids) makes
+runs reproducible, which the multi-rank test relies on.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .batch import Chunk
+from .engine import Engine
+from .metrics import RequestStats, summarize
+from .requests import Request
+
+Clock = Callable[[], float]
+
+
+@dataclass
+class _Seq:
+    req: Request
+    slot: int
+    stats: RequestStats
+    fed: int = 0                                  # prompt tokens already in the KV cache
+    tokens: list[int] = field(default_factory=list)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.fed < len(self.req.prompt)
+
+    @property
+    def position(self) -> int:
+        """Position of the next token fed to the model."""
+        return self.fed + max(0, len(self.tokens) - 1)
+
+
+class Scheduler:
+    """Serve a list of requests to completion on `engine`; see the module docstring."""
+
+    def __init__(self, engine: Engine, *, use_mixed: bool | None = None, clock: Clock = time.perf_counter,
+                 sleep: Callable[[float], None] = time.sleep, on_token: Callable[[str, int], None] | None = None):
+        self.engine = engine
+        self.serving = engine.serving
+        self.use_mixed = engine.mixed if use_mixed is None else (use_mixed and engine.mixed)
+        self.clock = clock
+        self.sleep = sleep
+        self.on_token = on_token
+        self.steps: dict[str, int] = {"prefill": 0, "decode": 0, "mixed": 0}
+        self.trace: list[tuple[str, str, int]] = []   # (kind, program, tokens) per step
+        self._logits_hash = hashlib.sha256()
+
+    # ----------------------------------------------------------------- policy
+    def _plan(self, running: list[_Seq], last: str | None) -> tuple[str, list[tuple[_Seq, Chunk]]]:
+        prefilling = [s for s in running if s.prefilling]
+        decoding = [s for s in running if not s.prefilling]
+        cap = self.serving.max_prefill_tokens
+        if self.use_mixed and prefilling and decoding:
+            t_max, b_max = self.engine.limit("mixed")
+            dec = decoding[: b_max - 1]
+            p = prefilling[0]
+            n = min(len(p.req.prompt) - p.fed, cap, t_max - len(dec))
+            return "mixed", [(p, self._prefill_chunk(p, n))] + [(s, self._decode_chunk(s)) for s in dec]
+        if prefilling and (not decoding or last != "prefill"):
+            p = prefilling[0]
+            n = min(len(p.req.prompt) - p.fed, cap, self.engine.limit("prefill")[0])
+            return "prefill", [(p, self._prefill_chunk(p, n))]
+        t_max, b_max = self.engine.limit("decode")
+        return "decode", [(s, self._decode_chunk(s)) for s in decoding[: min(t_max, b_max)]]
+
+    @staticmethod
+    def _prefill_chunk(s: _Seq, n: int) -> Chunk:
+        return Chunk(s.slot, s.fed, s.req.prompt[s.fed: s.fed + n])
+
+    @staticmethod
+    def _decode_chunk(s: _Seq) -> Chunk:
+        return Chunk(s.slot, s.position, (s.tokens[-1],))
+
+    def _sample(self, logits: np.ndarray) -> int:
+        v = np.asarray(logits, np.float64).copy()
+        if self.serving.never:
+            v[list(self.serving.never)] = -np.inf
+        return int(np.argmax(v))
+
+    # -------------------------------------------------------------------- run
+    def run(self, requests: list[Request]) -> dict[str, Any]:
+        """Serve every request; returns the report (see `metrics.summarize`)."""
+        sv = self.serving
+        start = self.clock()
+        pending = deque(sorted(requests, key=lambda r: r.arrival))
+        waiting: deque[Request] = deque()
+        free = list(range(sv.max_seqs))
+        running: list[_Seq] = []
+        stats: dict[str, RequestStats] = {}
+        rejected: dict[str, str] = {}
+        last: str | None = None
+        while pending or waiting or running:
+            now = self.clock() - start
+            while pending and pending[0].arrival <= now:
+                waiting.append(pending.popleft())
+            while waiting and free:
+                r = waiting.popleft()
+                why = self._reject(r)
+                if why:
+                    rejected[r.id] = why
+                    continue
+                st = RequestStats(r.id, len(r.prompt), r.arrival, admitted=now)
+                stats[r.id] = st
+                running.append(_Seq(r, free.pop(0), st))
+            if not running:
+                if pending:
+                    self.sleep(max(0.0, pending[0].arrival - (self.clock() - start)))
+                continue
+            kind, plan = self._plan(running, last)
+            logits, bucket = self.engine.run(kind, [c for _, c in plan])
+            self._logits_hash.update(np.ascontiguousarray(logits, np.float32).tobytes())
+            self.steps[kind] += 1
+            self.trace.append((kind, bucket.program, sum(len(c.tokens) for _, c in plan)))
+            last = kind
+            t = self.clock() - start
+            for (s, chunk), row in zip(plan, logits):
+                s.stats.launches += 1
+                s.stats.steps[kind] = s.stats.steps.get(kind, 0) + 1
+                if s.prefilling:
+                    s.fed += len(chunk.tokens)
+                    if s.prefilling:
+                        continue              # more prompt to read: these logits are not used
+                tok = self._sample(row)
+                s.tokens.append(tok)
+                if s.stats.first_token is None:
+                    s.stats.first_token = t
+                if self.on_token is not None:
+                    self.on_token(s.req.id, tok)
+            for s in list(running):
+                if s.tokens and (len(s.tokens) >= s.req.max_new_tokens or s.tokens[-1] == sv.eos):
+                    s.stats.finished = t
+                    s.stats.tokens = list(s.tokens)
+                    running.remove(s)
+                    free.append(s.slot)
+                    free.sort()
+        makespan = self.clock() - start
+        self.engine.stop()
+        return summarize(list(stats.values()), makespan, dict(self.steps), rejected,
+                         self._logits_hash.hexdigest())
+
+    def _reject(self, r: Request) -> str | None:
+        sv = self.serving
+        if len(r.prompt) + r.max_new_tokens - 1 > sv.max_ctx:
+            return f"prompt of {len(r.prompt)} + {r.max_new_tokens} new tokens exceeds the context of {sv.max_ctx}"
+        bad = [t for t in r.prompt if not 0 <= t < sv.vocab]
+        if bad:
+            return f"token ids {bad[:4]} outside the vocabulary 0..{sv.vocab - 1}"
+        return None
