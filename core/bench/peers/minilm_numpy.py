@@ -67,11 +67,13 @@ class MiniLMNumpy:
     """Weights in memory; `embed(sentences)` -> unit-norm embeddings [n, hidden] float32."""
 
     def __init__(self, weights: Mapping[str, np.ndarray] | None = None, config=None, max_length: int = 256):
-        from flare.models.minilm.weights import all_weights, load_config
+        from flare.models.minilm.weights import SafetensorsWeights, load_config
 
         self.cfg = config or load_config()
-        src = weights if weights is not None else all_weights()
-        self.w = {k: np.ascontiguousarray(v, np.float32) for k, v in src.items()}
+        if weights is None:   # read here, not from a process-wide cache, so the peer's memory is its own
+            files = SafetensorsWeights()
+            weights = {k: files.get(k) for k in files.shapes if k != "embeddings.position_ids"}
+        self.w = {k: np.ascontiguousarray(v, np.float32) for k, v in weights.items()}
         self.max_length = int(max_length)
 
     def encode(self, ids: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
