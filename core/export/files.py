@@ -146,6 +146,7 @@ def atomic_directory(target: str | os.PathLike, *, overwrite: bool = False) -> I
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=parent))
     try:
         yield tmp
+        _publishable(tmp)
         old = None
         if target.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=parent))
@@ -161,6 +162,22 @@ def atomic_directory(target: str | os.PathLike, *, overwrite: bool = False) -> I
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _publishable(root: Path) -> None:
+    """mkdtemp makes a private (0700) directory and some writers private files: give the core
+    the permissions an ordinary directory and files would have under the user's umask."""
+    mask = _umask()
+    for dirpath, dirnames, filenames in os.walk(root):
+        os.chmod(dirpath, 0o777 & ~mask)
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o666 & ~mask)
 
 
 def write_json(path: Path, data: Any) -> None:

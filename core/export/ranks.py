@@ -26,6 +26,15 @@ T = TypeVar("T")
 MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
 
 
+class RankError(CoreFormatError):
+    """Raised on every rank when one rank failed (or the ranks disagreed): the same text everywhere,
+    naming the failing rank, its error and the field."""
+
+    def __init__(self, text: str, field: str | None = None):
+        self.field = field
+        FlareError.__init__(self, text)
+
+
 def under_mpirun() -> bool:
     """True when this process was started by mpirun with more than one rank."""
     for var in MPI_SIZE_VARS:
@@ -91,11 +100,11 @@ def agree(comm: Any, work: Callable[[], T], digest: Callable[[T], str],
     failed = [(r, m) for r, m in enumerate(every) if not m["ok"]]
     if failed:
         r, m = failed[0]
-        raise CoreFormatError(f"rank {r} of {len(every)} stopped: {m['error']}", m.get("field"))
+        raise RankError(f"rank {r} of {len(every)} stopped: {m['error']}", m.get("field"))
     digests = {m["digest"] for m in every}
     if len(digests) != 1:
         table = ", ".join(f"rank {r}: {m['digest'][:12]}" for r, m in enumerate(every))
-        raise CoreFormatError(f"ranks disagree on the selection ({table})", "selection")
+        raise RankError(f"selection: ranks disagree on the selection ({table})", "selection")
     return result, [m["info"] for m in every]
 
 

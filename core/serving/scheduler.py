@@ -62,7 +62,7 @@ class Scheduler:
         self.sleep = sleep
         self.on_token = on_token
         self.steps: dict[str, int] = {"prefill": 0, "decode": 0, "mixed": 0}
-        self.trace: list[tuple[str, str, int]] = []   # (kind, program, tokens) per step
+        self.trace: list[tuple[str, str, int, int]] = []   # (kind, program, tokens, sequences decoding) per step
         self._logits_hash = hashlib.sha256()
 
     # ----------------------------------------------------------------- policy
@@ -130,7 +130,8 @@ class Scheduler:
             logits, bucket = self.engine.run(kind, [c for _, c in plan])
             self._logits_hash.update(np.ascontiguousarray(logits, np.float32).tobytes())
             self.steps[kind] += 1
-            self.trace.append((kind, bucket.program, sum(len(c.tokens) for _, c in plan)))
+            self.trace.append((kind, bucket.program, sum(len(c.tokens) for _, c in plan),
+                               sum(1 for s in running if not s.prefilling)))
             last = kind
             t = self.clock() - start
             for (s, chunk), row in zip(plan, logits):
