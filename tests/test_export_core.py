@@ -31,7 +31,7 @@ def moe(tmp_path_factory) -> Path:
 
 
 SEPARATE = ["prefill-t1-b1", "prefill-t2-b1", "prefill-t4-b1", "decode-t1-b1", "decode-t2-b2", "decode-t4-b4"]
-MIXED = ["mixed-t8-b2", "mixed-t8-b4"]
+MIXED = ["mixed-t5-b2", "mixed-t7-b4"]
 
 
 def test_layout_and_manifest(toy: Path) -> None:
@@ -45,8 +45,8 @@ def test_layout_and_manifest(toy: Path) -> None:
     assert m["defaults"]["mixed_prefill"] is True
     cat = json.loads((toy / "catalog.json").read_text())
     prog = {p["name"]: p for p in cat["programs"]}
-    assert prog["mixed-t8-b4"]["kind"] == "mixed" and prog["mixed-t8-b4"]["bucket"] == {"tokens": 8, "batch": 4}
-    assert "scale" in prog["mixed-t8-b4"]["kernels"]["cpu"] and "scale" not in prog["decode-t4-b4"]["kernels"]["cpu"]
+    assert prog["mixed-t7-b4"]["kind"] == "mixed" and prog["mixed-t7-b4"]["bucket"] == {"tokens": 7, "batch": 4}
+    assert "scale" in prog["mixed-t7-b4"]["kernels"]["cpu"] and "scale" not in prog["decode-t4-b4"]["kernels"]["cpu"]
     assert prog["decode-t4-b4"]["tuning"] == ["cpu.matmul.t4"] == prog["prefill-t4-b1"]["tuning"]
     entry = cat["tuning"]["entries"]["cpu.matmul.t4"]
     assert entry["choice"] in cat["kernels"]["cpu"]["matmul"]["variants"] and set(entry["seconds"]) == {
@@ -89,10 +89,10 @@ def test_disabling_mixed_prunes_only_what_mixed_alone_used(toy: Path) -> None:
 
 def test_tuning_dependencies_retained(toy: Path) -> None:
     on, off = load_core(toy, LoadOptions(True)), load_core(toy, LoadOptions(False))
-    assert set(on.tuning) == {"cpu.matmul.t1", "cpu.matmul.t2", "cpu.matmul.t4", "cpu.matmul.t8"}
-    # t8 served only the mixed programs; every entry a selected program names is kept
+    assert set(on.tuning) == {"cpu.matmul.t1", "cpu.matmul.t2", "cpu.matmul.t4", "cpu.matmul.t5", "cpu.matmul.t7"}
+    # t5 and t7 served only the mixed programs; every entry a selected program names is kept
     assert set(off.tuning) == {"cpu.matmul.t1", "cpu.matmul.t2", "cpu.matmul.t4"}
-    assert off.selection.pruned_tuning == ("cpu.matmul.t8",)
+    assert off.selection.pruned_tuning == ("cpu.matmul.t5", "cpu.matmul.t7")
     for p in off.programs.values():
         assert set(p.tuning) <= set(off.tuning)
     assert all(off.tuning[k] == on.tuning[k] for k in off.tuning)
@@ -161,8 +161,8 @@ def test_moe_core_programs_match_the_model(moe: Path) -> None:
         got = rt.execute("prefill-t4-b1", **token_lm_inputs(core.manifest.serving, [Chunk(0, 0, chunks[0].tokens)],
                                                             tokens=4, batch=1))["logits"]
         np.testing.assert_array_equal(got, want)
-        want = m.step(chunks[1:], entry="mixed", pad_to=8)
+        want = m.step(chunks[1:], entry="mixed", pad_to=5)
         ins = token_lm_inputs(core.manifest.serving, [Chunk(c.seq, c.start, c.tokens) for c in chunks[1:]],
-                              tokens=8, batch=2)
-        np.testing.assert_array_equal(rt.execute("mixed-t8-b2", **ins)["logits"], want)
+                              tokens=5, batch=2)
+        np.testing.assert_array_equal(rt.execute("mixed-t5-b2", **ins)["logits"], want)
     assert core.manifest.model == "moe-lm" and core.manifest.config["size"] == "tiny"

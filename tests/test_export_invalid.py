@@ -107,7 +107,7 @@ CASES = [
      _catalog(lambda c: _prog(c, "decode-t2-b2").__setitem__("bucket", {"tokens": 4, "batch": 4})),
      "catalog.programs[4].graph"),
     ("batch-over-range", "catalog.json",
-     _catalog(lambda c: _prog(c, "mixed-t8-b4").__setitem__("bucket", {"tokens": 8, "batch": 5})),
+     _catalog(lambda c: _prog(c, "mixed-t7-b4").__setitem__("bucket", {"tokens": 7, "batch": 5})),
      "catalog.programs[7].bucket.batch"),
     ("mixed-flag", "catalog.json", _set(["mixed", "supported"], False), "catalog.mixed.supported"),
 ]

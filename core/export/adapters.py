@@ -79,14 +79,15 @@ def token_lm_buckets(serving: Serving, mixed: bool) -> list[tuple[str, int, int]
 
     prefill: chunks of 1, 2, 4, ... up to max_prefill_tokens tokens, one sequence;
     decode: 1, 2, 4, ... up to max_seqs sequences, one token each;
-    mixed: 2, 4, ... up to max_seqs sequences, one of them a prefill chunk: tokens rounded up to
-    a power of two that holds a full chunk and the other sequences' decode tokens.
+    mixed: 2, 4, ... up to max_seqs sequences, one of them a prefill chunk: tokens = a full chunk
+    plus one decode token of each other sequence (not rounded up: on the CPU every padded row
+    costs as much as a real one).
     Smaller steps are padded into the next bucket (padding tokens use the scratch KV row).
     """
     out = [("prefill", t, 1) for t in _pow2_upto(serving.max_prefill_tokens)]
     out += [("decode", b, b) for b in _pow2_upto(serving.max_seqs)]
     if mixed and serving.max_seqs >= 2:
-        out += [("mixed", next_pow2(serving.max_prefill_tokens + b - 1), b)
+        out += [("mixed", serving.max_prefill_tokens + b - 1, b)
                 for b in _pow2_upto(serving.max_seqs) if b >= 2]
     return out
 

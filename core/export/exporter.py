@@ -25,7 +25,7 @@ from flare.session import Session
 
 from . import tuning as tuning_mod
 from .adapters import ExportAdapter, ProgramSpec, get_adapter
-from .files import atomic_directory, sha256_file, write_json
+from .files import CoreExistsError, atomic_directory, sha256_file, write_json
 from .loader import load_core
 from .schema import (FORMAT_VERSION, Bucket, Catalog, FileEntry, Kernel, Manifest, Program, TuningEntry,
                      catalog_to_dict, manifest_to_dict)
@@ -103,6 +103,8 @@ def export_core(
     serving = adapter.serving()
     specs = adapter.programs(with_mixed)
     out = Path(out)
+    if out.exists() and not force:   # before any work; atomic_directory checks again at the end
+        raise CoreExistsError(f"{out} exists (use --force to replace it)")
     with _progress(progress) as bar, Session(backends) as sess:
         devices = {d.backend: d for d in sess.devices}
         built: list[tuple[ProgramSpec, Graph, dict[str, Any]]] = []

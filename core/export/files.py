@@ -19,9 +19,15 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
-from flare.errors import CoreFormatError
+from flare.errors import CoreFormatError, FlareError
 
 CHUNK = 1 << 20
+
+
+class CoreExistsError(FlareError, FileExistsError):
+    """The export target exists and replacing it was not asked for."""
+
+
 MAX_HEADER = 100 << 20  # a safetensors header larger than this is not a header
 ST_DTYPES = {"F32": "f32", "F16": "f16", "I32": "i32", "I64": "i64"}
 
@@ -141,7 +147,7 @@ def atomic_directory(target: str | os.PathLike, *, overwrite: bool = False) -> I
     target = Path(target)
     parent = target.parent if str(target.parent) else Path(".")
     if target.exists() and not overwrite:
-        raise FileExistsError(f"{target} exists (use --force to replace it)")
+        raise CoreExistsError(f"{target} exists (use --force to replace it)")
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=parent))
     try:
