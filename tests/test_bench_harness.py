@@ -108,7 +108,8 @@ def test_json_schema():
     assert set(doc["summary"]["A"]) >= {"metric", "latency_median_s", "latency_p90_s", "ledger_peak_bytes",
                                         "peak_rss_bytes", "deterministic", "memory_plan"}
     assert set(doc["pairs"][0]) == {"block", "a_run", "b_run", "metric", "ledger_peak", "rss_growth"}
-    assert set(doc["ratio"]["metric"]) == {"median", "min", "max"}
+    assert set(doc["ratio"]["metric"]) == {"median", "min", "max", "pairs", "of"}
+    assert doc["pairs"][0]["ledger_peak"] is None   # 0 / 0: no device memory on either side
     assert doc["outputs"]["verdict"] == "DIFFERENT" and doc["outputs"]["first_mismatch"] == 1
 
 

@@ -116,7 +116,7 @@ class BenchResult:
         vals = [getattr(p, name) for p in self.pairs]
         finite = [v for v in vals if not np.isnan(v)]
         return {"median": median(finite), "min": min(finite, default=float("nan")),
-                "max": max(finite, default=float("nan"))}
+                "max": max(finite, default=float("nan")), "pairs": len(finite), "of": len(vals)}
 
 
 def machine_info() -> dict[str, Any]:

@@ -35,7 +35,19 @@ def _num(v: float, digits: int = 4) -> str:
 def _ratio(r: dict[str, float]) -> str:
     if math.isnan(r["median"]):
         return "-"
-    return f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]"
+    text = f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]"
+    return text if r["pairs"] == r["of"] else f"{text} ({r['pairs']} of {r['of']} pairs; others divide by 0)"
+
+
+def _finite(value: Any) -> Any:
+    """NaN/inf -> None, recursively: JSON has no NaN (a ratio with a zero denominator is null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def headline(result: BenchResult) -> str:
@@ -56,8 +68,8 @@ def headline(result: BenchResult) -> str:
 
 
 def to_json(result: BenchResult) -> dict[str, Any]:
-    """The whole result as JSON-able data (schema `SCHEMA`)."""
-    return {
+    """The whole result as JSON-able data (schema `SCHEMA`); undefined numbers are null."""
+    return _finite({
         "schema": SCHEMA,
         "model": result.model,
         "metric": {"name": result.metric.name, "work_unit": result.metric.work_unit,
@@ -76,13 +88,13 @@ def to_json(result: BenchResult) -> dict[str, Any]:
         "ok": result.ok,
         "headline": headline(result),
         "machine": result.machine,
-    }
+    })
 
 
 def write_json(result: BenchResult, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(to_json(result), indent=2, allow_nan=True) + "\n")
+    path.write_text(json.dumps(to_json(result), indent=2, allow_nan=False) + "\n")
     return path
 
 
