@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -39,7 +39,7 @@ class CoreRuntime:
             devs.append("cpu")  # host fallback, as the model CLIs do
         tuning = [{"key": e.key, "kernel": e.kernel, "tokens": e.tokens, "variant": e.choice}
                   for e in core.tuning.values()]
-        self._map = np.memmap(core.weights_path, dtype=np.uint8, mode="r")
+        self._map: np.memmap | None = None   # the weights file, mapped while weights are uploaded
         self.session = Session(devs, config={core.backend: {"tuning": tuning}})
         try:
             entries, shapes, self.local_experts = self._entries()
@@ -50,6 +50,8 @@ class CoreRuntime:
         except BaseException:
             self.session.close()
             raise
+        finally:
+            self._map = None   # weights are on the device now; unmap the file (re-mapped if ever needed)
         self.launches: Counter[str] = Counter()
         self.seconds: Counter[str] = Counter()
         self.released = False
@@ -58,6 +60,8 @@ class CoreRuntime:
         info = self.core.weights[name]
 
         def load() -> np.ndarray:
+            if self._map is None:
+                self._map = np.memmap(self.core.weights_path, dtype=np.uint8, mode="r")
             raw = self._map[info["offset"]: info["offset"] + info["nbytes"]]
             return raw.view(to_numpy(info["dtype"])).reshape(info["shape"])
         return load

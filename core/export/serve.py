@@ -127,11 +127,13 @@ def _main_rank(path: str, argv: list[str], stdin: TextIO, stdout: TextIO) -> int
             msg = {"ok": True, "options": LoadOptions(args.mixed_prefill, args.backend).to_dict(),
                    "check": args.check, "json": args.json,
                    "requests": None if args.check else _requests(args, stdin)}
-        except SystemExit as exc:
-            msg = {"ok": False, "error": f"bad command line (exit {exc.code})"}
+        except SystemExit as exc:      # --help (0) or a usage error (2), already printed by argparse
+            msg = {"ok": False, "exit": exc.code or 0, "error": f"bad command line (exit {exc.code})"}
         except FlareError as exc:
             msg = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     msg = bcast_json(comm, msg)
+    if not msg["ok"] and msg.get("exit") == 0:
+        return 0
     if not msg["ok"]:
         raise FlareError(f"rank 0 stopped every rank: {msg['error']}")
     options = LoadOptions.from_dict(msg["options"])

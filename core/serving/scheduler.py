@@ -39,6 +39,7 @@ class _Seq:
     stats: RequestStats
     fed: int = 0                                  # prompt tokens already in the KV cache
     tokens: list[int] = field(default_factory=list)
+    served: int = -1                              # last step that fed this sequence
 
     @property
     def prefilling(self) -> bool:
@@ -68,7 +69,8 @@ class Scheduler:
     # ----------------------------------------------------------------- policy
     def _plan(self, running: list[_Seq], last: str | None) -> tuple[str, list[tuple[_Seq, Chunk]]]:
         prefilling = [s for s in running if s.prefilling]
-        decoding = [s for s in running if not s.prefilling]
+        # least recently served first: when a step cannot hold every decoding sequence, none starves
+        decoding = sorted((s for s in running if not s.prefilling), key=lambda s: s.served)
         cap = self.serving.max_prefill_tokens
         if self.use_mixed and prefilling and decoding:
             t_max, b_max = self.engine.limit("mixed")
@@ -135,6 +137,7 @@ class Scheduler:
             last = kind
             t = self.clock() - start
             for (s, chunk), row in zip(plan, logits):
+                s.served = len(self.trace)
                 s.stats.launches += 1
                 s.stats.steps[kind] = s.stats.steps.get(kind, 0) + 1
                 if s.prefilling:
