@@ -116,3 +116,17 @@ def test_pair_must_share_model_and_request_options(tmp_path):
     d = parse_config({"model": "silero-vad"}, name="d", known_backends=BACKENDS)
     with pytest.raises(BenchConfigError, match="one model"):
         check_pair(a, d)
+
+
+def test_an_unusable_backend_is_named_before_anything_runs(tmp_path):
+    from flare.bench.config import check_usable
+    from flare.plugins.manager import get_plugin_manager
+
+    spec = get_plugin_manager().backends().get("cuda")
+    if spec is None or spec.backend.probe().usable:
+        pytest.skip("needs an installed CUDA backend that cannot run here")
+    cfg = load_config(write(tmp_path, 'model = "bench-fake"\nbackends = ["cuda", "cpu"]\n'))
+    with pytest.raises(BenchConfigError, match="backend 'cuda' cannot run here") as info:
+        check_usable(cfg)
+    assert info.value.key == "backends" and info.value.path == tmp_path / "a.toml"
+    check_usable(load_config(write(tmp_path, 'model = "bench-fake"\n', "b.toml")))

@@ -48,12 +48,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if value is not None and value < least:
             raise BenchError(f"{name} must be at least {least}, got {value}")
 
-    from .config import check_pair, load_config
+    from .config import check_pair, check_usable, load_config
     from .harness import run_bench
     from .report import print_report, write_json
 
     a, b = (load_config(path) for path in args.configs)
     workload = check_pair(a, b)
+    check_usable(a)
+    check_usable(b)
     console = Console()
     err = Console(stderr=True)
     with _progress(err, runs=4 * args.blocks, enabled=not args.no_progress) as progress:

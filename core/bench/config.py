@@ -129,6 +129,23 @@ def check_pair(a: BenchConfig, b: BenchConfig) -> Workload:
     return workload
 
 
+def check_usable(config: BenchConfig) -> None:
+    """Every backend the configuration names can run here (its probe says so); otherwise a
+    BenchConfigError naming the file, the key and the probe's reason. Checked before any run,
+    so a comparison does not fail half-way."""
+    if config.peer != "flare":
+        return
+    from flare.plugins.manager import get_plugin_manager
+
+    specs = get_plugin_manager().backends()
+    for dev in config.backends:
+        backend = dev.partition(":")[0]
+        probe = specs[backend].backend.probe() if backend in specs else None
+        if probe is None or not probe.usable:
+            reason = probe.reason if probe is not None else "not installed"
+            raise BenchConfigError(f"backend {backend!r} cannot run here: {reason}", path=config.path, key="backends")
+
+
 # -- helpers -------------------------------------------------------------------
 def _tname(value: Any) -> str:
     return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",

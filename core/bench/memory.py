@@ -13,11 +13,16 @@ peak to the current RSS; when that works each run's peak is its own
 """
 from __future__ import annotations
 
-import resource
 import sys
 from dataclasses import dataclass, field
 
 from flare.ledger import LEDGER
+
+
+try:
+    import resource
+except ImportError:  # Windows: no getrusage; peak RSS is reported as 0
+    resource = None  # type: ignore[assignment]
 
 
 def reset_rss_peak() -> bool:
@@ -32,6 +37,8 @@ def reset_rss_peak() -> bool:
 
 def rss_peak_bytes() -> int:
     """Peak resident set size of this process (since the last reset, where supported)."""
+    if resource is None:
+        return 0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # macOS: bytes; Linux: KiB
 
@@ -40,7 +47,7 @@ def current_rss_bytes() -> int:
     """Resident set size now (0 where /proc is missing)."""
     try:
         with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * resource.getpagesize()
+            return int(fh.read().split()[1]) * (resource.getpagesize() if resource else 4096)
     except (OSError, ValueError, IndexError):
         return 0
 
