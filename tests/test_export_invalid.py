@@ -188,9 +188,12 @@ def _paths(node: Any, prefix: tuple = ()) -> list[tuple]:
     return out
 
 
+FUZZED = ["manifest.json", "catalog.json", "programs/decode-t2-b2.json", "programs/mixed-t7-b4.json"]
+
+
 @st.composite
 def mutation(draw):
-    target = draw(st.sampled_from(["manifest.json", "catalog.json"]))
+    target = draw(st.sampled_from(FUZZED))
     kind = draw(st.sampled_from(["replace", "delete", "insert", "swap-type"]))
     pick = draw(st.integers(0, 10_000))
     value = draw(JSON)
@@ -224,15 +227,16 @@ def _mutate(data: Any, kind: str, pick: int, value: Any) -> Any:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mutations=st.lists(mutation(), min_size=1, max_size=3), mixed=st.sampled_from([None, True, False]))
 def test_fuzz_manifest_and_catalog(golden: Path, tmp_path: Path, mutations, mixed) -> None:
-    """Any mutation of manifest/catalog: either it loads, or a CoreFormatError; no file changes."""
+    """Any mutation of manifest, catalog or a program graph: it loads, or raises a CoreFormatError
+    naming a field; no file changes."""
     core = tmp_path / f"fuzz-{os.urandom(4).hex()}.core"
     _copy(golden, core)
-    originals = {n: json.loads((golden / n).read_text()) for n in ("manifest.json", "catalog.json")}
+    originals = {n: json.loads((golden / n).read_text()) for n in FUZZED}
     for target, kind, pick, value, rehash in mutations:
         data = _mutate(copy.deepcopy(originals[target]), kind, pick, value)
         originals[target] = data
         (core / target).write_text(json.dumps(data))
-        if rehash and target == "catalog.json" and isinstance(originals["manifest.json"], dict):
+        if rehash and target != "manifest.json" and isinstance(originals["manifest.json"], dict):
             try:
                 _rehash(core)
             except (KeyError, TypeError, AttributeError, ValueError):
