@@ -78,6 +78,9 @@ def _requests(args: argparse.Namespace, stdin: TextIO) -> list[dict[str, Any]]:
         return [parse_request({"id": "prompt", "prompt": args.prompt}, "--prompt", "prompt",
                               args.max_new_tokens).to_dict()]
     if args.requests in (None, "-"):
+        if args.requests is None and stdin.isatty():
+            print("reading requests from standard input, one JSON object per line "
+                  '(e.g. {"prompt": "Hello", "max_new_tokens": 8}); end with Ctrl-D', file=sys.stderr)
         return [r.to_dict() for r in read_requests(stdin, args.max_new_tokens)]
     try:
         with open(args.requests, encoding="utf-8") as fh:
