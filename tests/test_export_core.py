@@ -143,6 +143,15 @@ def test_export_refuses_to_overwrite_unless_forced(toy: Path, tmp_path: Path) ->
     assert not load_core(target).mixed and sorted(os.listdir(tmp_path)) == ["a.core"]
 
 
+def test_audit_tuning_measures_more(toy: Path, tmp_path: Path) -> None:
+    quick = load_core(toy)
+    audit = load_core(export_core(ToyLM(), tmp_path / "audit.core", tuning="audit", progress=False))
+    assert set(audit.tuning) == set(quick.tuning)
+    for key, e in audit.tuning.items():
+        assert e.repeats > quick.tuning[key].repeats
+        assert e.seconds[e.choice] == min(e.seconds.values())    # the measured best
+
+
 def test_explicit_mixed_export_of_a_model_without_support(tmp_path: Path) -> None:
     with pytest.raises(FlareError, match="cannot export mixed programs"):
         export_core(ToyLM(mixed=False), tmp_path / "x.core", mixed=True, progress=False)

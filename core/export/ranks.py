@@ -94,7 +94,7 @@ def agree(comm: Any, work: Callable[[], T], digest: Callable[[T], str],
     try:
         result = work()
         mine = {"ok": True, "digest": digest(result), "info": describe(result)}
-    except FlareError as exc:
+    except Exception as exc:  # any failure, typed or not: a rank that raised alone would hang the others
         mine = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "field": getattr(exc, "field", None)}
     every = allgather_json(comm, mine)
     failed = [(r, m) for r, m in enumerate(every) if not m["ok"]]

@@ -11,11 +11,14 @@ model plugin, so the layout lives here too; a test checks it against
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from flare.errors import InputError
+
+if TYPE_CHECKING:
+    from flare.export.schema import Serving
 
 MASK_NEG = np.float32(-1e30)
 
@@ -37,7 +40,8 @@ class Chunk:
         return cls(int(seq), int(start), tuple(int(t) for t in tokens))
 
 
-def token_lm_inputs(serving, chunks: Sequence[Chunk], *, tokens: int, batch: int | None) -> dict[str, np.ndarray]:
+def token_lm_inputs(serving: "Serving", chunks: Sequence[Chunk], *, tokens: int,
+                    batch: int | None) -> dict[str, np.ndarray]:
     """Inputs of one step padded to `tokens` rows; `batch` logit rows (None: decode, every row)."""
     if not chunks:
         raise InputError("a step needs at least one chunk")
