@@ -33,10 +33,11 @@ def _num(v: float, digits: int = 4) -> str:
 
 
 def _ratio(r: dict[str, float]) -> str:
+    """Median of the pair ratios with their range: '0.36x (pairs 0.34-0.37)'."""
     if math.isnan(r["median"]):
         return "-"
-    text = f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]"
-    return text if r["pairs"] == r["of"] else f"{text} ({r['pairs']} of {r['of']} pairs; others divide by 0)"
+    text = f"{r['median']:.2f}x (pairs {r['min']:.2f}-{r['max']:.2f})"
+    return text if r["pairs"] == r["of"] else f"{text}, {r['pairs']} of {r['of']} pairs (others divide by 0)"
 
 
 def _finite(value: Any) -> Any:
@@ -118,7 +119,7 @@ def print_report(result: BenchResult, console: Any = None) -> None:
     table.add_column("")
     table.add_column(f"A: {ca.name}", justify="right")
     table.add_column(f"B: {cb.name}", justify="right")
-    table.add_column("B/A by pairs: median \\[min-max]", justify="right")
+    table.add_column("B/A", justify="right")
     better = "lower" if result.metric.lower_is_better else "higher"
     table.add_row(f"{result.metric.name} ({better} is better)", _num(a.metric), _num(b.metric),
                   _ratio(result.ratio("metric")))
@@ -146,6 +147,8 @@ def print_report(result: BenchResult, console: Any = None) -> None:
     table.add_row("deterministic", str(a.deterministic), str(b.deterministic), "")
     table.add_row("outputs A vs B", "", "", result.outputs.summary())
     console.print(table)
+    console.print("B/A with pairs: the median of B/A over adjacent A and B runs (and its range); "
+                  "latency B/A: the ratio of the two medians.", style="dim", highlight=False)
 
     pairs = Table(title="pairs (adjacent runs)", title_justify="left")
     for col in ("block", "A run", "B run", f"A {result.metric.name}", f"B {result.metric.name}", "B/A"):
