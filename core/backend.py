@@ -108,7 +108,7 @@ class SplitProgram:
     device: "Device"
     nodes: list[Tensor]
     bindings: dict[int, Binding]  # tensor id -> binding (srcs and outputs of `nodes`)
-    tuning: Mapping[str, Any] = field(default_factory=dict)
+    tuning: Mapping[str, str] = field(default_factory=dict)  # op -> kernel variant to use
 
     def binding(self, tensor: Tensor) -> Binding:
         return self.bindings[tensor.id]

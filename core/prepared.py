@@ -107,6 +107,7 @@ class PreparedGraph:
         strict: bool = False,
         name: str = "graph",
         callbacks: Mapping[str, HostCallback] | None = None,
+        tuning: Mapping[str, Mapping[str, str]] | None = None,
     ):
         unknown = set(shapes) - set(entries)
         if unknown:
@@ -118,6 +119,8 @@ class PreparedGraph:
         self.placement = placement
         self.strict = strict
         self.callbacks = dict(callbacks or {})
+        # entry -> {"BACKEND.op": variant}: tuned kernel variants (from an exported core)
+        self.tuning = {e: dict(t) for e, t in (tuning or {}).items()}
         self.devices = {d.name: d for d in session.devices}
         self._plans: dict[str, OrderedDict[tuple, EntryPlan]] = {e: OrderedDict() for e in entries}
         self._current: dict[str, EntryPlan] = {}
@@ -387,7 +390,8 @@ class PreparedGraph:
                     programs.append(None)
                     continue
                 dev = self.devices[split.device]
-                program = SplitProgram(dev, split.nodes, plan.split_bindings[split.index])
+                program = SplitProgram(dev, split.nodes, plan.split_bindings[split.index],
+                                       self._tuning_for(plan.entry, dev))
                 if old is not None and old.rebind(program):
                     programs.append(old)   # updated in place (e.g. cuGraphExecUpdate)
                     continue
@@ -409,6 +413,10 @@ class PreparedGraph:
         plan.programs = programs
         plan.generation = self.workspace.generation
         plan.persist_generation = self._persist_generation
+
+    def _tuning_for(self, entry: str, dev: Device) -> dict[str, str]:
+        prefix = f"{dev.backend}."
+        return {k[len(prefix):]: v for k, v in self.tuning.get(entry, {}).items() if k.startswith(prefix)}
 
     def _forget(self, buffers: list[Buffer], retired: list[tuple]) -> None:
         """Undo persistent allocations of a failed attempt (and restore retired ones)."""

@@ -97,13 +97,15 @@ class Session:
         strict: bool = False,
         name: str = "graph",
         callbacks: Mapping[str, HostCallback] | None = None,
+        tuning: Mapping[str, Mapping[str, str]] | None = None,
     ) -> PreparedGraph:
         """Prepare a graph's entry points (see PreparedGraph). A private workspace is
-        made when none is given."""
+        made when none is given. `tuning` maps entry -> {"BACKEND.op": variant}
+        (kernel variants an exported core measured best)."""
         self._check_open()
         ws = workspace or self.workspace(f"{name}:workspace")
         graph = PreparedGraph(self, entries, shapes, workspace=ws, placement=placement, strict=strict,
-                              name=name, callbacks=callbacks)
+                              name=name, callbacks=callbacks, tuning=tuning)
         self._graphs.append(graph)
         return graph
 

@@ -19,7 +19,7 @@ from flare.graph import Tensor
 from flare.ledger import LEDGER
 from flare.ops import OPS
 
-from .kernels import KERNELS
+from .kernels import KERNELS, VARIANTS
 
 ALIGNMENT = 64
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
@@ -48,10 +48,14 @@ def _physical_available() -> int:
 
 
 class CpuSplit(PreparedSplit):
-    """A split as a list of closures with their arena views already bound."""
+    """A split as a list of closures with their arena views already bound.
 
-    def __init__(self, steps: list[Callable[[], None]]):
+    It may own buffers of its own (weights repacked for a tuned kernel variant),
+    allocated through the ledger and released with the split."""
+
+    def __init__(self, steps: list[Callable[[], None]], owned: list[Any] | None = None):
         self._steps = steps
+        self._owned = owned or []
 
     def run(self) -> None:
         for step in self._steps:
@@ -59,6 +63,9 @@ class CpuSplit(PreparedSplit):
 
     def release(self) -> None:
         self._steps = []
+        for buf in self._owned:
+            buf.release()
+        self._owned = []
 
 
 class CpuDevice(Device):
@@ -107,15 +114,38 @@ class CpuDevice(Device):
         return node.op in KERNELS
 
     def compile(self, program: SplitProgram) -> CpuSplit:
-        steps = []
-        for node in program.nodes:
-            if OPS[node.op].view is not None:
-                continue  # views alias their source: nothing to run
-            kern = KERNELS[node.op]
-            out = self.host_view(program.binding(node))
-            srcs = [self.host_view(program.binding(s)) for s in node.srcs]
-            steps.append(_bind(kern, out, srcs, node.params))
-        return CpuSplit(steps)
+        """Bind each node's kernel (or the tuned variant `program.tuning[op]`) to arena views."""
+        steps, owned = [], []
+        try:
+            for node in program.nodes:
+                if OPS[node.op].view is not None:
+                    continue  # views alias their source: nothing to run
+                kern = KERNELS[node.op]
+                out = self.host_view(program.binding(node))
+                srcs = [self.host_view(program.binding(s)) for s in node.srcs]
+                variant = program.tuning.get(node.op)
+                if variant is not None and variant in VARIANTS.get(node.op, {}):
+                    kern = VARIANTS[node.op][variant]
+                    if variant == "packed":
+                        srcs = self._pack(node, srcs, owned)
+                steps.append(_bind(kern, out, srcs, node.params))
+        except BaseException:
+            for buf in owned:
+                buf.release()
+            raise
+        return CpuSplit(steps, owned)
+
+    def _pack(self, node: Tensor, srcs: list[np.ndarray], owned: list[Any]) -> list[np.ndarray]:
+        """`packed` matmul: a constant right operand stored transposed, once, in a buffer of the split."""
+        from flare.graph import WEIGHT
+        if not node.params.get("transpose_b") or node.srcs[1].storage.role != WEIGHT:
+            return [srcs[0], np.swapaxes(srcs[1], -1, -2) if node.params.get("transpose_b") else srcs[1]]
+        packed_t = np.ascontiguousarray(np.swapaxes(srcs[1], -1, -2), np.float32)
+        buf = self.alloc(packed_t.nbytes, tag=f"cpu:packed:{node.srcs[1].name}")
+        owned.append(buf)
+        view = buf.handle[: packed_t.nbytes].view(np.float32).reshape(packed_t.shape)
+        view[...] = packed_t
+        return [srcs[0], view]
 
 
 def _bind(kern, out, srcs, params) -> Callable[[], None]:

@@ -15,6 +15,9 @@ from .erf import erf_into
 
 Kernel = Callable[[np.ndarray, Sequence[np.ndarray], Mapping[str, Any]], None]
 KERNELS: dict[str, Kernel] = {}
+# op -> variant name -> kernel; the first variant is the default (= KERNELS[op]).
+# Tuning (flare.export.tuning) times them and a core records the best per program.
+VARIANTS: dict[str, dict[str, Kernel]] = {}
 
 
 def kernel(*names: str):
@@ -85,6 +88,21 @@ def _matmul(out, x, p):
     if b.dtype != np.float32:
         b = b.astype(np.float32)
     np.matmul(a, b, out=out)
+
+
+def _matmul_einsum(out, x, p):
+    a, b = x
+    if b.dtype != np.float32:
+        b = b.astype(np.float32)
+    np.einsum("...ik,...jk->...ij" if p["transpose_b"] else "...ik,...kj->...ij", a, b, out=out, optimize=False)
+
+
+def _matmul_packed(out, x, p):
+    """The right operand was stored pre-transposed and contiguous at compile time."""
+    np.matmul(x[0], x[1], out=out)
+
+
+VARIANTS["matmul"] = {"matmul": _matmul, "packed": _matmul_packed, "einsum": _matmul_einsum}
 
 
 @kernel("layer_norm")
@@ -229,6 +247,20 @@ def _mul_mat_id(out, x, p):
         if expert.dtype != np.float32:
             expert = expert.astype(np.float32)
         flat_out[group] = rows[group] @ expert.T
+
+
+def _mul_mat_id_gathered(out, x, p):
+    """One batched matmul over the gathered expert matrices (fast for few tokens)."""
+    w, v, ids = x
+    t, kk = ids.shape
+    rows = np.broadcast_to(v.reshape(t, -1)[:, None, :] if v.ndim == 2 else v, (t, kk, w.shape[2]))
+    ws = w[ids]
+    if ws.dtype != np.float32:
+        ws = ws.astype(np.float32)
+    np.matmul(ws, rows[..., None], out=out[..., None])
+
+
+VARIANTS["mul_mat_id"] = {"grouped": _mul_mat_id, "gathered": _mul_mat_id_gathered}
 
 
 @kernel("set_rows")

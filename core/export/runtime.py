@@ -5,8 +5,8 @@ name) and the workspace arenas, so memory is weights + state + the largest
 program's arena, not a sum. Weights are memory-mapped from the safetensors
 file at the offsets the validated header gave and copied to the device once;
 under expert parallelism each rank maps only its experts' rows. The selected
-tuning choices are handed to the backend as `config["tuning"]` (a backend
-that knows a kernel's variants applies them; others ignore the key).
+tuning choices are handed per program to the prepared graph, which gives each
+split its backend's variants (the CPU device binds them; others ignore them).
 """
 from __future__ import annotations
 
@@ -37,16 +37,19 @@ class CoreRuntime:
         devs = list(devices or [core.backend])
         if not any(d.split(":")[0] == "cpu" for d in devs):
             devs.append("cpu")  # host fallback, as the model CLIs do
-        tuning = [{"key": e.key, "kernel": e.kernel, "tokens": e.tokens, "variant": e.choice}
-                  for e in core.tuning.values()]
+        # per program: {"BACKEND.kernel": variant} of the tuning entries it depends on
+        tuning = {name: {f"{core.tuning[k].backend}.{core.tuning[k].kernel}": core.tuning[k].choice
+                         for k in prog.tuning if k in core.tuning}
+                  for name, prog in core.programs.items()}
         self._map: np.memmap | None = None   # the weights file, mapped while weights are uploaded
-        self.session = Session(devs, config={core.backend: {"tuning": tuning}})
+        self.session = Session(devs)
         try:
             entries, shapes, self.local_experts = self._entries()
             callbacks: dict[str, Callable[..., np.ndarray]] = {LOCAL_IDS: local_ids}
             if comm is not None:
                 callbacks[ALLREDUCE] = make_allreduce(comm)
-            self.graph = self.session.prepare(entries, shapes, callbacks=callbacks, name=f"core:{core.manifest.model}")
+            self.graph = self.session.prepare(entries, shapes, callbacks=callbacks, tuning=tuning,
+                                              name=f"core:{core.manifest.model}")
         except BaseException:
             self.session.close()
             raise

@@ -9,9 +9,12 @@ pruning mixed programs drops exactly the entries only they needed.
 `audit` times every distinct shape more often. Times are the best of the
 repeats (the least disturbed by other load on a shared machine).
 
-The choice is recorded in the catalog and handed to the backend at load time
-(`config["tuning"]`); backends that do not implement a kernel's variants run
-their one implementation, so a choice never changes results.
+The choice is recorded in the catalog and, at load time, handed per program to
+the prepared graph (`Session.prepare(tuning={program: {"cpu.matmul": variant}})`),
+which gives each split its backend's choices; the CPU device then binds that
+variant (for `packed`, storing the constant weight transposed once in a buffer
+of the split). Backends without a kernel's variants run their one
+implementation, so a choice never changes what is computed beyond rounding.
 """
 from __future__ import annotations
 
@@ -57,49 +60,18 @@ class Tunable:
 
 
 # ------------------------------------------------------------------ CPU variants
-def _mm_matmul(out, x, p):
-    a, b = x
-    np.matmul(a, np.swapaxes(b, -1, -2) if p.get("transpose_b") else b, out=out)
-
-
-def _mm_einsum(out, x, p):
-    a, b = x
-    np.einsum("...ik,...jk->...ij" if p.get("transpose_b") else "...ik,...kj->...ij", a, b, out=out, optimize=False)
-
-
+# The variants are the CPU backend's own kernels (flare.backends.cpu.kernels.VARIANTS):
+# what is timed here is exactly what a prepared graph runs when a core selects it.
 def _mm_pack(variant, x, p):
-    """`packed`: a constant right operand stored pre-transposed (done once, at upload)."""
-    if variant == "packed" and p.get("transpose_b"):
-        return [x[0], np.ascontiguousarray(np.swapaxes(x[1], -1, -2))]
+    """`packed`: a constant right operand stored pre-transposed (the CPU device does it at compile)."""
+    if variant == "packed":
+        b = x[1]
+        return [x[0], np.ascontiguousarray(np.swapaxes(b, -1, -2)) if p.get("transpose_b") else b]
     return x
-
-
-def _mm_packed(out, x, p):
-    np.matmul(x[0], x[1], out=out)
 
 
 def _mm_inputs(s: Shape, rng: np.random.Generator) -> list[np.ndarray]:
     return [rng.standard_normal(sh, dtype=np.float32) for sh in s.srcs]
-
-
-def _mmid_grouped(out, x, p):
-    w, v, ids = x
-    t, kk = ids.shape
-    flat = ids.reshape(-1)
-    rows = np.broadcast_to(v.reshape(t, -1)[:, None, :] if v.ndim == 2 else v, (t, kk, w.shape[2])).reshape(t * kk, -1)
-    flat_out = out.reshape(t * kk, w.shape[1])
-    order = np.argsort(flat, kind="stable")
-    bounds = np.flatnonzero(np.diff(flat[order])) + 1
-    for group in np.split(order, bounds):
-        if group.size:
-            flat_out[group] = rows[group] @ w[flat[group[0]]].T
-
-
-def _mmid_gathered(out, x, p):
-    w, v, ids = x
-    t, kk = ids.shape
-    rows = np.broadcast_to(v.reshape(t, -1)[:, None, :] if v.ndim == 2 else v, (t, kk, w.shape[2]))
-    np.matmul(w[ids], rows[..., None], out=out[..., None])
 
 
 def _mmid_inputs(s: Shape, rng: np.random.Generator) -> list[np.ndarray]:
@@ -109,11 +81,24 @@ def _mmid_inputs(s: Shape, rng: np.random.Generator) -> list[np.ndarray]:
     return [w, v, ids]
 
 
+def _with_defaults(kernel: str, fn):
+    """Kernels read their op's params with defaults filled in, as the builder gives them."""
+    from ..ops import OPS
+
+    defaults = OPS[kernel].defaults
+    return lambda out, x, p: fn(out, x, {**defaults, **p})
+
+
+def _cpu_tunable(kernel: str, inputs, prepare=lambda v, x, p: x) -> Tunable:
+    from flare.backends.cpu.kernels import VARIANTS
+
+    return Tunable("cpu", kernel, {name: _with_defaults(kernel, fn) for name, fn in VARIANTS[kernel].items()},
+                   inputs, prepare)
+
+
 TUNABLES: dict[tuple[str, str], Tunable] = {
-    ("cpu", "matmul"): Tunable("cpu", "matmul", {"matmul": _mm_matmul, "packed": _mm_packed, "einsum": _mm_einsum},
-                               _mm_inputs, _mm_pack),
-    ("cpu", "mul_mat_id"): Tunable("cpu", "mul_mat_id", {"grouped": _mmid_grouped, "gathered": _mmid_gathered},
-                                   _mmid_inputs),
+    ("cpu", "matmul"): _cpu_tunable("matmul", _mm_inputs, _mm_pack),
+    ("cpu", "mul_mat_id"): _cpu_tunable("mul_mat_id", _mmid_inputs),
 }
 
 
