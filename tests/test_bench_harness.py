@@ -166,3 +166,10 @@ def test_parse_config_in_code_has_no_path():
     with pytest.raises(BenchConfigError) as info:
         parse_config({"model": "bench-fake", "options": {"mode": 3}}, known_backends=["cpu"])
     assert info.value.path is None and str(info.value).startswith("key 'options.mode'")
+
+
+def test_default_warmup_serves_every_request_once_per_run():
+    phases = []
+    result = run_bench(cfg("a"), cfg("b"), blocks=1, requests=3,
+                       progress=lambda slot, done, total, phase: phases.append(phase))
+    assert result.warmup == 3 and phases.count("warmup") == 4 * 3

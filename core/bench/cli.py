@@ -25,7 +25,9 @@ def add_bench_command(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("configs", nargs="*", metavar="CONFIG.toml", help="configuration A, then configuration B")
     p.add_argument("--blocks", type=int, default=2, help="number of A B B A blocks (default 2)")
     p.add_argument("--requests", type=int, default=None, help="requests per run (default: the model's, e.g. 8)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed requests at the start of each run (default 1)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed requests at the start of each run (default: every request once, so every input "
+                        "shape is planned before timing)")
     p.add_argument("--json", metavar="OUT.json", default=None, help="write every figure to this JSON file")
     p.add_argument("--plot", metavar="OUT.png", default=None, help="write a PNG of per-request timings")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

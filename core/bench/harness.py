@@ -129,16 +129,22 @@ def machine_info() -> dict[str, Any]:
             "flare": __version__, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
-def run_bench(a: BenchConfig, b: BenchConfig, *, blocks: int = 2, requests: int | None = None, warmup: int = 1,
-              progress: Progress | None = None, workload: Workload | None = None) -> BenchResult:
-    """Compare configurations A and B (same model, same requests) in `blocks` A B B A blocks."""
+def run_bench(a: BenchConfig, b: BenchConfig, *, blocks: int = 2, requests: int | None = None,
+              warmup: int | None = None, progress: Progress | None = None,
+              workload: Workload | None = None) -> BenchResult:
+    """Compare configurations A and B (same model, same requests) in `blocks` A B B A blocks.
+
+    `warmup`: untimed requests at the start of each run; None (the default) serves every request
+    once, so each input shape has its plan before the timing starts (a steady state: a prepared
+    model pays for a new shape once in its life, not once per benchmark run)."""
     workload = workload or check_pair(a, b)
     count = requests if requests is not None else workload.default_requests
     if count < 1:
         raise ValueError(f"requests must be >= 1, got {count}")
+    reqs = workload.requests(a, count)
+    warmup = len(reqs) if warmup is None else warmup
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
-    reqs = workload.requests(a, count)
     configs = {"A": a, "B": b}
     first_outputs: dict[str, list[np.ndarray]] = {}
     runs: list[RunResult] = []
