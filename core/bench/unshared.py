@@ -36,7 +36,8 @@ class PerEntrySession:
 
     def prepare(self, entries: Mapping[str, "EntryBuilder"], shapes: Mapping[str, Mapping[str, Sequence[int]]], *,
                 workspace: Any = None, placement: Any = None, strict: bool = False, name: str = "graph",
-                callbacks: Mapping[str, "HostCallback"] | None = None) -> "PerEntryGraph":
+                callbacks: Mapping[str, "HostCallback"] | None = None, **extra: Any) -> "PerEntryGraph":
+        """One PreparedGraph per entry point; `extra` keywords (e.g. `tuning`) go to each unchanged."""
         graphs: dict[str, "PreparedGraph"] = {}
         try:
             for entry, builder in entries.items():
@@ -44,7 +45,7 @@ class PerEntrySession:
                 graphs[entry] = self._session.prepare({entry: builder},
                                                       {entry: shapes[entry]} if entry in shapes else {},
                                                       workspace=ws, placement=placement, strict=strict,
-                                                      name=f"{name}.{entry}", callbacks=callbacks)
+                                                      name=f"{name}.{entry}", callbacks=callbacks, **extra)
         except BaseException:
             for g in graphs.values():
                 g.release()
