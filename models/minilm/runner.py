@@ -24,7 +24,7 @@ from . import graph as G
 from .tokenize import encode, pad_batch
 from .weights import BertConfig, SafetensorsWeights, load_config
 
-LENGTH_STEP = 16
+LENGTH_STEP = 8   # padding granularity: 16 cost 10% in padded tokens, exact lengths overflow the plan cache
 CLS_ID = 101
 
 

@@ -42,6 +42,19 @@ def _bucket(n: int, max_batch: int) -> int:
     return min(size, max_batch)
 
 
+def _pieces(n: int, max_batch: int) -> list[int]:
+    """Power-of-two batch sizes covering n <= max_batch windows with little padding.
+
+    Rounding 563 windows up to 1024 wasted 45% of the frontend's work; the largest
+    power of two below n plus the rest rounded up (563 -> 512 + 64) wastes 13 rows,
+    and every size stays one of a few cached plans."""
+    size = _bucket(n, max_batch)
+    if size == n or size // 2 < MIN_BATCH:
+        return [size]
+    head = size // 2
+    return [head, _bucket(n - head, max_batch)]
+
+
 class SileroVad:
     """Silero VAD on a session. Use as a context manager or call `release()`."""
 
@@ -105,12 +118,14 @@ class SileroVad:
         n = len(win)
         self.reset()
         xproj = np.empty((n, G.GATES), np.float32)
-        for lo in range(0, n, self.max_batch):
-            part = win[lo:lo + self.max_batch]
-            size = _bucket(len(part), self.max_batch)
-            batch = part if len(part) == size else np.concatenate(
-                [part, np.zeros((size - len(part), WINDOW), np.float32)])
-            xproj[lo:lo + len(part)] = self.pg.execute("frontend", windows=batch)["xproj"][:len(part)]
+        lo = 0
+        while lo < n:
+            for size in _pieces(min(self.max_batch, n - lo), self.max_batch):
+                part = win[lo:lo + size]
+                batch = part if len(part) == size else np.concatenate(
+                    [part, np.zeros((size - len(part), WINDOW), np.float32)])
+                xproj[lo:lo + len(part)] = self.pg.execute("frontend", windows=batch)["xproj"][:len(part)]
+                lo += len(part)
         probs = np.empty(n, np.float32)
         block = np.zeros((self.block, G.GATES), np.float32)
         for lo in range(0, n, self.block):
