@@ -137,17 +137,22 @@ def _decode(path: Path, data: bytes, tag: int, channels: int, bits: int) -> np.n
     return x.reshape(-1, channels)
 
 
+def _unreadable(path: Path, exc: OSError) -> "AudioError":
+    """The AudioError for a file the OS would not give us, saying why."""
+    if isinstance(exc, FileNotFoundError):
+        return AudioError(path, "no such file")
+    if isinstance(exc, IsADirectoryError):
+        return AudioError(path, "is a directory, not an audio file")
+    return AudioError(path, f"cannot be read ({exc.strerror or exc})")
+
+
 def read_wav(path: str | os.PathLike) -> WavData:
     """Decode a WAV file as it is: all channels, its own rate."""
     path = Path(path)
     try:
         blob = path.read_bytes()
-    except FileNotFoundError:
-        raise AudioError(path, "no such file") from None
-    except IsADirectoryError:
-        raise AudioError(path, "is a directory, not an audio file") from None
     except OSError as exc:
-        raise AudioError(path, f"cannot be read ({exc.strerror or exc})") from None
+        raise _unreadable(path, exc) from None
     fmt = None
     data_span = None
     for cid, start, size in _chunks(path, blob):
@@ -254,12 +259,8 @@ def load_audio(path: str | os.PathLike, sample_rate: int = MODEL_RATE) -> np.nda
     try:
         with open(path, "rb") as f:
             head = f.read(4)
-    except FileNotFoundError:
-        raise AudioError(path, "no such file") from None
-    except IsADirectoryError:
-        raise AudioError(path, "is a directory, not an audio file") from None
     except OSError as exc:
-        raise AudioError(path, f"cannot be read ({exc.strerror or exc})") from None
+        raise _unreadable(path, exc) from None
     wav = read_wav(path) if head in (b"RIFF", b"RF64") or len(head) < 4 else _read_other(path)
     mono = to_mono(wav.samples)
     if wav.sample_rate != sample_rate:

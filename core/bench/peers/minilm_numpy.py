@@ -18,13 +18,12 @@ which, and the benchmark prints it.
 """
 from __future__ import annotations
 
-import time
 from math import sqrt
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..workload import Request, Timed
+from . import PeerRunner
 
 try:
     from scipy.special import erf as _erf
@@ -114,20 +113,12 @@ class MiniLMNumpy:
         return self.encode(batch.ids, batch.lengths)
 
 
-class MiniLMNumpyRunner:
+class MiniLMNumpyRunner(PeerRunner):
     """The `numpy` peer of the minilm-l6 workload."""
 
     def __init__(self, max_length: int = 256):
         self.model = MiniLMNumpy(max_length=max_length)
         self.description = f"hand-written float32 NumPy {np.__version__} forward (erf: {ERF_SOURCE})"
 
-    def run(self, request: Request) -> Timed:
-        t0 = time.perf_counter()
-        out = self.model.embed(request.payload)
-        return Timed(out, time.perf_counter() - t0)
-
-    def memory_plan(self) -> None:
-        return None
-
-    def close(self) -> None:
-        self.model = None
+    def compute(self, payload):
+        return self.model.embed(payload)

@@ -10,13 +10,12 @@ tokenizer; no sentence-transformers or transformers code is used.
 """
 from __future__ import annotations
 
-import time
 from math import sqrt
 from typing import Any, Sequence
 
 import numpy as np
 
-from ..workload import Request, Timed
+from . import PeerRunner
 
 
 class MiniLMTorch:
@@ -76,7 +75,7 @@ class MiniLMTorch:
         return self.encode(batch.ids, batch.lengths)
 
 
-class MiniLMTorchRunner:
+class MiniLMTorchRunner(PeerRunner):
     """The `torch` peer of the minilm-l6 workload."""
 
     def __init__(self, max_length: int = 256):
@@ -84,13 +83,5 @@ class MiniLMTorchRunner:
         torch = self.model.torch
         self.description = f"PyTorch {torch.__version__} eager CPU forward, {torch.get_num_threads()} thread(s)"
 
-    def run(self, request: Request) -> Timed:
-        t0 = time.perf_counter()
-        out = self.model.embed(request.payload)
-        return Timed(out, time.perf_counter() - t0)
-
-    def memory_plan(self) -> None:
-        return None
-
-    def close(self) -> None:
-        self.model = None
+    def compute(self, payload):
+        return self.model.embed(payload)

@@ -5,18 +5,16 @@ per-chunk speech probabilities, like `SileroVad.speech_probs`.
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
-from ..workload import Request, Timed
+from . import PeerRunner
 
 SAMPLE_RATE = 16000
 CHUNK = 512      # new samples per model call
 CONTEXT = 64     # samples carried over from the previous call
 
 
-class OnnxRuntimeRunner:
+class OnnxRuntimeRunner(PeerRunner):
     """silero_vad.onnx on onnxruntime's CPU provider, chunk by chunk with carried state."""
 
     def __init__(self, threads: int = 1):
@@ -30,9 +28,8 @@ class OnnxRuntimeRunner:
         self.session = ort.InferenceSession(str(onnx_path()), sess_options=opts, providers=["CPUExecutionProvider"])
         self.description = f"onnxruntime {ort.__version__} CPU, {threads} intra-op thread(s), per-chunk calls"
 
-    def run(self, request: Request) -> Timed:
-        audio = np.asarray(request.payload, np.float32)
-        t0 = time.perf_counter()
+    def compute(self, payload) -> np.ndarray:
+        audio = np.asarray(payload, np.float32)
         n = max(1, -(-audio.size // CHUNK))
         padded = np.zeros(n * CHUNK, np.float32)
         padded[:audio.size] = audio
@@ -45,16 +42,10 @@ class OnnxRuntimeRunner:
             prob, state = self.session.run(None, {"input": x, "state": state, "sr": sr})
             out[i] = prob[0, 0]
             context = x[:, -CONTEXT:]
-        return Timed(out, time.perf_counter() - t0)
-
-    def memory_plan(self) -> None:
-        return None
-
-    def close(self) -> None:
-        self.session = None
+        return out
 
 
-class NumpyRunner:
+class NumpyRunner(PeerRunner):
     """The plugin's NumPy forward: batched frontend, sequential LSTM."""
 
     def __init__(self) -> None:
@@ -63,16 +54,8 @@ class NumpyRunner:
         self.weights = load_weights()
         self.description = f"NumPy {np.__version__} forward (flare.models.silero_vad.numpy_reference)"
 
-    def run(self, request: Request) -> Timed:
+    def compute(self, payload) -> np.ndarray:
         from flare.models.silero_vad.numpy_reference import speech_probs
 
-        t0 = time.perf_counter()
-        out = speech_probs(self.weights, request.payload)
-        return Timed(np.asarray(out, np.float32), time.perf_counter() - t0)
-
-    def memory_plan(self) -> None:
-        return None
-
-    def close(self) -> None:
-        pass
+        return speech_probs(self.weights, payload)
 
