@@ -187,7 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except FlareError as exc:
-        Console(stderr=True).print(f"[red]error:[/] {type(exc).__name__}: {exc}", highlight=False)
+        # plain text: one line that scripts can grep, never wrapped at the terminal width
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

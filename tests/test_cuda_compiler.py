@@ -119,3 +119,10 @@ def test_supported_archs_include_the_test_targets():
 ])
 def test_pick_target(capability, want):
     assert pick_target(capability, (75, 80, 86, 89, 90)) == want
+
+
+def test_compiling_leaves_python_bytes_intact(tmp_path):
+    """NVRTC fills the buffers it is given: they must be fresh memory. A one-byte log
+    once went into CPython's shared b" " object and turned every b" " into b"\\0"."""
+    KernelCompiler(tmp_path / "cuda").compile(TINY, 90, "ptx")
+    assert b" " * 3 == bytes([32, 32, 32])

@@ -116,6 +116,11 @@ def _nvrtc():
     return nvrtc
 
 
+def _out_buffer(size: int) -> bytearray:
+    """A fresh, writable buffer for NVRTC to fill (never a possibly shared bytes object)."""
+    return bytearray(max(int(size), 1))
+
+
 def _call(result: tuple, what: str):
     """Unpack an NVRTC binding result `(status, *values)`, raising on failure."""
     status, *values = result
@@ -177,7 +182,10 @@ def _compile_with_nvrtc(source: KernelSource, arch: int, fmt: Format, options: t
         opts = [f"--gpu-architecture={target}".encode(), *(o.encode() for o in options)]
         (status,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         size = _call(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        log = b" " * size
+        # NVRTC writes into these buffers: they must be fresh mutable memory. (`b" " * 1`
+        # is CPython's shared one-byte bytes object; writing the log's NUL into it once
+        # turned every b" " in the process into b"\0".)
+        log = _out_buffer(size)
         _call(nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
         log_text = log.rstrip(b"\0").decode(errors="replace").strip()
         if int(status) != 0:
@@ -185,12 +193,13 @@ def _compile_with_nvrtc(source: KernelSource, arch: int, fmt: Format, options: t
                                f"({getattr(status, 'name', status)}):\n{log_text}")
         if fmt == "cubin":
             size = _call(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-            image = b" " * size
+            image = _out_buffer(size)
             _call(nvrtc.nvrtcGetCUBIN(prog, image), "nvrtcGetCUBIN")
         else:
             size = _call(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
-            image = b" " * size
+            image = _out_buffer(size)
             _call(nvrtc.nvrtcGetPTX(prog, image), "nvrtcGetPTX")
+        image = bytes(image)
         if not image.strip(b"\0 "):
             raise CompileError(f"NVRTC produced an empty {fmt} for {source.name}.cu ({target})")
         return image, log_text

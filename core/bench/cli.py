@@ -73,7 +73,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not result.ok:
         why = [f"outputs of A and B are {result.outputs.summary()}"] if not result.outputs.within_tolerance else []
         why += [f"{k} is not deterministic" for k, s in result.summaries.items() if not s.deterministic]
-        err.print(f"[red]not comparable:[/] {'; '.join(why)}", highlight=False)
+        err.print(f"[red]not comparable:[/] {'; '.join(why)}", highlight=False, soft_wrap=True)
         return 1
     return 0
 

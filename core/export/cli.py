@@ -50,7 +50,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     path = export_core(args.model, args.output, tuning=args.tuning, options=options,
                        backends=[b.strip() for b in args.backends.split(",") if b.strip()], mixed=args.mixed,
                        mixed_default=default, force=args.force, progress=not args.quiet)
-    Console(stderr=True).print(f"wrote {path}")
+    Console(stderr=True).print(f"wrote {path}", soft_wrap=True, highlight=False)
     return 0
 
 

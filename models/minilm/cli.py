@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             emb = model.embed(sentences)
             elapsed = time.perf_counter() - start
     except FlareError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         return 1
     sim = emb @ emb.T
     tokens = [len(t) for t in encode(sentences)]

@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 segs = vad.detect(audio, args.mode, params)
             elapsed = time.perf_counter() - start
     except FlareError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         return 1
 
     if args.json:
