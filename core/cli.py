@@ -187,8 +187,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except FlareError as exc:
-        # plain text: one line that scripts can grep, never wrapped at the terminal width
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        # plain text: one line that scripts can grep, never wrapped at the terminal width,
+        # written with one call so lines from several MPI ranks never interleave
+        sys.stderr.write(f"error: {type(exc).__name__}: {exc}\n")
+        sys.stderr.flush()
         return 2
     except KeyboardInterrupt:
         return 130
