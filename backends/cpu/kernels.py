@@ -105,24 +105,23 @@ def _matmul_packed(out, x, p):
 VARIANTS["matmul"] = {"matmul": _matmul, "packed": _matmul_packed, "einsum": _matmul_einsum}
 
 
+def _divide_by_rms(out: np.ndarray, v: np.ndarray, eps: float) -> None:
+    """out = v / sqrt(mean(v^2, last axis) + eps): the shared tail of both norms."""
+    ms = np.einsum("...i,...i->...", v, v)[..., None] / np.float32(v.shape[-1])
+    ms += np.float32(eps)
+    np.sqrt(ms, out=ms)
+    np.divide(v, ms, out=out)
+
+
 @kernel("layer_norm")
 def _layer_norm(out, x, p):
     v = x[0]
-    mu = v.mean(-1, keepdims=True)
-    d = v - mu
-    var = np.einsum("...i,...i->...", d, d)[..., None] / np.float32(v.shape[-1])
-    var += np.float32(p["eps"])
-    np.sqrt(var, out=var)
-    np.divide(d, var, out=out)
+    _divide_by_rms(out, v - v.mean(-1, keepdims=True), p["eps"])
 
 
 @kernel("rms_norm")
 def _rms_norm(out, x, p):
-    v = x[0]
-    ms = np.einsum("...i,...i->...", v, v)[..., None] / np.float32(v.shape[-1])
-    ms += np.float32(p["eps"])
-    np.sqrt(ms, out=ms)
-    np.divide(v, ms, out=out)
+    _divide_by_rms(out, x[0], p["eps"])
 
 
 @kernel("softmax")
