@@ -20,7 +20,11 @@ from .sampling import Sampling
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="flare run moe-lm", description="Generate text with the synthetic MoE decoder.")
+    p = argparse.ArgumentParser(
+        prog="flare run moe-lm",
+        description="Generate text with the synthetic MoE decoder. Its weights are seeded random numbers, "
+                    "so the text is noise: the model exists to exercise placement, expert staging, mixed "
+                    "prefill and ranks, and its outputs are compared between modes, not read.")
     p.add_argument("--prompt", required=True, help="prompt text (byte-level tokens)")
     p.add_argument("--size", choices=list(SIZES), default="tiny")
     p.add_argument("--experts", choices=["resident", "offload"], default="resident",
