@@ -119,7 +119,69 @@ class _Allocator:
 
 
 def plan_device(device: str, intervals: list[Interval], alignment: int, max_size: int) -> DevicePlan:
-    """Assign an arena offset to every interval of one device."""
+    """Assign an arena offset to every interval of one device.
+
+    Two strategies, the smaller arena wins: walking time forward with best fit
+    (ggml's gallocr; also the only one that splits into several chunks), and
+    placing the largest tensors first at the lowest offset free over their
+    lifetime ("greedy by size", as TFLite's arena planner does), which
+    fragments less when big and small tensors interleave."""
+    walked = _plan_walking(device, intervals, alignment, max_size)
+    if len(walked.chunks) > 1 or not intervals:
+        return walked
+    greedy = _plan_greedy_by_size(intervals, alignment)
+    if greedy is None:
+        return walked
+    placements, total, inplace = greedy
+    if total >= walked.total or total > max_size:
+        return walked
+    return DevicePlan(device, [total], placements, walked.lower_bound, walked.naive, inplace)
+
+
+def _plan_greedy_by_size(intervals: list[Interval], alignment: int):
+    """Largest first, each at the best-fitting gap among blocks live at the same time.
+
+    In-place children share their parent's block (one block spans the chain).
+    Returns (placements, arena size, in-place count)."""
+    by_key = {iv.key: iv for iv in intervals}
+    sizes = {iv.key: align_up(max(iv.nbytes, 1), alignment) for iv in intervals}
+    root: dict[int, int] = {}
+    taken: set[int] = set()
+    for iv in sorted(intervals, key=lambda iv: iv.start):
+        parent = iv.inplace_of
+        if (parent in by_key and parent not in taken and by_key[parent].end == iv.start
+                and sizes[parent] == sizes[iv.key]):
+            root[iv.key] = root.get(parent, parent)
+            taken.add(parent)
+        else:
+            root[iv.key] = iv.key
+    blocks: dict[int, list[int]] = {}
+    for key, r in root.items():
+        span = blocks.setdefault(r, [by_key[key].start, by_key[key].end])
+        span[0] = min(span[0], by_key[key].start)
+        span[1] = max(span[1], by_key[key].end)
+    placed: list[tuple[int, int, int, int]] = []   # (offset, size, start, end)
+    offset_of: dict[int, int] = {}
+    for r in sorted(blocks, key=lambda r: (-sizes[r], blocks[r][0])):
+        start, end = blocks[r]
+        size = sizes[r]
+        busy = sorted((o, o + sz) for o, sz, s0, e0 in placed if s0 <= end and start <= e0)
+        best, cursor = None, 0
+        for lo, hi in busy:
+            gap = lo - cursor
+            if gap >= size and (best is None or gap < best[0]):
+                best = (gap, cursor)
+            cursor = max(cursor, hi)
+        offset = best[1] if best is not None else cursor
+        placed.append((offset, size, start, end))
+        offset_of[r] = offset
+    placements = {key: Placement(0, offset_of[r], by_key[key].nbytes) for key, r in root.items()}
+    total = max((o + sz for o, sz, _, _ in placed), default=0)
+    return placements, total, sum(1 for key, r in root.items() if key != r)
+
+
+def _plan_walking(device: str, intervals: list[Interval], alignment: int, max_size: int) -> DevicePlan:
+    """Walk time forward: place what is produced, then free what died (best fit)."""
     by_key = {iv.key: iv for iv in intervals}
     sizes = {iv.key: align_up(max(iv.nbytes, 1), alignment) for iv in intervals}
     starts: dict[int, list[Interval]] = {}

@@ -160,3 +160,36 @@ def test_reserve_is_a_dry_run():
         sizes = pg.reserve("full", {"x": (1000,)})
         assert sizes == {"cpu:0": [4032]}  # 1000 f32 rounded up to the 64-byte alignment
         assert LEDGER.snapshot().live == before.live
+
+
+@st.composite
+def random_intervals(draw):
+    n = draw(st.integers(1, 30))
+    ivs = []
+    for key in range(1, n + 1):
+        start = draw(st.integers(0, 40))
+        end = start + draw(st.integers(0, 15))
+        size = draw(st.sampled_from([1, 64, 100, 256, 1000, 4096]))
+        parent = None
+        if ivs and draw(st.booleans()):
+            cand = draw(st.sampled_from(ivs))
+            if cand.end == start and cand.nbytes == size:
+                parent = cand.key
+        ivs.append(Interval(key, size, start, end, parent))
+    return ivs
+
+
+@settings(max_examples=200, deadline=None)
+@given(random_intervals())
+def test_both_strategies_never_overlap_and_the_smaller_wins(ivs):
+    from flare.planner import _plan_greedy_by_size, _plan_walking
+
+    walked = _plan_walking("cpu:0", ivs, 64, 1 << 30)
+    check_no_overlap(walked, ivs)
+    placements, total, _ = _plan_greedy_by_size(ivs, 64)
+    greedy = type(walked)("cpu:0", [total], placements)
+    check_no_overlap(greedy, ivs)
+    chosen = plan_device("cpu:0", ivs, 64, 1 << 30)
+    check_no_overlap(chosen, ivs)
+    assert chosen.total == min(walked.total, total)
+    assert chosen.total >= chosen.lower_bound  # nothing beats the liveness bound
