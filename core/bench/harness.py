@@ -41,6 +41,7 @@ class RunResult:
     memory: MemoryPeak
     metric_value: float
     vs_first: OutputCheck | None = None   # this run's outputs vs the configuration's first run
+    extras: dict[str, list[float]] = field(default_factory=dict)   # per-request figures by name
 
     @property
     def total_s(self) -> float:
@@ -50,7 +51,7 @@ class RunResult:
         return {"config": self.slot.key, "block": self.slot.block, "position": self.slot.position,
                 "index": self.slot.index, "latencies_s": self.latencies_s, "total_s": self.total_s,
                 "work": self.work, "metric": self.metric_value, "setup_s": self.setup_s,
-                "memory": self.memory.to_json(),
+                "memory": self.memory.to_json(), "extras": self.extras,
                 "vs_first_run": self.vs_first.to_json() if self.vs_first is not None else None}
 
 
@@ -68,13 +69,14 @@ class ConfigSummary:
     deterministic: bool
     runner: str
     memory_plan: dict[str, Any] | None
+    extras: dict[str, float] = field(default_factory=dict)   # median of each per-request figure
 
     def to_json(self) -> dict[str, Any]:
         return {"metric": self.metric, "latency_median_s": self.latency_median_s, "latency_p90_s": self.latency_p90_s,
                 "ledger_peak_bytes": self.ledger_peak_bytes, "peak_rss_bytes": self.peak_rss_bytes,
                 "rss_growth_bytes": self.rss_growth_bytes,
                 "setup_median_s": self.setup_median_s, "deterministic": self.deterministic, "runner": self.runner,
-                "memory_plan": self.memory_plan}
+                "memory_plan": self.memory_plan, "extras": self.extras}
 
 
 @dataclass
@@ -174,11 +176,13 @@ def run_bench(a: BenchConfig, b: BenchConfig, *, blocks: int = 2, requests: int 
                 if progress:
                     progress(slot, 0, len(reqs), "warmup")
                 runner.run(reqs[i % len(reqs)])
-            latencies, outputs = [], []
+            latencies, outputs, extras = [], [], {}
             for i, req in enumerate(reqs):
                 timed = runner.run(req)
                 latencies.append(timed.seconds)
                 outputs.append(np.asarray(timed.output))
+                for name, value in timed.extras.items():
+                    extras.setdefault(name, []).append(float(value))
                 if progress:
                     progress(slot, i + 1, len(reqs), "run")
             if slot.key not in plans:
@@ -187,7 +191,8 @@ def run_bench(a: BenchConfig, b: BenchConfig, *, blocks: int = 2, requests: int 
             runner.close()
         peak = watch.stop()
         work = float(sum(r.work for r in reqs))
-        result = RunResult(slot, latencies, work, setup_s, peak, workload.metric.value(sum(latencies), work))
+        result = RunResult(slot, latencies, work, setup_s, peak, workload.metric.value(sum(latencies), work),
+                           extras=extras)
         if slot.key in first_outputs:
             result.vs_first = compare_outputs(first_outputs[slot.key], outputs, 0.0)
         else:
@@ -230,7 +235,9 @@ def _summarize(runs: Sequence[RunResult], runner: str, plan: dict[str, Any] | No
         peak_rss_bytes=max(r.memory.rss_bytes for r in runs),
         rss_growth_bytes=max(r.memory.rss_growth_bytes for r in runs), setup_median_s=median([r.setup_s for r in runs]),
         deterministic=all(r.vs_first is None or r.vs_first.identical for r in runs), runner=runner,
-        memory_plan=plan)
+        memory_plan=plan,
+        extras={name: median([v for r in runs for v in r.extras.get(name, [])])
+                for name in dict.fromkeys(n for r in runs for n in r.extras)})
 
 
 def _pair(a: RunResult, b: RunResult) -> PairRatio:

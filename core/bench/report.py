@@ -143,6 +143,9 @@ def print_report(result: BenchResult, console: Any = None) -> None:
                              ("weights, state, inputs (MiB)", "persistent_bytes")):
             cells = [_mib(sum(s.memory_plan[field].values())) if s.memory_plan else "-" for s in (a, b)]
             table.add_row(label, *cells, "")
+    for name in dict.fromkeys([*a.extras, *b.extras]):
+        va, vb = a.extras.get(name, float("nan")), b.extras.get(name, float("nan"))
+        table.add_row(f"{name} (median)", _num(va), _num(vb), f"{vb / va:.2f}x" if va and not math.isnan(va) else "-")
     table.add_row("setup (s, untimed)", _num(a.setup_median_s, 3), _num(b.setup_median_s, 3), "")
     table.add_row("deterministic", str(a.deterministic), str(b.deterministic), "")
     table.add_row("outputs A vs B", "", "", result.outputs.summary())

@@ -9,16 +9,17 @@ must be. A `Workload` says exactly that. Built-in kinds are imported lazily
 packages add kinds with `register_workload` or through the entry point group
 `flare.bench.workloads` (each entry point names a Workload subclass).
 
-The moe-lm kind is where "experts resident vs offloaded" and "mixed prefill
-on/off" become options (`experts`, `mixed_prefill`): a kind only has to list
-its options; the config parser, the pair check and the report need no change.
+The moe-lm kind makes "experts resident vs offloaded" an option (`experts`);
+the moe-lm-serving kind makes "mixed prefill on/off" one (`mixed_prefill`, on an
+exported core under a concurrent workload). A kind only has to list its
+options; the config parser, the pair check and the report need no change.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -35,6 +36,7 @@ BUILTIN: dict[str, str] = {
     "silero-vad": "flare.bench.workloads.silero_vad",
     "minilm-l6": "flare.bench.workloads.minilm",
     "moe-lm": "flare.bench.workloads.moe_lm",
+    "moe-lm-serving": "flare.bench.workloads.moe_serving",
 }
 
 _REGISTRY: dict[str, "Workload"] = {}
@@ -103,6 +105,9 @@ class Timed:
 
     output: np.ndarray
     seconds: float
+    # further per-request figures a workload reports (time to first token, launches...);
+    # the report shows each one's median for A and B
+    extras: dict[str, float] = field(default_factory=dict)
 
 
 class Runner(Protocol):

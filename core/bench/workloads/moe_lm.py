@@ -8,12 +8,9 @@ offload.toml` compares them with the shared harness. A request is one prompt
 greedily for `new_tokens` tokens; its output is the stacked logits of every
 chosen token, so a single flipped token shows up as a difference.
 
-Not here yet: `mixed_prefill` on/off. It belongs to the exported core's
-catalog (load-time selection of captured programs) and to a serving loop that
-batches one request's prefill with others' decode steps. When those exist, add
-`"mixed_prefill": Option(bool, True, ...)` below and honour it in `_flare`
-(e.g. load the core with or without mixed programs and serve two sequences at
-once); the parser, the pair check and the report pick it up unchanged.
+Mixed prefill on/off is a property of an exported core's catalog and of a
+serving loop, so it is its own kind: `moe-lm-serving` (workloads/moe_serving.py)
+serves a concurrent workload from a core loaded with or without mixed programs.
 
 The entry points share the KV cache, so `workspace_sharing = false` is refused
 (`entries_separable = False`).
