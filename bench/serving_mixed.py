@@ -31,25 +31,11 @@ if "--blas-threads" not in sys.argv:
 
 import numpy as np  # noqa: E402
 
-PROMPTS = (
-    "Mixture-of-experts models route every token to a few experts out of many.",
-    "The quick brown fox jumps over the lazy dog, again and again.",
-    "Offloading keeps experts on disk and copies the chosen ones per step.",
-    "A benchmark compares two configurations on the same requests.",
-    "Continuous batching admits new requests while others decode.",
-    "Short prompt.",
-)
-
-
 def workload(n: int, new_tokens: int, gap: float):
-    from flare.serving import Request
+    """The same concurrent requests `flare bench`'s moe-lm-serving workload serves."""
+    from flare.bench.workloads.moe_serving import concurrent_requests
 
-    out = []
-    for i in range(n):
-        text = PROMPTS[i % len(PROMPTS)]
-        ids = (256, *text.encode()[: 16 + (i * 7) % 48])
-        out.append(Request(f"r{i}", ids, new_tokens, round(i * gap, 6)))
-    return out
+    return concurrent_requests(n, new_tokens, gap)
 
 
 def run_once(core_path: Path, mixed: bool, requests) -> dict:

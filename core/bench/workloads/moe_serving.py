@@ -34,6 +34,14 @@ PROMPTS = (
 )
 
 
+def concurrent_requests(n: int, new_tokens: int, gap_s: float) -> list[Any]:
+    """`n` serving requests: <bos> plus 16..63 prompt bytes, arriving every `gap_s` seconds."""
+    from flare.serving import Request as ServingRequest
+
+    return [ServingRequest(f"r{i:03d}", (256, *PROMPTS[i % len(PROMPTS)].encode()[: 16 + (i * 7) % 48]),
+                           new_tokens, round(i * gap_s, 6)) for i in range(n)]
+
+
 def default_core(size: str) -> Path:
     """The core a configuration without `core` uses: exported once per size into the cache."""
     from flare.cache import cache_dir
@@ -103,13 +111,8 @@ class MoeServingWorkload(Workload):
             raise BenchConfigError("only Flare serves cores", path=config.path, key="peer")
 
     def requests(self, config: BenchConfig, count: int) -> list[Request]:
-        from flare.serving import Request as ServingRequest
-
         o = config.options
-        workload = []
-        for i in range(o["sequences"]):
-            ids = (256, *PROMPTS[i % len(PROMPTS)].encode()[: 16 + (i * 7) % 48])
-            workload.append(ServingRequest(f"r{i:03d}", ids, o["new_tokens"], round(i * o["gap_ms"] / 1000.0, 6)))
+        workload = concurrent_requests(o["sequences"], o["new_tokens"], o["gap_ms"] / 1000.0)
         work = float(o["sequences"] * o["new_tokens"])
         return [Request(i, tuple(workload), work, f"{o['sequences']} concurrent requests") for i in range(count)]
 
