@@ -27,7 +27,6 @@ class GraphWorkspace:
         self.name = name
         self.generation = 0
         self._arenas: dict[str, list[Buffer]] = {}
-        self._devices: dict[str, Device] = {}
         self._users = 0
         self.released = False
 
@@ -61,7 +60,6 @@ class GraphWorkspace:
                 n = max(len(have), len(chunks))
                 want = [max((have + [0] * n)[i], (list(chunks) + [0] * n)[i]) for i in range(n)]
                 bufs = growth.buffers.setdefault(device.name, [])
-                growth.devices[device.name] = device
                 for i, size in enumerate(want):
                     bufs.append(device.alloc(size, tag=f"{self.name}:arena[{i}]"))
         except BaseException:
@@ -77,7 +75,6 @@ class GraphWorkspace:
             for buf in self._arenas.get(name, []):
                 buf.release()
             self._arenas[name] = bufs
-            self._devices[name] = growth.devices[name]
         if growth.buffers:
             self.generation += 1
 
@@ -119,7 +116,6 @@ class Growth:
     def __init__(self, workspace: GraphWorkspace):
         self.workspace = workspace
         self.buffers: dict[str, list[Buffer]] = {}
-        self.devices: dict[str, Device] = {}
         self.done = False
 
     def chunk(self, device: str, index: int) -> Buffer:
