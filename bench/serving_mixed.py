@@ -33,23 +33,23 @@ import numpy as np  # noqa: E402
 
 def workload(n: int, new_tokens: int, gap: float):
     """The same concurrent requests `flare bench`'s moe-lm-serving workload serves."""
-    from flare.bench.workloads.moe_serving import concurrent_requests
+    from flare.plugins.bench.workloads.moe_serving import concurrent_requests
 
     return concurrent_requests(n, new_tokens, gap)
 
 
 def run_once(core_path: Path, mixed: bool, requests) -> dict:
-    from flare.export import LoadOptions, load_core
-    from flare.export.runtime import CoreRuntime
+    from flare.plugins.export import LoadOptions, load_core
+    from flare.plugins.export.runtime import CoreRuntime
     from flare.ledger import LEDGER
-    from flare.serving import Engine, Scheduler
+    from flare.plugins.export.serving import Engine, Batcher
 
     t0 = time.perf_counter()
     core = load_core(core_path, LoadOptions(mixed_prefill=mixed))
     LEDGER.reset_peak()
     with CoreRuntime(core) as rt:
         load_s = time.perf_counter() - t0
-        report = Scheduler(Engine(rt)).run(list(requests))
+        report = Batcher(Engine(rt)).run(list(requests))
         report["memory"] = rt.memory()
         report["launches_by_program"] = dict(rt.launches)
     report["load_s"] = load_s
@@ -70,7 +70,7 @@ def main() -> int:
     p.add_argument("--json", type=Path, default=Path("bench/results/serving_mixed.json"))
     args = p.parse_args()
 
-    from flare.export import export_core
+    from flare.plugins.export import export_core
 
     core = args.core or Path(f"bench/results/moe-{args.size}.core")
     if not core.exists():

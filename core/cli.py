@@ -29,7 +29,7 @@ def _fmt_bytes(n: int) -> str:
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
-    from .plugins.manager import get_plugin_manager
+    from .plugin_manager import get_plugin_manager
 
     pm = get_plugin_manager()
     rows = []
@@ -68,7 +68,7 @@ def cmd_backends(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from .plugins.manager import get_plugin_manager
+    from .plugin_manager import get_plugin_manager
 
     pm = get_plugin_manager()
     models = pm.models()
@@ -88,7 +88,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def _model(name: str):
-    from .plugins.manager import get_plugin_manager
+    from .plugin_manager import get_plugin_manager
 
     models = get_plugin_manager().models()
     if name not in models:
@@ -172,7 +172,7 @@ def _load_extensions() -> None:
     """Import the layers that add subcommands (bench, export/core), if present."""
     import importlib
 
-    for module in ("flare.bench.cli", "flare.export.cli"):
+    for module in ("flare.plugins.bench.cli", "flare.plugins.export.cli"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .plugins.manager import hookimpl
+from .plugin_manager import hookimpl
 
 
 @hookimpl(trylast=True)

@@ -32,7 +32,7 @@ from .errors import GraphError, InputError, ReleasedError
 from .graph import INPUT, PERSISTENT, STATE, WEIGHT, Graph, GraphBuilder, Tensor
 from .ops import OPS
 from .planner import END, DevicePlan, Interval, plan_device
-from .scheduler import Copy, PlacementFn, Schedule, Split, schedule
+from .partition import Copy, PlacementFn, Schedule, Split, schedule
 from .workspace import GraphWorkspace, Growth
 
 if TYPE_CHECKING:

@@ -11,9 +11,9 @@ from typing import Any, Mapping, Sequence
 
 from .backend import Device
 from .errors import BackendUnavailable, ReleasedError
-from .plugins.manager import PluginManager, get_plugin_manager
+from .plugin_manager import PluginManager, get_plugin_manager
 from .prepared import EntryBuilder, HostCallback, PreparedGraph
-from .scheduler import PlacementFn
+from .partition import PlacementFn
 from .workspace import GraphWorkspace
 
 

@@ -1,5 +1,3 @@
-"""Flare's plugin layer (pluggy): hook specs, the frozen specs plugins return, the manager."""
-from .specs import BackendSpec, ModelSpec
-from .manager import PluginManager, get_plugin_manager, hookimpl
-
-__all__ = ["BackendSpec", "ModelSpec", "PluginManager", "get_plugin_manager", "hookimpl"]
+"""Application plugins built on the runtime: benchmarks, exported cores and serving,
+the pytest backend matrix and the conformance suite. Each adds its CLI commands and
+extension points through hooks; nothing in the runtime (`flare` itself) imports them."""

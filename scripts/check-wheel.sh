@@ -14,5 +14,5 @@ $PY -m venv "$work/venv"
 cd "$work"   # away from the source tree, so only the wheel can be imported
 "$work/venv/bin/flare" backends
 "$work/venv/bin/python" -c "import flare, pathlib; p = pathlib.Path(flare.__file__).parent; print('installed at', p); assert 'site-packages' in str(p)"
-"$work/venv/bin/python" -m pytest -q -p no:cacheprovider --pyargs flare.conformance --backends=cpu --require-backends
+"$work/venv/bin/python" -m pytest -q -p no:cacheprovider --pyargs flare.plugins.testing.conformance --backends=cpu --require-backends
 echo "wheel check passed"

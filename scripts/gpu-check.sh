@@ -112,7 +112,7 @@ TESTS="$ROOT/tests"
 
 # --- what the backends say ---------------------------------------------------------
 step probe 60 "" "$PY" -c '
-from flare.plugins.manager import get_plugin_manager
+from flare.plugin_manager import get_plugin_manager
 for name, spec in get_plugin_manager().backends().items():
     r = spec.backend.probe()
     state = "usable" if r.usable else "UNUSABLE"
@@ -127,7 +127,7 @@ export FLARE_REQUIRE_CUDA=1
 step cuda-tests 180 cuda-tests.log "$PY" -m pytest -q -rs -p no:cacheprovider --rootdir="$ROOT" \
     --backends=cpu,cuda --require-backends=cpu,cuda "$TESTS"/test_cuda_*.py
 step conformance 200 conformance.log "$PY" -m pytest -q -rs -p no:cacheprovider \
-    --backends=cpu,cuda,vulkan --require-backends=cpu,cuda,vulkan --pyargs flare.conformance
+    --backends=cpu,cuda,vulkan --require-backends=cpu,cuda,vulkan --pyargs flare.plugins.testing.conformance
 
 # --- benchmark: CUDA graph replay vs plain launches ---------------------------------
 step bench 90 bench.log "$PY" "$ROOT/bench/cuda_graph_replay.py" --out "$OUT/bench-cuda-graph.json"

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-import flare.bench.testing  # noqa: F401  (registers the bench-fake workload)
-from flare.bench import BenchConfigError, check_pair, load_config, parse_config
+import flare.plugins.bench.testing  # noqa: F401  (registers the bench-fake workload)
+from flare.plugins.bench import BenchConfigError, check_pair, load_config, parse_config
 
 BACKENDS = ["cpu", "vulkan"]
 
@@ -119,8 +119,8 @@ def test_pair_must_share_model_and_request_options(tmp_path):
 
 
 def test_an_unusable_backend_is_named_before_anything_runs(tmp_path):
-    from flare.bench.config import check_usable
-    from flare.plugins.manager import get_plugin_manager
+    from flare.plugins.bench.config import check_usable
+    from flare.plugin_manager import get_plugin_manager
 
     spec = get_plugin_manager().backends().get("cuda")
     if spec is None or spec.backend.probe().usable:

@@ -6,11 +6,11 @@ import json
 import numpy as np
 import pytest
 
-from flare.bench import BenchConfigError, parse_config, run_bench
-from flare.bench import testing as fake
-from flare.bench.compare import compare_outputs
-from flare.bench.order import abba, pairs
-from flare.bench.report import SCHEMA, to_json
+from flare.plugins.bench import BenchConfigError, parse_config, run_bench
+from flare.plugins.bench import testing as fake
+from flare.plugins.bench.compare import compare_outputs
+from flare.plugins.bench.order import abba, pairs
+from flare.plugins.bench.report import SCHEMA, to_json
 from flare.cli import main
 
 

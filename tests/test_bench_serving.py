@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from flare.bench import parse_config, run_bench
-from flare.bench.errors import BenchConfigError
-from flare.bench.report import to_json
-from flare.export import export_core
+from flare.plugins.bench import parse_config, run_bench
+from flare.plugins.bench.errors import BenchConfigError
+from flare.plugins.bench.report import to_json
+from flare.plugins.export import export_core
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flare.backends.cpu.kernels import VARIANTS
-from flare.conformance.cases import CASES
+from flare.plugins.testing.conformance.cases import CASES
 from flare.graph import GraphBuilder
 from flare.ledger import LEDGER
 from flare.reference import evaluate

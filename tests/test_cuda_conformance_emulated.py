@@ -17,15 +17,15 @@ from flare.backends.cuda.testing import open_device
 
 
 def test_conformance_suite_passes_on_the_emulated_cuda_device(tmp_path):
-    if importlib.util.find_spec("flare.conformance") is None:
-        pytest.skip("flare.conformance is not installed")
+    if importlib.util.find_spec("flare.plugins.testing.conformance") is None:
+        pytest.skip("flare.plugins.testing.conformance is not installed")
     dev, why = open_device("emulated")
     if dev is None:
         pytest.skip(why)
     dev.close()
     env = {**os.environ, "FLARE_CUDA_EMULATE": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "flare.conformance",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "flare.plugins.testing.conformance",
          "--backends=cuda-emu", "--require-backends=cuda-emu"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])

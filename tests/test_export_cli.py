@@ -28,7 +28,7 @@ def test_export_then_run(tmp_path: Path, capsys) -> None:
 
 
 def test_mixed_flags_are_mutually_exclusive(tmp_path: Path, capsys) -> None:
-    from flare.export.serve import parser
+    from flare.plugins.export.serve import parser
 
     with pytest.raises(SystemExit):
         parser().parse_args(["--mixed-prefill", "--no-mixed-prefill"])
@@ -36,8 +36,8 @@ def test_mixed_flags_are_mutually_exclusive(tmp_path: Path, capsys) -> None:
 
 
 def test_requests_from_stdin(tmp_path: Path, monkeypatch, capsys) -> None:
-    from flare.export import export_core
-    from flare.export.testing import ToyLM
+    from flare.plugins.export import export_core
+    from flare.plugins.export.testing import ToyLM
 
     core = export_core(ToyLM(), tmp_path / "toy.core", progress=False)
     monkeypatch.setattr("sys.stdin", io.StringIO('{"id": "x", "prompt": "hey", "max_new_tokens": 2}\n'))

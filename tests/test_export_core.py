@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from flare.errors import CoreFormatError, FlareError
-from flare.export import LoadOptions, SelectionError, export_core, load_core
-from flare.export.files import tree_digest
-from flare.export.runtime import CoreRuntime
-from flare.export.testing import ToyLM
+from flare.plugins.export import LoadOptions, SelectionError, export_core, load_core
+from flare.plugins.export.files import tree_digest
+from flare.plugins.export.runtime import CoreRuntime
+from flare.plugins.export.testing import ToyLM
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +164,7 @@ def test_moe_core_programs_match_the_model(moe: Path) -> None:
     The core runs its tuned kernel variants (a packed or einsum matmul, say), so the
     logits agree up to f32 rounding, not bit for bit."""
     from flare.models.moe_lm import MoeLM, SeqChunk
-    from flare.serving.batch import Chunk, token_lm_inputs
+    from flare.plugins.export.serving.batch import Chunk, token_lm_inputs
 
     core = load_core(moe)
     chunks = [SeqChunk(0, 0, [256, 72, 105, 33]), SeqChunk(1, 0, [256]), SeqChunk(2, 0, [256])]

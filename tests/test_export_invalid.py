@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flare.errors import CoreFormatError
-from flare.export import LoadOptions, export_core, load_core
-from flare.export.files import sha256_file, tree_digest
-from flare.export.testing import ToyLM
+from flare.plugins.export import LoadOptions, export_core, load_core
+from flare.plugins.export.files import sha256_file, tree_digest
+from flare.plugins.export.testing import ToyLM
 
 
 @pytest.fixture(scope="module")

@@ -120,7 +120,7 @@ def test_encoder_and_head_on_two_devices_equal_one_device():
 
 
 def test_plugin_registered_and_cli(capsys):
-    from flare.plugins.manager import PluginManager
+    from flare.plugin_manager import PluginManager
 
     spec = PluginManager().models()["minilm-l6"]
     assert set(spec.entries) == {"embed"}

@@ -176,7 +176,7 @@ def test_cli_streams_tokens(monkeypatch, tmp_path):
 def test_plugin_registers_model_spec(monkeypatch, tmp_path):
     monkeypatch.setenv("FLARE_CACHE_DIR", str(tmp_path))
     from flare.models.moe_lm import plugin
-    from flare.plugins.manager import PluginManager
+    from flare.plugin_manager import PluginManager
 
     pm = PluginManager(autoload=False)
     pm.register(plugin, name="moe-test")

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from flare.errors import PluginError
-from flare.plugins import BackendSpec, ModelSpec, PluginManager, hookimpl
+from flare.plugin_manager import PluginManager, hookimpl
+from flare.specs import BackendSpec, ModelSpec
 from flare.backends.cpu.device import CpuBackend
 from flare.session import Session
 
@@ -112,7 +113,8 @@ THIRD_PARTY = {
         """A third-party backend: Flare's CPU kernels behind a device of its own name."""
         from flare.backend import ProbeResult
         from flare.backends.cpu.device import CpuBackend, CpuDevice
-        from flare.plugins import BackendSpec, hookimpl
+        from flare.plugin_manager import hookimpl
+        from flare.specs import BackendSpec
 
         class MirrorDevice(CpuDevice):
             backend = "mirror"
@@ -153,7 +155,7 @@ def test_third_party_backend_distribution(tmp_path: Path):
                              check=True, env=env)
     backends = {b["name"]: b for b in json.loads(listing.stdout)["backends"]}
     assert backends["mirror"]["usable"] and backends["mirror"]["version"] == "0.3.0"
-    suite = subprocess.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "flare.conformance",
+    suite = subprocess.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "flare.plugins.testing.conformance",
                             "--backends=mirror", "--require-backends"], capture_output=True, text=True,
                            env=env, cwd=tmp_path)
     assert suite.returncode == 0, suite.stdout[-3000:] + suite.stderr[-2000:]

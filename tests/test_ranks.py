@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from flare.export import export_core
-from flare.export.ranks import mpirun_command
-from flare.export.testing import ToyLM
+from flare.plugins.export import export_core
+from flare.plugins.export.ranks import mpirun_command
+from flare.plugins.export.testing import ToyLM
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed (apt install openmpi-bin)"),
@@ -53,7 +53,7 @@ def _flare(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 
 def test_two_ranks_forward_flags_and_match_one_rank(cores) -> None:
-    from flare.export.serve import main
+    from flare.plugins.export.serve import main
 
     out = _flare("run", str(cores["moe"]), "--ranks", "2", "--no-mixed-prefill", "--requests",
                  str(cores["requests"]), "--json")

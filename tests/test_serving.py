@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flare.export import LoadOptions, export_core, load_core
-from flare.export.runtime import CoreRuntime
-from flare.serving import Chunk, Engine, Request, RequestError, Scheduler, read_requests, token_lm_inputs
+from flare.plugins.export import LoadOptions, export_core, load_core
+from flare.plugins.export.runtime import CoreRuntime
+from flare.plugins.export.serving import Chunk, Engine, Request, RequestError, Batcher, read_requests, token_lm_inputs
 
 PROMPTS = [("Hello world", 9), ("The quick brown fox", 7), ("abc", 11), ("Mixture of experts", 6), ("zz", 4),
            ("Once upon a time", 8), ("x", 1), ("Serving many requests at once", 5)]
@@ -39,7 +39,7 @@ def reference(requests) -> dict[str, list[int]]:
 def _serve(core_path: Path, requests, mixed: bool | None, **kw):
     core = load_core(core_path, LoadOptions(mixed_prefill=mixed))
     with CoreRuntime(core) as rt:
-        sched = Scheduler(Engine(rt), **kw)
+        sched = Batcher(Engine(rt), **kw)
         report = sched.run(list(requests))
         return report, sched.trace, dict(rt.launches)
 

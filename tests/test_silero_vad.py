@@ -233,7 +233,7 @@ def test_frontend_and_head_on_two_devices_equal_one_device(sample):
 
 # -- plugin and command line ---------------------------------------------------------------
 def test_plugin_is_registered_and_prepares():
-    from flare.plugins.manager import PluginManager
+    from flare.plugin_manager import PluginManager
 
     spec = PluginManager().models()["silero-vad"]
     assert set(spec.entries) == {"stream", "frontend", "recur"} and spec.run is not None

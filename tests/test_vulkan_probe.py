@@ -68,7 +68,7 @@ def test_no_icd_is_named():
 
 @needs_vulkan
 def test_probe_lists_devices_and_plugin_is_registered():
-    from flare.plugins.manager import get_plugin_manager
+    from flare.plugin_manager import get_plugin_manager
 
     assert PROBE.devices and all(d.startswith("vulkan:") for d in PROBE.devices)
     assert PROBE.devices[0] in PROBE.reason

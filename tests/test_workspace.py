@@ -140,8 +140,9 @@ class RecordingBackend(CpuBackend):
 
 
 def test_release_order_captures_then_buffers_then_workspace():
-    from flare.plugins import BackendSpec, PluginManager
-    from flare.plugins.manager import hookimpl
+    from flare.plugin_manager import PluginManager
+    from flare.specs import BackendSpec
+    from flare.plugin_manager import hookimpl
 
     class Plugin:
         @hookimpl

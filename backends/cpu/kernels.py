@@ -16,7 +16,7 @@ from .erf import erf_into
 Kernel = Callable[[np.ndarray, Sequence[np.ndarray], Mapping[str, Any]], None]
 KERNELS: dict[str, Kernel] = {}
 # op -> variant name -> kernel; the first variant is the default (= KERNELS[op]).
-# Tuning (flare.export.tuning) times them and a core records the best per program.
+# Tuning (flare.plugins.export.tuning) times them and a core records the best per program.
 VARIANTS: dict[str, dict[str, Kernel]] = {}
 
 

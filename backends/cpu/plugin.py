@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from flare import __version__
-from flare.plugins.manager import hookimpl
-from flare.plugins.specs import BackendSpec
+from flare.plugin_manager import hookimpl
+from flare.specs import BackendSpec
 
 from .device import CpuBackend
 

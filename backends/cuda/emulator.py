@@ -10,7 +10,7 @@ compared with the NumPy references. What it cannot check: the real driver's
 behaviour and the GPU's arithmetic.
 
 Opt-in as a backend named `cuda-emu` with FLARE_CUDA_EMULATE=1 (testing only):
-    FLARE_CUDA_EMULATE=1 pytest --pyargs flare.conformance --backends=cuda-emu
+    FLARE_CUDA_EMULATE=1 pytest --pyargs flare.plugins.testing.conformance --backends=cuda-emu
 """
 from __future__ import annotations
 

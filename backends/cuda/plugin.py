@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 
 from flare import __version__
-from flare.plugins.manager import hookimpl
-from flare.plugins.specs import BackendSpec
+from flare.plugin_manager import hookimpl
+from flare.specs import BackendSpec
 
 from .device import CudaBackend
 from .emulator import ENV_FLAG, EmulatedBackend

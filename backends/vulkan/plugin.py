@@ -5,8 +5,8 @@ backend class; the binding is imported lazily by `VulkanBackend.probe()`.
 """
 from __future__ import annotations
 
-from flare.plugins.manager import hookimpl
-from flare.plugins.specs import BackendSpec
+from flare.plugin_manager import hookimpl
+from flare.specs import BackendSpec
 
 from .backend import VulkanBackend
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Mapping
 
-from flare.plugins.manager import hookimpl
-from flare.plugins.specs import ModelSpec
+from flare.plugin_manager import hookimpl
+from flare.specs import ModelSpec
 
 
 @lru_cache(maxsize=1)

@@ -10,8 +10,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from flare.graph import GraphBuilder
-from flare.plugins.manager import hookimpl
-from flare.plugins.specs import ModelSpec
+from flare.plugin_manager import hookimpl
+from flare.specs import ModelSpec
 
 from .config import SIZES, MoeConfig, get_config
 from .graph import GraphSpec, build_step

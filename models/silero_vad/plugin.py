@@ -10,8 +10,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from flare.plugins.manager import hookimpl
-from flare.plugins.specs import ModelSpec
+from flare.plugin_manager import hookimpl
+from flare.specs import ModelSpec
 
 from . import graph as G
 from .numpy_reference import CHUNK, CONTEXT, HIDDEN

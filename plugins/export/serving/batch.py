@@ -18,7 +18,7 @@ import numpy as np
 from flare.errors import InputError
 
 if TYPE_CHECKING:
-    from flare.export.schema import Serving
+    from flare.plugins.export.schema import Serving
 
 MASK_NEG = np.float32(-1e30)
 

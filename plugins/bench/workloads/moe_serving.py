@@ -2,7 +2,7 @@
 
 One benchmark request is a whole concurrent workload: `sequences` prompts of
 different lengths arriving every `gap_ms`, served by the continuous-batching
-scheduler (`flare.serving`) on a core loaded with or without its mixed
+scheduler (`flare.plugins.export.serving`) on a core loaded with or without its mixed
 programs (`mixed_prefill`). Both configurations load the *same* core (given as
 `core`, or exported once into the cache directory), so only load-time program
 selection differs. Speed is generated tokens per second; each request also
@@ -36,7 +36,7 @@ PROMPTS = (
 
 def concurrent_requests(n: int, new_tokens: int, gap_s: float) -> list[Any]:
     """`n` serving requests: <bos> plus 16..63 prompt bytes, arriving every `gap_s` seconds."""
-    from flare.serving import Request as ServingRequest
+    from flare.plugins.export.serving import Request as ServingRequest
 
     return [ServingRequest(f"r{i:03d}", (256, *PROMPTS[i % len(PROMPTS)].encode()[: 16 + (i * 7) % 48]),
                            new_tokens, round(i * gap_s, 6)) for i in range(n)]
@@ -45,7 +45,7 @@ def concurrent_requests(n: int, new_tokens: int, gap_s: float) -> list[Any]:
 def default_core(size: str) -> Path:
     """The core a configuration without `core` uses: exported once per size into the cache."""
     from flare.cache import cache_dir
-    from flare.export import export_core
+    from flare.plugins.export import export_core
 
     path = cache_dir("bench", "cores") / f"moe-lm-{size}.core"
     if not path.exists():
@@ -57,8 +57,8 @@ class ServingRunner:
     """A loaded, prepared core and its scheduler; `run` serves one concurrent workload."""
 
     def __init__(self, config: BenchConfig):
-        from flare.export import LoadOptions, load_core
-        from flare.export.runtime import CoreRuntime
+        from flare.plugins.export import LoadOptions, load_core
+        from flare.plugins.export.runtime import CoreRuntime
 
         o = config.options
         path = Path(o["core"]) if o["core"] else default_core(o["size"])
@@ -69,10 +69,10 @@ class ServingRunner:
                             f"{','.join(config.backends)}, continuous batching")
 
     def run(self, request: Request) -> Timed:
-        from flare.serving import Engine, Scheduler
+        from flare.plugins.export.serving import Engine, Batcher
 
         self.runtime.graph.reset()
-        report = Scheduler(Engine(self.runtime)).run(list(request.payload))
+        report = Batcher(Engine(self.runtime)).run(list(request.payload))
         tokens = [t for r in sorted(report["per_request"], key=lambda r: r["id"]) for t in r["tokens"]]
         extras = {"time to first token, mean (ms)": 1000.0 * report["ttft_s"]["mean"],
                   "program launches": float(report["launches"])}

@@ -43,7 +43,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _selected(config: pytest.Config) -> list[str]:
-    from flare.plugins.manager import get_plugin_manager
+    from flare.plugin_manager import get_plugin_manager
 
     opt = config.getoption("--backends")
     installed = list(get_plugin_manager().backends())
@@ -61,7 +61,7 @@ def _required(config: pytest.Config, name: str) -> bool:
 
 def _status(name: str) -> tuple[bool, str]:
     if name not in _STATUS:
-        from flare.plugins.manager import get_plugin_manager
+        from flare.plugin_manager import get_plugin_manager
 
         specs = get_plugin_manager().backends()
         if name not in specs:
@@ -76,7 +76,7 @@ def _status(name: str) -> tuple[bool, str]:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    from flare.plugins.manager import get_plugin_manager
+    from flare.plugin_manager import get_plugin_manager
 
     lines = []
     pm = get_plugin_manager()

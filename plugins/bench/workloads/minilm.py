@@ -6,7 +6,7 @@ tokenized inside the timing as a user's call would be. The metric is
 throughput in sentences per second.
 
 Peers: `flare` (MiniLM on the configured devices), `numpy` (the hand-written
-float32 forward in flare.bench.peers.minilm_numpy), `torch` (the same forward
+float32 forward in flare.plugins.bench.peers.minilm_numpy), `torch` (the same forward
 in PyTorch, when torch is importable). Outputs agree within 1e-4 per
 embedding component.
 """
@@ -67,8 +67,8 @@ class MiniLMWorkload(Workload):
     tolerance = 1e-4
     default_requests = 8
     peers = (FLARE_PEER,
-             Peer("numpy", "hand-written float32 NumPy forward (flare.bench.peers.minilm_numpy)"),
-             Peer("torch", "the same forward in PyTorch on the CPU (flare.bench.peers.minilm_torch)", "torch"))
+             Peer("numpy", "hand-written float32 NumPy forward (flare.plugins.bench.peers.minilm_numpy)"),
+             Peer("torch", "the same forward in PyTorch on the CPU (flare.plugins.bench.peers.minilm_torch)", "torch"))
     options = {
         "batch": Option(int, 32, "sentences per request (one execute when <= max_batch)", minimum=1,
                         shapes_requests=True),

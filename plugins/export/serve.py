@@ -72,7 +72,7 @@ def main(path: str, argv: list[str], stdin: TextIO | None = None, stdout: TextIO
 
 
 def _requests(args: argparse.Namespace, stdin: TextIO) -> list[dict[str, Any]]:
-    from flare.serving.requests import parse_request, read_requests
+    from flare.plugins.export.serving.requests import parse_request, read_requests
 
     if args.prompt is not None and args.requests is None:
         return [parse_request({"id": "prompt", "prompt": args.prompt}, "--prompt", "prompt",
@@ -96,8 +96,8 @@ def _rank_info(core: LoadedCore, rank: int) -> dict[str, Any]:
 
 def _serve(core: LoadedCore, requests: list[dict[str, Any]], part: Partition, comm: Any) -> dict[str, Any]:
     from flare.ledger import LEDGER
-    from flare.serving import Engine, Scheduler
-    from flare.serving.requests import parse_request
+    from flare.plugins.export.serving import Engine, Batcher
+    from flare.plugins.export.serving.requests import parse_request
 
     from .runtime import CoreRuntime
 
@@ -107,7 +107,7 @@ def _serve(core: LoadedCore, requests: list[dict[str, Any]], part: Partition, co
     try:
         engine = Engine(runtime, comm)
         if part.rank == 0:
-            report = Scheduler(engine).run(reqs)
+            report = Batcher(engine).run(reqs)
         else:
             engine.follow()
             report = {}

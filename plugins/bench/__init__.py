@@ -1,4 +1,4 @@
-"""flare.bench: compare two ways of serving a model, A->B->B->A.
+"""flare.plugins.bench: compare two ways of serving a model, A->B->B->A.
 
 `flare bench A.toml B.toml` (see `cli.py`) loads two configurations
 (`config.py`), asks the model's workload kind (`workload.py`, one module per
@@ -11,7 +11,7 @@ agree (`compare.py`) and reports a table, JSON (`report.py`) and a plot
 
 Use from Python:
 
-    from flare.bench import load_config, run_bench
+    from flare.plugins.bench import load_config, run_bench
     result = run_bench(load_config("a.toml"), load_config("b.toml"), blocks=1)
 """
 from .config import BenchConfig, check_pair, load_config, parse_config

@@ -51,7 +51,7 @@ class _Seq:
         return self.fed + max(0, len(self.tokens) - 1)
 
 
-class Scheduler:
+class Batcher:
     """Serve a list of requests to completion on `engine`; see the module docstring."""
 
     def __init__(self, engine: Engine, *, use_mixed: bool | None = None, clock: Clock = time.perf_counter,

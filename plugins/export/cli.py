@@ -5,8 +5,8 @@
                        [--max-new-tokens N] [--backend cpu] [--ranks N] [--check] [--json]
 
 `--ranks N` re-runs the command under `mpirun -n N`; under mpirun rank 0
-parses the command line and broadcasts it (see flare.export.ranks and
-flare.export.serve).
+parses the command line and broadcasts it (see flare.plugins.export.ranks and
+flare.plugins.export.serve).
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import zlib
 import numpy as np
 import pytest
 
-from flare.conformance.cases import CASES, Case
+from flare.plugins.testing.conformance.cases import CASES, Case
 from flare.graph import GraphBuilder
 from flare.ledger import LEDGER
 from flare.ops import OPS

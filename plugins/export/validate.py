@@ -1,6 +1,6 @@
 """Cross-checks of a parsed core: files against checksums, catalog against itself and the weights.
 
-`flare.export.schema` checks each field on its own; this module checks what
+`flare.plugins.export.schema` checks each field on its own; this module checks what
 fields say about each other: every file the manifest lists exists inside the
 core with its size and sha256; every path the catalog uses is one of them;
 every kernel, tuning entry and weight a program names exists; tuning choices

@@ -2,6 +2,6 @@
 from .batch import Chunk, token_lm_inputs
 from .engine import Engine
 from .requests import Request, RequestError, read_requests
-from .scheduler import Scheduler
+from .batcher import Batcher
 
-__all__ = ["Chunk", "Engine", "Request", "RequestError", "Scheduler", "read_requests", "token_lm_inputs"]
+__all__ = ["Chunk", "Engine", "Request", "RequestError", "Batcher", "read_requests", "token_lm_inputs"]

@@ -69,7 +69,7 @@ class Engine:
     def run(self, kind: str, chunks: Sequence[Chunk]) -> tuple[np.ndarray, Bucket]:
         """Logits [len(chunks), vocab] of each chunk's last token, and the program that ran."""
         if self.comm is not None and self.comm.Get_size() > 1:
-            from flare.export.ranks import bcast_json
+            from flare.plugins.export.ranks import bcast_json
             bcast_json(self.comm, {"kind": kind, "chunks": [c.to_list() for c in chunks]})
         return self._run(kind, chunks)
 
@@ -84,12 +84,12 @@ class Engine:
     def stop(self) -> None:
         """Rank 0: tell followers the run is over."""
         if self.comm is not None and self.comm.Get_size() > 1:
-            from flare.export.ranks import bcast_json
+            from flare.plugins.export.ranks import bcast_json
             bcast_json(self.comm, {"stop": True})
 
     def follow(self) -> int:
         """Ranks > 0: replay rank 0's steps until it stops; returns the number of steps."""
-        from flare.export.ranks import bcast_json
+        from flare.plugins.export.ranks import bcast_json
 
         while True:
             msg = bcast_json(self.comm, None)

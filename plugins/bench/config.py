@@ -135,7 +135,7 @@ def check_usable(config: BenchConfig) -> None:
     so a comparison does not fail half-way."""
     if config.peer != "flare":
         return
-    from flare.plugins.manager import get_plugin_manager
+    from flare.plugin_manager import get_plugin_manager
 
     specs = get_plugin_manager().backends()
     for dev in config.backends:
@@ -183,7 +183,7 @@ def _backends(data: Mapping[str, Any], path: Path | None, peer: str,
         raise BenchConfigError(f"must be a non-empty list of device names like [\"vulkan\", \"cpu\"], got {value!r}",
                                path=path, key="backends")
     if known_backends is None:
-        from flare.plugins.manager import get_plugin_manager
+        from flare.plugin_manager import get_plugin_manager
 
         known_backends = get_plugin_manager().backends()
     known = sorted(known_backends)

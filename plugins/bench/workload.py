@@ -7,7 +7,7 @@ set, which peers exist, what "faster" is measured in and how close two outputs
 must be. A `Workload` says exactly that. Built-in kinds are imported lazily
 (`BUILTIN`), so `flare --help` does not import onnxruntime or a model; other
 packages add kinds with `register_workload` or through the entry point group
-`flare.bench.workloads` (each entry point names a Workload subclass).
+`flare.plugins.bench.workloads` (each entry point names a Workload subclass).
 
 The moe-lm kind makes "experts resident vs offloaded" an option (`experts`);
 the moe-lm-serving kind makes "mixed prefill on/off" one (`mixed_prefill`, on an
@@ -29,14 +29,14 @@ from .errors import BenchConfigError
 if TYPE_CHECKING:
     from .config import BenchConfig
 
-ENTRY_POINT_GROUP = "flare.bench.workloads"
+ENTRY_POINT_GROUP = "flare.plugins.bench.workloads"
 
 # model name -> module defining its Workload subclass (imported on first use)
 BUILTIN: dict[str, str] = {
-    "silero-vad": "flare.bench.workloads.silero_vad",
-    "minilm-l6": "flare.bench.workloads.minilm",
-    "moe-lm": "flare.bench.workloads.moe_lm",
-    "moe-lm-serving": "flare.bench.workloads.moe_serving",
+    "silero-vad": "flare.plugins.bench.workloads.silero_vad",
+    "minilm-l6": "flare.plugins.bench.workloads.minilm",
+    "moe-lm": "flare.plugins.bench.workloads.moe_lm",
+    "moe-lm-serving": "flare.plugins.bench.workloads.moe_serving",
 }
 
 _REGISTRY: dict[str, "Workload"] = {}

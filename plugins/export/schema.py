@@ -11,7 +11,7 @@ A core directory holds:
 
 Parsing checks types and ranges of every field and raises `CoreFormatError`
 naming it (`catalog.programs[2].bucket.tokens`); cross-references between
-the two files are checked by `flare.export.validate`. The `*_to_dict`
+the two files are checked by `flare.plugins.export.validate`. The `*_to_dict`
 functions are the writer's side, so a written core always parses.
 """
 from __future__ import annotations

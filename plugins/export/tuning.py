@@ -83,7 +83,7 @@ def _mmid_inputs(s: Shape, rng: np.random.Generator) -> list[np.ndarray]:
 
 def _with_defaults(kernel: str, fn):
     """Kernels read their op's params with defaults filled in, as the builder gives them."""
-    from ..ops import OPS
+    from flare.ops import OPS
 
     defaults = OPS[kernel].defaults
     return lambda out, x, p: fn(out, x, {**defaults, **p})

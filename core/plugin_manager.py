@@ -16,7 +16,7 @@ from typing import Any
 
 import pluggy
 
-from ..errors import PluginError
+from .errors import PluginError
 from . import hookspecs
 from .specs import BackendSpec, ModelSpec
 
