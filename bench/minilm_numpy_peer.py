@@ -1,6 +1,6 @@
 """The hand-written NumPy MiniLM peer on its own: agreement and a quick speed figure.
 
-The peer itself lives in the package (`flare.plugins.bench.peers.minilm_numpy`) so
+The peer itself lives in the package (`flare.models.minilm.bench_numpy_peer`) so
 that `flare bench ... peer = "numpy"` works from an installed wheel; this
 script checks it against the float64 oracle (`flare.models.minilm.numpy_reference`)
 and against Flare, and times all three on one batch. Not a test; the A B B A
@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from flare.plugins.bench.peers.minilm_numpy import ERF_SOURCE, MiniLMNumpy
-from flare.plugins.bench.workloads.minilm import BUILTIN_SENTENCES
+from flare.models.minilm.bench_numpy_peer import ERF_SOURCE, MiniLMNumpy
+from flare.models.minilm.bench import BUILTIN_SENTENCES
 from flare.models.minilm import numpy_reference
 from flare.models.minilm.runner import MiniLM
 from flare.models.minilm.tokenize import encode, pad_batch

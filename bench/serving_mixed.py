@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 
 def workload(n: int, new_tokens: int, gap: float):
     """The same concurrent requests `flare bench`'s moe-lm-serving workload serves."""
-    from flare.plugins.bench.workloads.moe_serving import concurrent_requests
+    from flare.models.moe_lm.bench_serving import concurrent_requests
 
     return concurrent_requests(n, new_tokens, gap)
 

@@ -195,6 +195,12 @@ class Device(abc.ABC):
     def supports(self, node: Tensor) -> bool:
         """Whether `compile` can run this node (op, dtypes, shapes)."""
 
+    def kernel_variants(self, op: str) -> tuple[str, ...]:
+        """Names of this device's interchangeable implementations of `op` (same results up to
+        rounding), the first being the default. `SplitProgram.tuning[op]` picks one; an
+        exporter times them (`flare.plugins.export.tuning`). Default: one implementation."""
+        return ()
+
     @abc.abstractmethod
     def compile(self, program: SplitProgram) -> PreparedSplit:
         """Build the split's captured program against its bindings."""

@@ -1,24 +1,28 @@
-"""The `flare` command line.
+"""The `flare` command line: a thin dispatcher.
 
     flare backends            what is installed, what is usable here, and why not
     flare models              registered model plugins
     flare run MODEL [ARGS]    a model's main job (ARGS are the model's own; MODEL --help)
     flare describe MODEL      how a model's graph is split over devices, copies, arena bytes
 
-Subcommands added by later layers (bench, export, core loading) register here too.
+Every other subcommand (`bench`, `export`, `serve`, ...) comes from a plugin's
+`flare_cli_commands` hook, and `flare run TARGET` for a target that is not a
+model (an exported core) from `flare_run_target`. Exit codes: 0 ok, 2 bad usage
+or bad input (a `FlareError`, printed as one line), 1 a failure of the run.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Callable, Sequence
+from typing import Sequence
 
 from rich.console import Console
 from rich.table import Table
 
 from . import __version__
-from .errors import FlareError
+from .errors import FlareError, InputError
+from .plugin_manager import get_plugin_manager
 
 def _fmt_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -29,8 +33,6 @@ def _fmt_bytes(n: int) -> str:
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
-    from .plugin_manager import get_plugin_manager
-
     pm = get_plugin_manager()
     rows = []
     for name, spec in pm.backends().items():
@@ -68,54 +70,93 @@ def cmd_backends(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from .plugin_manager import get_plugin_manager
-
     pm = get_plugin_manager()
-    models = pm.models()
+    rows = [{"name": m.name, "version": m.version, "description": m.description, "run": m.run is not None,
+             "placement": m.placement is not None, "stage_experts": m.stage_experts is not None}
+            for m in pm.models().values()]
     if args.json:
-        print(json.dumps([{"name": m.name, "version": m.version, "description": m.description,
-                           "entries": sorted(m.entries)} for m in models.values()], indent=2))
+        print(json.dumps(rows, indent=2))
         return 0
     table = Table(title="Flare models")
-    for col in ("model", "entries", "description"):
+    for col in ("model", "version", "callbacks", "description"):
         table.add_column(col)
-    for m in models.values():
-        table.add_row(m.name, ", ".join(sorted(m.entries)) or "-", m.description)
-    Console().print(table)
+    for r in rows:
+        callbacks = [name for name in ("run", "placement", "stage_experts") if r[name]]
+        table.add_row(r["name"], r["version"], ", ".join(callbacks) or "-", r["description"])
+    console = Console()
+    console.print(table)
     for b in pm.broken:
-        Console().print(f"[yellow]broken plugin[/] {b.name}: {b.error}")
+        console.print(f"[yellow]broken plugin[/] {b.name}: {b.error}")
     return 0
 
 
-def _model(name: str):
-    from .plugin_manager import get_plugin_manager
-
-    models = get_plugin_manager().models()
-    if name not in models:
-        raise FlareError(f"unknown model {name!r}; registered: {', '.join(sorted(models)) or 'none'} (see `flare models`)")
-    return models[name]
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    pm = get_plugin_manager()
+    runner = pm.hook.flare_run_target(target=args.model)
+    if runner is not None:
+        return int(runner(list(args.args)) or 0)
+    spec = pm.model(args.model)
+    if spec.run is not None:
+        return int(spec.run(list(args.args)) or 0)
+    return _run_graph(spec.name, list(args.args))
 
-    target = args.model
-    if Path(target).is_dir() and (Path(target) / "manifest.json").exists() and "core" in RUNNERS:
-        return RUNNERS["core"](target, list(args.args))
-    spec = _model(target)
-    if spec.run is None:
-        raise FlareError(f"model {target!r} has no command-line main job")
-    return int(spec.run(list(args.args)) or 0)
+
+def _run_graph(model: str, argv: list[str]) -> int:
+    """`flare run MODEL` for a model without a job of its own: prepare its graph (its
+    placement honoured) and execute every entry on zeros or given .npy inputs."""
+    import numpy as np
+
+    from .session import Session
+
+    p = argparse.ArgumentParser(prog=f"flare run {model}",
+                                description=f"Prepare {model}'s graph on the given devices and execute its entries.")
+    p.add_argument("--backends", default="cpu", help="devices in priority order, e.g. cpu:0,cpu:1 (default cpu)")
+    p.add_argument("--entry", action="append", default=None, help="entry to run (default: every entry)")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                   help="an input array (default: zeros of the model's declared shape)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    args = p.parse_args(argv)
+    given: dict[str, np.ndarray] = {}
+    for item in args.input:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise InputError(f"--input {item!r}: expected NAME=FILE.npy")
+        try:
+            given[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"--input {name}: cannot read {path!r} as a .npy array: {exc}") from None
+    from .dtypes import to_numpy
+
+    report: dict = {"model": model, "entries": {}}
+    with Session([b.strip() for b in args.backends.split(",") if b.strip()]) as sess:
+        pg = sess.prepare_model(model)
+        for entry in args.entry or sorted(pg.entries):
+            plan = pg.current_plan(entry)
+            inputs = {n: given.get(n, np.zeros(t.shape, to_numpy(t.dtype))) for n, t in plan.graph.inputs.items()}
+            outputs = pg.execute(entry, **inputs)
+            plan = pg.current_plan(entry)
+            report["entries"][entry] = {
+                "splits": [{"device": s.device, "nodes": len(s.nodes)} for s in plan.schedule.splits],
+                "outputs": {n: {"shape": list(a.shape), "mean": float(np.mean(a)) if a.size else 0.0}
+                            for n, a in outputs.items()}}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    console = Console()
+    for entry, info in report["entries"].items():
+        splits = ", ".join(f"{s['device']} ({s['nodes']} nodes)" for s in info["splits"])
+        console.print(f"{model}.{entry}: splits {splits}", highlight=False)
+        for name, o in info["outputs"].items():
+            console.print(f"  {name}: shape {tuple(o['shape'])}, mean {o['mean']:.6g}", highlight=False)
+    return 0
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
     from .session import Session
 
-    spec = _model(args.model)
-    if spec.prepare is None:
-        raise FlareError(f"model {args.model!r} cannot be described (its plugin gives no prepare())")
-    with Session(args.backends.split(",")) as sess:
-        pg = spec.prepare(sess)
+    get_plugin_manager().model(args.model)      # unknown model: a clear error before opening devices
+    with Session([b.strip() for b in args.backends.split(",") if b.strip()]) as sess:
+        pg = sess.prepare_model(args.model)
         info = pg.describe()
     if args.json:
         print(json.dumps(info, indent=2))
@@ -138,11 +179,6 @@ def cmd_describe(args: argparse.Namespace) -> int:
     return 0
 
 
-# other layers (core loading, bench, export) add runners and subcommands here
-RUNNERS: dict[str, Callable[..., int]] = {}
-EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flare", description="Run model compute graphs on CPU, Vulkan and CUDA.")
     parser.add_argument("--version", action="version", version=f"flare {__version__}")
@@ -163,26 +199,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backends", default="cpu", help="devices in priority order, e.g. vulkan,cpu (default cpu)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_describe)
-    for add in EXTRA_COMMANDS:
-        add(sub)
+    for spec in get_plugin_manager().commands().values():
+        p = sub.add_parser(spec.name, help=spec.help, description=spec.description or spec.help)
+        spec.add_arguments(p)
+        p.set_defaults(func=spec.run)
     return parser
 
 
-def _load_extensions() -> None:
-    """Import the layers that add subcommands (bench, export/core), if present."""
-    import importlib
-
-    for module in ("flare.plugins.bench.cli", "flare.plugins.export.cli"):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module and not module.startswith(exc.name or "\0"):
-                raise
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    _load_extensions()
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except FlareError as exc:       # a plugin that cannot load (e.g. a misspelled hookimpl)
+        sys.stderr.write(f"error: {type(exc).__name__}: {exc}\n")
+        return 2
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

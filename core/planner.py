@@ -16,8 +16,14 @@ allocating anything.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 from .errors import AllocationError
+from .ops import OPS
+
+if TYPE_CHECKING:
+    from .backend import Device
+    from .partition import Schedule
 
 END = 1 << 62
 
@@ -273,3 +279,50 @@ def check_no_overlap(plan: DevicePlan, intervals: list[Interval]) -> None:
                 raise AssertionError(
                     f"tensors {a.key} [{a.start},{a.end}] and {b.key} [{b.start},{b.end}] overlap in chunk {pa.chunk}: "
                     f"[{pa.offset},+{pa.nbytes}) vs [{pb.offset},+{pb.nbytes})")
+
+
+def arena_intervals(sched: "Schedule", devices: Iterable[str]) -> dict[str, list[Interval]]:
+    """Liveness of every tensor needing arena memory, per device."""
+    graph = sched.graph
+    consumers = graph.consumers()
+    last: dict[int, int] = {}
+    for split in sched.splits:
+        for node in split.nodes:
+            t = sched.time_of[node.id]
+            for src in node.srcs:
+                st = src.storage
+                copy = split.copy_of(st)
+                if copy is not None:
+                    last[copy.key] = max(last.get(copy.key, 0), t)
+                    last[st.id] = max(last.get(st.id, 0), sched.split_time[split.index])
+                else:
+                    last[st.id] = max(last.get(st.id, 0), t)
+    out: dict[str, list[Interval]] = {d: [] for d in devices}
+    for split in sched.splits:
+        for c in split.copies:
+            ct = sched.split_time[split.index]
+            out[split.device].append(Interval(c.key, c.nbytes, ct, last.get(c.key, ct)))
+        for node in split.nodes:
+            if OPS[node.op].writes_src0:
+                continue
+            t = sched.time_of[node.id]
+            end = END if node.is_output else max(last.get(node.id, t), t)
+            parent = None
+            src0 = node.srcs[0] if node.srcs else None
+            if (OPS[node.op].inplace and src0 is not None and src0.storage is src0 and src0.op is not None
+                    and not src0.is_output and not node.is_output and len(consumers.get(src0.id, [])) == 1
+                    and src0.shape == node.shape and src0.dtype == node.dtype
+                    and sched.device_of[src0.id] == split.device and not OPS[src0.op].writes_src0):
+                parent = src0.id
+            out[split.device].append(Interval(node.id, node.nbytes, t, end, parent))
+    return out
+
+
+def plan_schedule(sched: "Schedule", devices: Mapping[str, "Device"]) -> dict[str, DevicePlan]:
+    """One arena plan per device for a schedule: liveness intervals, then `plan_device`
+    with the device's buffer type (alignment, maximum buffer size)."""
+    plans = {}
+    for dev_name, intervals in arena_intervals(sched, devices).items():
+        bt = devices[dev_name].buffer_type()
+        plans[dev_name] = plan_device(dev_name, intervals, bt.alignment, bt.max_size)
+    return plans

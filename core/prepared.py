@@ -20,6 +20,7 @@ their arenas overlap: memory is the largest entry's need, not the sum.
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -31,7 +32,7 @@ from .dtypes import to_numpy
 from .errors import GraphError, InputError, ReleasedError
 from .graph import INPUT, PERSISTENT, STATE, WEIGHT, Graph, GraphBuilder, Tensor
 from .ops import OPS
-from .planner import END, DevicePlan, Interval, plan_device
+from .planner import DevicePlan, plan_schedule
 from .partition import Copy, PlacementFn, Schedule, Split, schedule
 from .workspace import GraphWorkspace, Growth
 
@@ -130,6 +131,7 @@ class PreparedGraph:
         self._persist_generation = 0
         self.released = False
         self.stats = {"plans_built": 0, "rebinds": 0, "executes": 0}
+        self._hook = session.plugins.hook   # observers: flare_graph_prepared/executed/reset/released
         self.workspace.attach()
         try:
             for entry, entry_shapes in shapes.items():
@@ -142,12 +144,26 @@ class PreparedGraph:
     def prepare(self, entry: str, shapes: Mapping[str, Sequence[int]]) -> EntryPlan:
         """Plan, reserve and compile `entry` for input `shapes` (cached per shapes)."""
         self._check_alive()
-        return self.session.plugins.hook.flare_prepare(graph=self, entry=entry, shapes=dict(shapes))
+        return self._prepare_impl(entry, shapes, replan=False)
 
     def execute(self, entry: str, **inputs: np.ndarray) -> dict[str, np.ndarray]:
         """Run `entry` on `inputs`; returns a dict of output arrays (fresh copies)."""
         self._check_alive()
-        return self.session.plugins.hook.flare_execute(graph=self, entry=entry, inputs=inputs)
+        start = time.perf_counter()
+        plan = self._plan_for_inputs(entry, inputs)
+        for name, (dev, binding) in plan.inputs.items():
+            dev.write(binding, inputs[name])
+        for split, prog, steps in zip(plan.schedule.splits, plan.programs, plan.copy_steps):
+            for step in steps:
+                step.run()
+            if split.host:
+                self._run_host(split, plan.split_bindings[split.index])
+            else:
+                prog.run()
+        self.stats["executes"] += 1
+        outputs = {name: dev.read(binding) for name, (dev, binding) in plan.outputs.items()}
+        self._hook.flare_graph_executed(graph=self, entry=entry, seconds=time.perf_counter() - start)
+        return outputs
 
     def reset(self) -> None:
         """Zero per-request state (LSTM state, KV caches). Memory and captures stay."""
@@ -156,12 +172,14 @@ class PreparedGraph:
             if tensor.role == STATE:
                 dev = self.devices[dev_name]
                 dev.fill_zero(Binding(buf, 0, tensor.shape, tensor.strides, tensor.dtype))
+        self._hook.flare_graph_reset(graph=self)
 
     def release(self) -> None:
         """Captures, then persistent buffers, then the workspace reference. Idempotent."""
         if self.released:
             return
-        self.session.plugins.hook.flare_release(graph=self)
+        self._release_impl()
+        self._hook.flare_graph_released(graph=self)
 
     def describe(self) -> dict[str, Any]:
         """Splits, copies, bytes copied and arena bytes per device for each prepared entry."""
@@ -219,7 +237,7 @@ class PreparedGraph:
         if self.released:
             raise ReleasedError(f"prepared graph {self.name!r} was released")
 
-    def _prepare_impl(self, entry: str, shapes: Mapping[str, Sequence[int]]) -> EntryPlan:
+    def _prepare_impl(self, entry: str, shapes: Mapping[str, Sequence[int]], replan: bool) -> EntryPlan:
         if entry not in self.entries:
             raise InputError(f"unknown entry point {entry!r}; {self.name} has {sorted(self.entries)}")
         shapes = {k: tuple(int(d) for d in v) for k, v in shapes.items()}
@@ -231,6 +249,7 @@ class PreparedGraph:
             self._bind(plan)
             self._current[entry] = plan
             return plan
+        start = time.perf_counter()
         b = GraphBuilder()
         self.entries[entry](b, shapes)
         graph = b.build()
@@ -247,21 +266,9 @@ class PreparedGraph:
             _, old = cache.popitem(last=False)
             old.release_captures()
         self._current[entry] = plan
+        self._hook.flare_graph_prepared(graph=self, entry=entry, shapes=dict(shapes), replan=replan,
+                                        seconds=time.perf_counter() - start)
         return plan
-
-    def _execute_impl(self, entry: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        plan = self._plan_for_inputs(entry, inputs)
-        for name, (dev, binding) in plan.inputs.items():
-            dev.write(binding, inputs[name])
-        for split, prog, steps in zip(plan.schedule.splits, plan.programs, plan.copy_steps):
-            for step in steps:
-                step.run()
-            if split.host:
-                self._run_host(split, plan.split_bindings[split.index])
-            else:
-                prog.run()
-        self.stats["executes"] += 1
-        return {name: dev.read(binding) for name, (dev, binding) in plan.outputs.items()}
 
     def _release_impl(self) -> None:
         first_error: BaseException | None = None
@@ -309,53 +316,13 @@ class PreparedGraph:
                 raise InputError(f"{self.name}.{entry}: input {name!r} has shape {arr.shape}, expected rank {len(t.shape)} like {t.shape}")
             shapes[name] = tuple(arr.shape)
         if shapes != plan.shapes:
-            plan = self._prepare_impl(entry, shapes)   # new shapes: re-plan (and grow if needed)
+            plan = self._prepare_impl(entry, shapes, replan=True)   # new shapes: re-plan (and grow if needed)
         else:
             self._bind(plan)
         return plan
 
-    def _arena_intervals(self, sched: Schedule) -> dict[str, list[Interval]]:
-        """Liveness of every tensor needing arena memory, per device."""
-        graph = sched.graph
-        consumers = graph.consumers()
-        last: dict[int, int] = {}
-        for split in sched.splits:
-            for node in split.nodes:
-                t = sched.time_of[node.id]
-                for src in node.srcs:
-                    st = src.storage
-                    copy = split.copy_of(st)
-                    if copy is not None:
-                        last[copy.key] = max(last.get(copy.key, 0), t)
-                        last[st.id] = max(last.get(st.id, 0), sched.split_time[split.index])
-                    else:
-                        last[st.id] = max(last.get(st.id, 0), t)
-        out: dict[str, list[Interval]] = {d: [] for d in self.devices}
-        for split in sched.splits:
-            for c in split.copies:
-                ct = sched.split_time[split.index]
-                out[split.device].append(Interval(c.key, c.nbytes, ct, last.get(c.key, ct)))
-            for node in split.nodes:
-                if OPS[node.op].writes_src0:
-                    continue
-                t = sched.time_of[node.id]
-                end = END if node.is_output else max(last.get(node.id, t), t)
-                parent = None
-                src0 = node.srcs[0] if node.srcs else None
-                if (OPS[node.op].inplace and src0 is not None and src0.storage is src0 and src0.op is not None
-                        and not src0.is_output and not node.is_output and len(consumers.get(src0.id, [])) == 1
-                        and src0.shape == node.shape and src0.dtype == node.dtype
-                        and sched.device_of[src0.id] == split.device and not OPS[src0.op].writes_src0):
-                    parent = src0.id
-                out[split.device].append(Interval(node.id, node.nbytes, t, end, parent))
-        return out
-
     def _plan_memory(self, sched: Schedule) -> dict[str, DevicePlan]:
-        plans = {}
-        for dev_name, intervals in self._arena_intervals(sched).items():
-            bt = self.devices[dev_name].buffer_type()
-            plans[dev_name] = plan_device(dev_name, intervals, bt.alignment, bt.max_size)
-        return plans
+        return plan_schedule(sched, self.devices)
 
     def reserve(self, entry: str, shapes: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
         """Dry run: arena chunk sizes per device `entry` would need for `shapes`. Allocates nothing."""

@@ -14,6 +14,7 @@ from .errors import BackendUnavailable, ReleasedError
 from .plugin_manager import PluginManager, get_plugin_manager
 from .prepared import EntryBuilder, HostCallback, PreparedGraph
 from .partition import PlacementFn
+from .specs import STAGE_EXPERTS
 from .workspace import GraphWorkspace
 
 
@@ -108,6 +109,41 @@ class Session:
                               name=name, callbacks=callbacks, tuning=tuning)
         self._graphs.append(graph)
         return graph
+
+    def prepare_model(
+        self,
+        model: str,
+        options: Mapping[str, Any] | None = None,
+        *,
+        shapes: Mapping[str, Mapping[str, Sequence[int]]] | None = None,
+        placement: PlacementFn | None = None,
+        workspace: GraphWorkspace | None = None,
+        strict: bool = False,
+        tuning: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> PreparedGraph:
+        """Prepare a registered model: the runtime reads the model plugin's `ModelSpec`.
+
+        `spec.graph(options)` gives the entries and their first shapes (`shapes`
+        overrides them); the spec's placement callback places nodes unless
+        `placement` is given; `spec.stage_experts(options)`, if the spec has one,
+        becomes the graph's `stage_experts` host callback. The model's own code
+        needs to pass none of these: a plugin that only registers a ModelSpec is
+        prepared, placed and staged the same way by `flare run`, `flare describe`
+        and `flare bench`.
+        """
+        self._check_open()
+        spec = self.plugins.model(model)
+        options = dict(options or {})
+        graph = spec.graph(options)
+        callbacks = dict(graph.callbacks)
+        if spec.stage_experts is not None:
+            stager = spec.stage_experts(options)
+            if stager is not None:
+                callbacks[STAGE_EXPERTS] = stager
+        chosen = {e: dict(s) for e, s in (shapes if shapes is not None else graph.shapes).items()}
+        return self.prepare(graph.entries, chosen, workspace=workspace,
+                            placement=placement if placement is not None else spec.placement,
+                            strict=strict, name=graph.name or model, callbacks=callbacks, tuning=tuning)
 
     def close(self) -> None:
         """Release prepared graphs, then workspaces, then devices. Idempotent."""

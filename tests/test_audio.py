@@ -1,4 +1,4 @@
-"""flare.audio: WAV decoding (PCM, float, extensible), downmix, resampling, typed errors."""
+"""flare.models.silero_vad.audio: WAV decoding (PCM, float, extensible), downmix, resampling, typed errors."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flare.audio import AudioError, load_audio, read_wav, resample, to_mono
+from flare.models.silero_vad.audio import AudioError, load_audio, read_wav, resample, to_mono
 from flare.errors import InputError
 
 

@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-import flare.plugins.bench.testing  # noqa: F401  (registers the bench-fake workload)
+import flare.plugins.bench.testing
+
+flare.plugins.bench.testing.register()   # the bench-fake workload
 from flare.plugins.bench import BenchConfigError, check_pair, load_config, parse_config
 
 BACKENDS = ["cpu", "vulkan"]

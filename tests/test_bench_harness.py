@@ -8,10 +8,13 @@ import pytest
 
 from flare.plugins.bench import BenchConfigError, parse_config, run_bench
 from flare.plugins.bench import testing as fake
+
 from flare.plugins.bench.compare import compare_outputs
 from flare.plugins.bench.order import abba, pairs
 from flare.plugins.bench.report import SCHEMA, to_json
 from flare.cli import main
+
+fake.register()   # the bench-fake workload
 
 
 def cfg(name: str, **options):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from flare.plugins.bench import parse_config, run_bench
-from flare.plugins.bench.workloads.silero_vad import synthetic_audio
+from flare.models.silero_vad.bench import synthetic_audio
 
 
 def config(name: str, model: str, options: dict, **top):
@@ -61,7 +61,7 @@ def test_minilm_numpy_peer_agrees_with_flare():
 
 
 def test_minilm_numpy_peer_matches_the_float64_reference():
-    from flare.plugins.bench.peers.minilm_numpy import MiniLMNumpy
+    from flare.models.minilm.bench_numpy_peer import MiniLMNumpy
     from flare.models.minilm import numpy_reference
     from flare.models.minilm.tokenize import encode, pad_batch
     from flare.models.minilm.weights import all_weights

@@ -123,10 +123,10 @@ def test_plugin_registered_and_cli(capsys):
     from flare.plugin_manager import PluginManager
 
     spec = PluginManager().models()["minilm-l6"]
-    assert set(spec.entries) == {"embed"}
+    assert set(spec.graph({}).entries) == {"embed"}
     with Session(["cpu"]) as session:
         batch = pad_batch(encode(QUICKSTART))
-        emb = spec.prepare(session).execute("embed", ids=batch.ids, mask=batch.mask)["embeddings"]
+        emb = session.prepare_model("minilm-l6").execute("embed", ids=batch.ids, mask=batch.mask)["embeddings"]
         np.testing.assert_allclose(emb @ emb.T, EXPECTED, atol=5e-5)
     assert spec.run(["--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -178,15 +178,20 @@ def test_plugin_registers_model_spec(monkeypatch, tmp_path):
     from flare.models.moe_lm import plugin
     from flare.plugin_manager import PluginManager
 
-    pm = PluginManager(autoload=False)
+    pm = PluginManager(autoload=False, groups=("flare.backends",))
     pm.register(plugin, name="moe-test")
     spec = pm.models()["moe-lm"]
-    assert set(spec.entries) == {"prefill", "decode", "mixed"} and spec.run is not None and spec.stage_experts is not None
+    assert set(spec.graph({}).entries) == {"prefill", "decode", "mixed"}
+    assert spec.run is not None and spec.stage_experts is not None and spec.placement is not None
+    from flare.models.moe_lm import MoeLM
     from flare.session import Session
 
-    with Session(["cpu"]) as session:  # what `flare describe moe-lm` does
-        info = spec.prepare(session, experts="offload").describe()
+    with Session(["cpu"], plugins=pm) as session:  # the runtime binds the registered staging callback
+        model = MoeLM.load("tiny", experts="offload", session=session)
+        info = model.graph.describe()
         assert info["entries"]["decode"]["host_splits"] == get_config("tiny").n_layers
+        assert model.stager is not None and model.graph.callbacks["stage_experts"] is model.stager
+        model.release()
 
 
 def test_reference_evaluator_runs_the_offload_graph_with_the_stager(offload):

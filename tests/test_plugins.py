@@ -34,18 +34,18 @@ class RaisingPlugin:
 class GoodModels:
     @hookimpl
     def flare_models(self):
-        return [ModelSpec("toy", "a toy"), "not a spec"]
+        return [ModelSpec("toy", "a toy", graph=lambda options: None), "not a spec"]
 
 
 def test_duplicate_backend_name_is_an_error():
-    pm = PluginManager(autoload=False)
+    pm = PluginManager(autoload=False, groups=("flare.backends",))
     pm.register(DupPlugin(), name="dup")
     with pytest.raises(PluginError, match="'cpu' registered twice"):
         pm.backends()
 
 
 def test_broken_plugins_are_reported_and_skipped():
-    pm = PluginManager(autoload=False)
+    pm = PluginManager(autoload=False, groups=("flare.backends",))
     pm.register(RaisingPlugin(), name="raising")
     pm.register(GoodModels(), name="good")
     assert list(pm.models()) == ["toy"]
@@ -57,32 +57,40 @@ def test_broken_plugins_are_reported_and_skipped():
 def test_autoload_can_be_disabled(monkeypatch):
     monkeypatch.setenv("FLARE_DISABLE_PLUGIN_AUTOLOAD", "1")
     pm = PluginManager()
-    assert list(pm.backends()) == ["cpu"]  # built-ins only
+    own = {"flare-runtime"}
+    names = {name for name, _ in pm.pm.list_name_plugin()}
+    assert "flare.backends.cpu.plugin" in names and "flare.models.moe_lm.plugin" in names
+    assert {d.project_name for _, d in pm.pm.list_plugin_distinfo()} <= own  # nothing third-party
 
 
-def test_observer_wrappers_see_every_lifecycle_step():
-    seen = []
+class Counter:
+    """An observer plugin: counts every lifecycle step it is told about."""
 
-    class Tracer:
-        @hookimpl(wrapper=True)
-        def flare_execute(self, graph, entry, inputs):
-            seen.append(("execute", entry, sorted(inputs)))
-            result = yield
-            seen.append(("executed", sorted(result)))
-            return result
+    def __init__(self):
+        self.seen: list[tuple] = []
 
-        @hookimpl(wrapper=True)
-        def flare_prepare(self, graph, entry, shapes):
-            seen.append(("prepare", entry))
-            return (yield)
+    @hookimpl
+    def flare_graph_prepared(self, graph, entry, shapes, replan, seconds):
+        self.seen.append(("replan" if replan else "prepare", entry, tuple(shapes["x"])))
 
-        @hookimpl(wrapper=True)
-        def flare_release(self, graph):
-            seen.append(("release", graph.name))
-            return (yield)
+    @hookimpl
+    def flare_graph_executed(self, graph, entry, seconds):
+        assert seconds >= 0
+        self.seen.append(("execute", entry))
 
-    pm = PluginManager(autoload=False)
-    pm.register(Tracer())
+    @hookimpl
+    def flare_graph_reset(self, graph):
+        self.seen.append(("reset",))
+
+    @hookimpl
+    def flare_graph_released(self, graph):
+        self.seen.append(("release", graph.name))
+
+
+def test_observer_plugin_counts_every_lifecycle_step():
+    counter = Counter()
+    pm = PluginManager(autoload=False, groups=("flare.backends",))
+    pm.register(counter)
 
     def build(b, shapes):
         b.output("y", b.relu(b.input("x", shapes["x"])))
@@ -90,9 +98,29 @@ def test_observer_wrappers_see_every_lifecycle_step():
     with Session(["cpu"], plugins=pm) as sess:
         pg = sess.prepare({"full": build}, {"full": {"x": (3,)}}, name="traced")
         out = pg.execute("full", x=np.array([-1, 0, 2], np.float32))
+        pg.execute("full", x=np.zeros(5, np.float32))            # new shape: a re-plan inside execute
+        pg.execute("full", x=np.zeros(3, np.float32))            # cached plan: no prepare event
+        pg.reset()
+        pg.prepare("full", {"x": (7,)})
         pg.release()
+        pg.release()                                             # idempotent: no second event
     np.testing.assert_array_equal(out["y"], [0, 0, 2])
-    assert seen == [("prepare", "full"), ("execute", "full", ["x"]), ("executed", ["y"]), ("release", "traced")]
+    assert counter.seen == [("prepare", "full", (3,)), ("execute", "full"), ("replan", "full", (5,)),
+                            ("execute", "full"), ("execute", "full"), ("reset",), ("prepare", "full", (7,)),
+                            ("release", "traced")]
+    assert pg.stats["plans_built"] == 3 and pg.stats["executes"] == 3
+
+
+def test_misspelled_hookimpl_fails_loudly():
+    class Typo:
+        @hookimpl
+        def flare_model(self):
+            return []
+
+    pm = PluginManager(autoload=False, groups=("flare.backends",))
+    with pytest.raises(PluginError, match="'typo' implements unknown hook 'flare_model'.*did you mean 'flare_models'"):
+        pm.register(Typo(), name="typo")
+    assert not pm.pm.is_registered(Typo)
 
 
 THIRD_PARTY = {

@@ -14,7 +14,7 @@ import typing
 import numpy as np
 import pytest
 
-from flare.audio import load_audio
+from flare.models.silero_vad.audio import load_audio
 from flare.ledger import LEDGER
 from flare.models.silero_vad import numpy_reference as R
 from flare.models.silero_vad import weights as W
@@ -236,9 +236,9 @@ def test_plugin_is_registered_and_prepares():
     from flare.plugin_manager import PluginManager
 
     spec = PluginManager().models()["silero-vad"]
-    assert set(spec.entries) == {"stream", "frontend", "recur"} and spec.run is not None
+    assert set(spec.graph({}).entries) == {"stream", "frontend", "recur"} and spec.run is not None
     with Session(["cpu"]) as session:
-        pg = spec.prepare(session)
+        pg = session.prepare_model("silero-vad")
         out = pg.execute("stream", chunk=np.zeros((1, 512), np.float32))
         assert out["prob"].shape == (1, 1) and 0.0 <= out["prob"][0, 0] < 0.5
 

@@ -113,6 +113,9 @@ class CpuDevice(Device):
     def supports(self, node: Tensor) -> bool:
         return node.op in KERNELS
 
+    def kernel_variants(self, op: str) -> tuple[str, ...]:
+        return tuple(VARIANTS.get(op, ()))
+
     def compile(self, program: SplitProgram) -> CpuSplit:
         """Bind each node's kernel (or the tuned variant `program.tuning[op]`) to arena views."""
         steps, owned = [], []

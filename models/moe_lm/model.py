@@ -20,11 +20,12 @@ import numpy as np
 from flare.errors import ModelError
 from flare.ledger import LEDGER
 from flare.session import Session
+from flare.specs import STAGE_EXPERTS
 
 from . import weights as weights_mod
 from .batch import SeqChunk, make_inputs, pow2_chunks
 from .config import EOS, MoeConfig, get_config
-from .graph import ENTRIES, MODES, OFFLOAD, STAGE_CALLBACK, GraphSpec, entry_builders, input_shapes
+from .graph import ENTRIES, MODES, OFFLOAD, GraphSpec
 from .placement import Placement, resolve
 from .sampling import Sampler, Sampling
 from .staging import ExpertCacheError, ExpertStager, slots_for_budget
@@ -43,8 +44,8 @@ class MoeLM:
     """A prepared MoE decoder. Obtain with `MoeLM.load`; call `release()` when done."""
 
     def __init__(self, cfg: MoeConfig, session: Session, weight_file: weights_mod.WeightFile, *, experts: str,
-                 slots: int, prefill_chunk: int, placement: Placement, stager: ExpertStager | None,
-                 owns_session: bool):
+                 slots: int, prefill_chunk: int, placement: Placement, owns_session: bool,
+                 expert_source: str = "mmap", trace: bool = False):
         self.cfg = cfg
         self.session = session
         self.weight_file = weight_file
@@ -52,15 +53,16 @@ class MoeLM:
         self.slots = slots
         self.prefill_chunk = prefill_chunk
         self.placement = placement
-        self.stager = stager
         self._owns_session = owns_session
         self.counters = RunCounters()
         self.spec = GraphSpec(cfg, weight_file.as_dict(), experts, slots)
-        callbacks = {STAGE_CALLBACK: stager} if stager is not None else {}
-        shapes = {"prefill": input_shapes(cfg, prefill_chunk, 1), "decode": input_shapes(cfg, 1)}
-        self.graph = session.prepare(entry_builders(self.spec), shapes, placement=placement,
-                                     callbacks=callbacks, name=f"moe-lm-{cfg.name}")
-        self._prepared_entries = set(shapes)
+        # the runtime reads the registered ModelSpec: graph, placement and the expert-staging
+        # callback (built from these options by ModelSpec.stage_experts)
+        options = {"graph_spec": self.spec, "weight_file": weight_file, "prefill_chunk": prefill_chunk,
+                   "expert_source": expert_source, "trace": trace}
+        self.graph = session.prepare_model("moe-lm", options, placement=placement)
+        self.stager: ExpertStager | None = self.graph.callbacks.get(STAGE_EXPERTS)
+        self._prepared_entries = set(self.graph.entries) & {"prefill", "decode"}
         self.released = False
 
     # ------------------------------------------------------------------ loading
@@ -108,21 +110,20 @@ class MoeLM:
         slots = slots_for_budget(cfg, cache_mb, max_step) if experts == OFFLOAD else 0
         path = weights_path if weights_path is not None else weights_mod.ensure(cfg, seed, weights_dir)
         wf = weights_mod.WeightFile(path, cfg)
-        stager = None
-        if experts == OFFLOAD:
-            expert_tensors = {n: wf.tensor(n) for n in wf.names() if weights_mod.is_expert(n)}
-            if expert_source == "host":
-                expert_tensors = weights_mod.host_copy(expert_tensors)
-            stager = ExpertStager(cfg, expert_tensors, slots, trace=trace)
         owns = session is None
         sess = session or Session(list(devices or ["cpu"]))
         try:
             placement = Placement(main_device, expert_device, layers=layer_devices,
                                   expert_layers=expert_layer_devices, devices=sess.devices)
-            if stager is not None and prefetch:
-                _enable_prefetch(stager, cfg, wf, placement, sess, prefetch)
-            return cls(cfg, sess, wf, experts=experts, slots=slots, prefill_chunk=chunk, placement=placement,
-                       stager=stager, owns_session=owns)
+            model = cls(cfg, sess, wf, experts=experts, slots=slots, prefill_chunk=chunk, placement=placement,
+                        owns_session=owns, expert_source=expert_source, trace=trace)
+            if model.stager is not None and prefetch:
+                try:
+                    _enable_prefetch(model.stager, cfg, wf, placement, sess, prefetch)
+                except BaseException:
+                    model.graph.release()
+                    raise
+            return model
         except BaseException:
             if owns:
                 sess.close()

@@ -9,24 +9,46 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from flare.graph import GraphBuilder
 from flare.plugin_manager import hookimpl
-from flare.specs import ModelSpec
+from flare.specs import ModelGraph, ModelSpec
 
 from .config import SIZES, MoeConfig, get_config
-from .graph import GraphSpec, build_step
+from .graph import OFFLOAD, GraphSpec
 from .placement import Placement
 from .staging import ExpertStager
 
 
-def _prefill(b: GraphBuilder, config: GraphSpec, **shapes: tuple) -> None:
-    """`prefill` entry: shapes tokens/pos/kv_rows [T], mask [T, kv_rows], out_rows [B]."""
-    build_step(b, config, shapes)
+def model_graph(options: Mapping[str, Any]) -> ModelGraph:
+    """ModelSpec.graph: `prefill`, `decode` and `mixed` entries sharing weights, KV cache and
+    expert caches. Options: `graph_spec` (a GraphSpec: config, weights, expert mode; default
+    the `size` option's resident weights, generated on first use) and `prefill_chunk`."""
+    from .graph import entry_builders, input_shapes
+
+    spec = options.get("graph_spec")
+    if spec is None:
+        cfg = get_config(options.get("size", "tiny"))
+        spec = GraphSpec(cfg, load_weights({"size": cfg.name, "seed": options.get("seed", 0)}))
+    cfg = spec.cfg
+    chunk = int(options.get("prefill_chunk") or cfg.prefill_chunk)
+    shapes = {"prefill": input_shapes(cfg, chunk, 1), "decode": input_shapes(cfg, 1)}
+    return ModelGraph(entry_builders(spec), shapes, name=f"moe-lm-{cfg.name}")
 
 
-def _decode(b: GraphBuilder, config: GraphSpec, **shapes: tuple) -> None:
-    """`decode` entry: one token per sequence, logits of every token."""
-    build_step(b, config, {k: v for k, v in shapes.items() if k != "out_rows"})
+def stage_experts(options: Mapping[str, Any]) -> ExpertStager | None:
+    """ModelSpec.stage_experts: for an offload `graph_spec`, the callback that copies the
+    router's selected experts into the bounded per-layer caches before each expert matmul
+    (from the memory-mapped `weight_file`, or a host copy with `expert_source="host"`);
+    None when experts are resident."""
+    from . import weights
+
+    spec = options.get("graph_spec")
+    if spec is None or spec.experts != OFFLOAD:
+        return None
+    wf = options["weight_file"]
+    tensors = {n: wf.tensor(n) for n in wf.names() if weights.is_expert(n)}
+    if options.get("expert_source", "mmap") == "host":
+        tensors = weights.host_copy(tensors)
+    return ExpertStager(spec.cfg, tensors, spec.slots, trace=bool(options.get("trace", False)))
 
 
 def load_weights(config: Mapping[str, Any] | MoeConfig | None = None) -> Mapping[str, np.ndarray]:
@@ -42,15 +64,6 @@ def load_weights(config: Mapping[str, Any] | MoeConfig | None = None) -> Mapping
     return weights.WeightFile(weights.ensure(cfg, seed), cfg).as_dict()
 
 
-def prepare(session: Any, **options: Any) -> Any:
-    """ModelSpec.prepare: the model's PreparedGraph (`prefill` + `decode`) on `session`, for
-    `flare describe` and benchmarks. Options go to `MoeLM.load` (size, experts, cache_mb, ...);
-    the graph is released with the session. Use `MoeLM.load` for the full API."""
-    from .model import MoeLM
-
-    return MoeLM.load(session=session, **options).graph
-
-
 def _run(argv: list[str]) -> int:
     from .cli import run
     return run(argv)
@@ -60,14 +73,10 @@ SPEC = ModelSpec(
     name="moe-lm",
     description="Mixture-of-experts decoder LM (synthetic weights): expert placement, resident/offload staging, "
                 "mixed prefill batches",
-    entries={"prefill": _prefill, "decode": _decode, "mixed": _prefill},
-    load_weights=load_weights,
+    graph=model_graph,
     placement=Placement(),
-    stage_experts=ExpertStager,
+    stage_experts=stage_experts,
     run=_run,
-    prepare=prepare,
-    config={"sizes": {name: cfg.to_json() for name, cfg in SIZES.items()}, "default_size": "tiny",
-            "api": "flare.models.moe_lm.MoeLM"},
     version="0.1.0",
 )
 
@@ -75,3 +84,20 @@ SPEC = ModelSpec(
 @hookimpl
 def flare_models() -> list[ModelSpec]:
     return [SPEC]
+
+
+@hookimpl(optionalhook=True)   # declared by an application plugin, which may be absent
+def flare_bench_workloads() -> list:
+    from .bench import MoeLMWorkload
+    from .bench_serving import MoeServingWorkload
+
+    return [MoeLMWorkload, MoeServingWorkload]
+
+
+@hookimpl(optionalhook=True)   # declared by an application plugin, which may be absent
+def flare_export_adapters() -> list:
+    from flare.plugins.export.adapters import AdapterSpec
+
+    from .export import MoeLmAdapter
+
+    return [AdapterSpec("moe-lm", MoeLmAdapter)]

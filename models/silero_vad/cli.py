@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     out, err = Console(), Console(stderr=True)
 
-    from flare.audio import load_audio
+    from flare.models.silero_vad.audio import load_audio
     from flare.errors import FlareError
     from flare.session import Session
 

@@ -6,15 +6,15 @@ converted (once, cached) when an entry point is first built.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
 from flare.plugin_manager import hookimpl
-from flare.specs import ModelSpec
+from flare.specs import ModelGraph, ModelSpec
 
 from . import graph as G
-from .numpy_reference import CHUNK, CONTEXT, HIDDEN
+from .numpy_reference import CHUNK
 
 
 @lru_cache(maxsize=1)
@@ -25,25 +25,19 @@ def graph_weights() -> dict[str, np.ndarray]:
     return G.prepare_weights(load_weights())
 
 
-def load_weights(config: Mapping[str, Any] | None = None) -> Mapping[str, np.ndarray]:
-    """ModelSpec.load_weights: graph weight name -> array."""
-    return graph_weights()
+def model_graph(options: Mapping[str, Any]) -> ModelGraph:
+    """ModelSpec.graph: the three entry points over one weight set. Options: `weights`
+    (raw ONNX-named arrays; default the wheel's), `block` (LSTM steps per `recur`
+    execute, default 64)."""
+    from .runner import MIN_BATCH, WINDOW
 
-
-def _entry(fn: Callable) -> Callable[[Any, Mapping[str, tuple]], None]:
-    def build(b: Any, shapes: Mapping[str, tuple]) -> None:
-        fn(b, graph_weights(), shapes)
-
-    build.__doc__ = fn.__doc__
-    return build
-
-
-def prepare(session: Any, **options: Any) -> Any:
-    """ModelSpec.prepare: the model's PreparedGraph with default options (for `flare describe`,
-    benchmarks). Options go to SileroVad (workspace, placement, block, max_batch)."""
-    from .runner import SileroVad
-
-    return SileroVad(session, **options).pg
+    raw = options.get("weights")
+    w = G.prepare_weights(raw) if raw is not None else graph_weights()
+    block = int(options.get("block", 64))
+    entries = {name: (lambda b, shapes, fn=fn: fn(b, w, shapes)) for name, fn in G.ENTRIES.items()}
+    shapes = {"stream": {"chunk": (1, CHUNK)}, "frontend": {"windows": (MIN_BATCH, WINDOW)},
+              "recur": {"xproj": (block, G.GATES)}}
+    return ModelGraph(entries, shapes, name="silero-vad")
 
 
 def run(argv: list[str]) -> int:
@@ -52,18 +46,29 @@ def run(argv: list[str]) -> int:
     return main(argv)
 
 
+SPEC = ModelSpec(
+    name="silero-vad",
+    description="Silero VAD v5 (16 kHz): speech probability per 32 ms chunk, speech segments",
+    graph=model_graph,
+    run=run,
+    version="5",
+)
+
+
 @hookimpl
 def flare_models() -> list[ModelSpec]:
-    return [ModelSpec(
-        name="silero-vad",
-        description="Silero VAD v5 (16 kHz): speech probability per 32 ms chunk, speech segments",
-        entries={name: _entry(fn) for name, fn in G.ENTRIES.items()},
-        load_weights=load_weights,
-        placement=None,
-        run=run,
-        prepare=prepare,
-        config={"sample_rate": 16000, "chunk": CHUNK, "context": CONTEXT, "hidden": HIDDEN,
-                "example_shapes": {"stream": {"chunk": (1, CHUNK)}, "frontend": {"windows": (32, CHUNK + CONTEXT)},
-                                   "recur": {"xproj": (64, 4 * HIDDEN)}}},
-        version="5",
-    )]
+    return [SPEC]
+
+
+@hookimpl(optionalhook=True)   # declared by an application plugin, which may be absent
+def flare_bench_workloads() -> list:
+    from .bench import SileroVadWorkload
+
+    return [SileroVadWorkload]
+
+
+@hookimpl(optionalhook=True)   # declared by an application plugin, which may be absent
+def flare_bench_peers() -> list:
+    from .bench_peers import PEERS
+
+    return PEERS

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 from . import graph as G
 from .numpy_reference import CHUNK, WINDOW, windows
 from .segments import Segment, VadParams, segments
-from .weights import load_weights
 
 Progress = Callable[[int, int], None]  # (chunks done, chunks total)
 
@@ -65,15 +64,10 @@ class SileroVad:
             raise ValueError(f"block must be >= 1 and max_batch >= {MIN_BATCH}")
         self.block = int(block)
         self.max_batch = int(max_batch)
-        self.weights = G.prepare_weights(weights if weights is not None else load_weights())
-        w = self.weights
-        entries = {name: (lambda b, shapes, fn=fn: fn(b, w, shapes)) for name, fn in G.ENTRIES.items()}
-        shapes = {"stream": {"chunk": (1, CHUNK)},
-                  "frontend": {"windows": (MIN_BATCH, WINDOW)},
-                  "recur": {"xproj": (self.block, G.GATES)}}
         self.session = session
-        self.pg = session.prepare(entries=entries, shapes=shapes, workspace=workspace,
-                                  placement=placement, name="silero-vad")
+        # the runtime reads the registered ModelSpec (graph, placement) to prepare it
+        self.pg = session.prepare_model("silero-vad", {"weights": weights, "block": self.block},
+                                        workspace=workspace, placement=placement)
 
     # -- lifecycle ----------------------------------------------------------------
     def reset(self) -> None:

@@ -1,9 +1,9 @@
-"""`flare bench A.toml B.toml`: registers the subcommand with flare.cli.
+"""`flare bench A.toml B.toml`: the subcommand's arguments and its run.
 
-flare.cli imports this module (if present) before building its parser; the
-module appends one function to `EXTRA_COMMANDS`. Nothing heavy is imported
-here (no model, onnxruntime or matplotlib), so `flare --help` stays quick and
-a missing optional package only matters to the command that needs it.
+`flare.plugins.bench.plugin` registers it through `flare_cli_commands`.
+Nothing heavy is imported here (no model, onnxruntime or matplotlib), so
+`flare --help` stays quick and a missing optional package only matters to the
+command that needs it.
 
 Exit codes: 0 when A's and B's outputs agree (identical or within the
 workload's tolerance) and each configuration is deterministic, 1 when not,
@@ -14,14 +14,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from flare.cli import EXTRA_COMMANDS
 
 
-def add_bench_command(sub: "argparse._SubParsersAction") -> None:
-    p = sub.add_parser(
-        "bench", help="compare two configurations (A->B->B->A): speed, peak memory, identical outputs",
-        description="Run configurations A and B (TOML files) in warmed A B B A blocks over the same requests; "
-                    "report real-time factor or throughput, latency, peak memory, and whether outputs agree.")
+HELP = "compare two configurations (A->B->B->A): speed, peak memory, identical outputs"
+DESCRIPTION = ("Run configurations A and B (TOML files) in warmed A B B A blocks over the same requests; "
+               "report real-time factor or throughput, latency, peak memory, and whether outputs agree.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("configs", nargs="*", metavar="CONFIG.toml", help="configuration A, then configuration B")
     p.add_argument("--blocks", type=int, default=2, help="number of A B B A blocks (default 2)")
     p.add_argument("--requests", type=int, default=None, help="requests per run (default: the model's, e.g. 8)")
@@ -33,7 +33,6 @@ def add_bench_command(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--list-options", metavar="MODEL", nargs="?", const="", default=None,
                    help="list the models flare bench knows, or one model's [options] keys and peers")
-    p.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -141,5 +140,3 @@ def _list_options(model: str) -> int:
         console.print(f"peer {peer.name}: {peer.help}" + (f" [yellow]({reason})[/]" if reason else ""), highlight=False)
     return 0
 
-
-EXTRA_COMMANDS.append(add_bench_command)

@@ -1,8 +1,8 @@
 """A tiny workload kind for testing the harness: no model, no device, instant runs.
 
-Importing this module registers it as model `bench-fake`. It lives in the
-package (not in tests/) so a plugin author can test a workload-independent
-change to the harness the same way.
+`register()` adds this module as a plugin (its `flare_bench_workloads` hook
+answers model `bench-fake`). It lives in the package (not in tests/) so a
+plugin author can test a workload-independent change to the harness the same way.
 
 Requests are the numbers 0..n-1; a runner answers `np.full(4, request * scale)`
 (plus `drift * opens`, to fake a nondeterministic configuration) and logs every
@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from .workload import FLARE_PEER, Metric, Option, Peer, Request, Timed, Workload, register_workload
+from flare.plugin_manager import get_plugin_manager, hookimpl
+
+from .workload import FLARE_PEER, Metric, Option, Peer, Request, Timed, Workload, forget_workloads
 
 LOG: list[str] = []
 
@@ -55,8 +57,21 @@ class FakeWorkload(Workload):
     def requests(self, config: Any, count: int) -> list[Request]:
         return [Request(i, float(i), float(config.options["items"])) for i in range(count)]
 
-    def open(self, config: Any) -> FakeRunner:
+    def open_flare(self, config: Any) -> FakeRunner:
         return FakeRunner(config.name, config.options["scale"], config.options["drift"])
 
 
-register_workload(FakeWorkload)
+@hookimpl
+def flare_bench_workloads() -> list[type[Workload]]:
+    return [FakeWorkload]
+
+
+def register() -> None:
+    """Add this module to the process-wide plugin manager (idempotent)."""
+    import sys
+
+    pm = get_plugin_manager()
+    module = sys.modules[__name__]
+    if not pm.pm.is_registered(module):
+        pm.register(module, name=__name__)
+        forget_workloads()

@@ -4,10 +4,11 @@ Why a registry: the harness (order of runs, timing, memory, comparison,
 report) is the same for every model; what differs is how a request looks
 (audio clip, batch of sentences, prompt), which options a configuration may
 set, which peers exist, what "faster" is measured in and how close two outputs
-must be. A `Workload` says exactly that. Built-in kinds are imported lazily
-(`BUILTIN`), so `flare --help` does not import onnxruntime or a model; other
-packages add kinds with `register_workload` or through the entry point group
-`flare.plugins.bench.workloads` (each entry point names a Workload subclass).
+must be. A `Workload` says exactly that. Model plugins contribute kinds
+through the `flare_bench_workloads` hook and other ways to serve the same
+requests (onnxruntime, NumPy) through `flare_bench_peers` (both declared in
+`flare.plugins.bench.hookspecs`); the hooks are called on first use, so
+`flare --help` imports no onnxruntime and no model.
 
 The moe-lm kind makes "experts resident vs offloaded" an option (`experts`);
 the moe-lm-serving kind makes "mixed prefill on/off" one (`mixed_prefill`, on an
@@ -16,11 +17,10 @@ options; the config parser, the pair check and the report need no change.
 """
 from __future__ import annotations
 
-import importlib
 import importlib.util
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -28,19 +28,6 @@ from .errors import BenchConfigError
 
 if TYPE_CHECKING:
     from .config import BenchConfig
-
-ENTRY_POINT_GROUP = "flare.plugins.bench.workloads"
-
-# model name -> module defining its Workload subclass (imported on first use)
-BUILTIN: dict[str, str] = {
-    "silero-vad": "flare.plugins.bench.workloads.silero_vad",
-    "minilm-l6": "flare.plugins.bench.workloads.minilm",
-    "moe-lm": "flare.plugins.bench.workloads.moe_lm",
-    "moe-lm-serving": "flare.plugins.bench.workloads.moe_serving",
-}
-
-_REGISTRY: dict[str, "Workload"] = {}
-
 
 @dataclass(frozen=True)
 class Option:
@@ -128,11 +115,16 @@ class Runner(Protocol):
 class Peer:
     """A way to serve the requests: `flare`, or another runtime to compare with.
 
-    `module`: the module it needs (checked with find_spec, never imported at parse time)."""
+    `model`: the workload kind it serves; `module`: the Python package it needs
+    (checked with find_spec, never imported at parse time); `open(config)`
+    returns its Runner (outside the timings). `flare` itself has no `open`: the
+    workload opens Flare's runner."""
 
     name: str
     help: str
     module: str | None = None
+    model: str = ""
+    open: "Callable[[BenchConfig], Runner] | None" = None
 
 
 FLARE_PEER = Peer("flare", "Flare's own graphs on the configured backends")
@@ -144,7 +136,7 @@ class Workload(ABC):
     model: ClassVar[str]
     metric: ClassVar[Metric]
     tolerance: ClassVar[float]          # largest |a - b| counted as the same output
-    peers: ClassVar[tuple[Peer, ...]] = (FLARE_PEER,)
+    peers: tuple[Peer, ...] = (FLARE_PEER,)   # set from the flare_bench_peers hook
     options: ClassVar[Mapping[str, Option]] = {}
     default_requests: ClassVar[int] = 8
     # can the model's entry points be prepared as separate graphs (workspace_sharing = false)?
@@ -170,9 +162,16 @@ class Workload(ABC):
     def requests(self, config: "BenchConfig", count: int) -> list[Request]:
         """The `count` requests both configurations serve (deterministic)."""
 
-    @abstractmethod
     def open(self, config: "BenchConfig") -> Runner:
-        """Open the configuration's runner (outside the timings)."""
+        """Open the configuration's runner (outside the timings): a peer's, or Flare's."""
+        peer = self.peer(config.peer)
+        if peer is not None and peer.open is not None:
+            return peer.open(config)
+        return self.open_flare(config)
+
+    @abstractmethod
+    def open_flare(self, config: "BenchConfig") -> Runner:
+        """Flare's runner for this configuration."""
 
     def describe_config(self, config: "BenchConfig") -> str:
         """One line for tables: peer, devices and the options that differ from the defaults."""
@@ -188,44 +187,59 @@ class Workload(ABC):
         return ", ".join(parts)
 
 
-def register_workload(workload: Workload | type[Workload], *, replace: bool = False) -> Workload:
-    """Add a workload kind (an instance or a subclass); a second kind for one model is an error
-    unless `replace`."""
-    inst = workload() if isinstance(workload, type) else workload
-    name = inst.model
-    if name in _REGISTRY and not replace and type(_REGISTRY[name]) is not type(inst):
-        raise ValueError(f"a bench workload for {name!r} is already registered ({type(_REGISTRY[name]).__name__})")
-    _REGISTRY[name] = inst
-    return inst
+def _collect(pm: Any) -> dict[str, Workload]:
+    found: dict[str, Workload] = {}
+    for kinds in pm.hook.flare_bench_workloads():
+        for kind in kinds or []:
+            inst = kind() if isinstance(kind, type) else kind
+            if inst.model in found:
+                raise BenchConfigError(f"two bench workloads for model {inst.model!r}: "
+                                       f"{type(found[inst.model]).__name__} and {type(inst).__name__}")
+            found[inst.model] = inst
+    for peers in pm.hook.flare_bench_peers():
+        for peer in peers or []:
+            if peer.model not in found:
+                continue      # a peer of a model whose workload is not installed
+            w = found[peer.model]
+            if w.peer(peer.name) is not None:
+                raise BenchConfigError(f"two bench peers named {peer.name!r} for model {peer.model!r}")
+            w.peers = (*w.peers, peer)
+    return found
 
 
-def _load_entry_points() -> None:
-    from importlib.metadata import entry_points
+_REGISTRY: dict[int, dict[str, Workload]] = {}
 
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name not in _REGISTRY:
-            register_workload(ep.load())
+
+def workloads() -> dict[str, Workload]:
+    """Workload kinds by model name, from every plugin's `flare_bench_workloads` and
+    `flare_bench_peers` (collected once per plugin manager)."""
+    from flare.plugin_manager import get_plugin_manager
+
+    pm = get_plugin_manager()
+    key = id(pm)
+    if key not in _REGISTRY:
+        _REGISTRY.clear()
+        _REGISTRY[key] = _collect(pm)
+    return _REGISTRY[key]
+
+
+def forget_workloads() -> None:
+    """Collect the hooks again on next use (after registering a plugin by hand)."""
+    _REGISTRY.clear()
 
 
 def known_models() -> list[str]:
-    """Model names a configuration may name (built-in, registered, entry points)."""
-    try:
-        _load_entry_points()
-    except Exception:  # a broken third-party entry point must not hide the built-ins
-        pass
-    return sorted(set(BUILTIN) | set(_REGISTRY))
+    """Model names a configuration may name."""
+    return sorted(workloads())
 
 
 def get_workload(model: str, *, path: Any = None) -> Workload:
     """The workload kind of `model`; BenchConfigError (key 'model') when there is none."""
-    if model not in _REGISTRY and model in BUILTIN:
-        importlib.import_module(BUILTIN[model])   # the module registers its kind
-    if model not in _REGISTRY:
-        known_models()
-    if model not in _REGISTRY:
-        raise BenchConfigError(f"unknown model {model!r}; flare bench knows {', '.join(known_models())}",
+    found = workloads()
+    if model not in found:
+        raise BenchConfigError(f"unknown model {model!r}; flare bench knows {', '.join(sorted(found))}",
                                path=path, key="model")
-    return _REGISTRY[model]
+    return found[model]
 
 
 def cycle(items: Sequence[Any], count: int) -> list[Any]:

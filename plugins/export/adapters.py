@@ -2,8 +2,8 @@
 
 A model plugin's `ModelSpec` says how to *run* a model; exporting also needs
 its shape buckets, whether it supports mixed batches, and a way to write its
-weights. `ExportAdapter` is that contract; adapters register by model name
-(`moe-lm` is built in; tests register a toy). Program buckets of the
+weights. `ExportAdapter` is that contract; model plugins contribute adapters
+through the `flare_export_adapters` hook (`flare.plugins.export.hookspecs`). Program buckets of the
 `token-lm/1` contract are planned here so every LM exports the same way.
 """
 from __future__ import annotations
@@ -101,18 +101,20 @@ def token_lm_shapes(serving: Serving, kind: str, tokens: int, batch: int) -> dic
     return shapes
 
 
-ADAPTERS: dict[str, Callable[..., ExportAdapter]] = {}
+@dataclass(frozen=True)
+class AdapterSpec:
+    """What `flare_export_adapters` returns: `factory(**options)` builds the adapter of
+    model `name` with its export options (size, seed, ...)."""
 
-
-def register_adapter(name: str, factory: Callable[..., ExportAdapter]) -> None:
-    """Make `flare export NAME` possible; `factory(**options)` returns the adapter."""
-    ADAPTERS[name] = factory
+    name: str
+    factory: Callable[..., ExportAdapter]
 
 
 def get_adapter(name: str, options: Mapping[str, Any] | None = None) -> ExportAdapter:
     """The adapter of a model, built with its export options (e.g. size, seed)."""
-    from . import moe_lm  # noqa: F401  (registers the built-in adapter; imports the model lazily)
+    from flare.plugin_manager import get_plugin_manager
 
-    if name not in ADAPTERS:
-        raise FlareError(f"model {name!r} cannot be exported; exportable: {', '.join(sorted(ADAPTERS)) or 'none'}")
-    return ADAPTERS[name](**dict(options or {}))
+    adapters = get_plugin_manager().collect("flare_export_adapters", AdapterSpec)
+    if name not in adapters:
+        raise FlareError(f"model {name!r} cannot be exported; exportable: {', '.join(sorted(adapters)) or 'none'}")
+    return adapters[name].factory(**dict(options or {}))

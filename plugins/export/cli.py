@@ -1,4 +1,4 @@
-"""Command line: `flare export MODEL -o NAME.core` and `flare run NAME.core` (imported by flare.cli).
+"""Command line: `flare export MODEL -o NAME.core` and `flare run NAME.core` (registered by `plugin.py`).
 
     flare export moe-lm -o moe.core [--size tiny] [--tuning quick|audit] [--backends cpu] [--force]
     flare run moe.core [--mixed-prefill | --no-mixed-prefill] [--requests FILE|-] [--prompt TEXT]
@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from flare import cli as flare_cli
 
 
-def add_export(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="build, plan, tune and write a model as a core directory (NAME.core)",
-                       description="Capture a model's prefill/decode/mixed programs per shape bucket, tune kernel "
-                                   "variants, and write manifest, catalog, graphs and safetensors weights atomically.")
+HELP = "build, plan, tune and write a model as a core directory (NAME.core)"
+DESCRIPTION = ("Capture a model's prefill/decode/mixed programs per shape bucket, tune kernel "
+               "variants, and write manifest, catalog, graphs and safetensors weights atomically.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="model name (see `flare models`; exportable: moe-lm)")
     p.add_argument("-o", "--output", required=True, metavar="NAME.core", help="core directory to write")
     p.add_argument("--tuning", choices=["quick", "audit"], default="quick",
@@ -36,7 +37,6 @@ def add_export(sub: argparse._SubParsersAction) -> None:
                             "--no-mixed-prefill is given (default: on when exported)")
     p.add_argument("--force", action="store_true", help="replace an existing core directory")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_export)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -55,11 +55,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def run_core(path: str, argv: Sequence[str]) -> int:
-    """RUNNERS['core']: `flare run NAME.core ARGS`."""
+    """`flare run NAME.core ARGS` (claimed through `flare_run_target`)."""
     from .serve import main
 
     return main(path, list(argv))
 
-
-flare_cli.EXTRA_COMMANDS.append(add_export)
-flare_cli.RUNNERS["core"] = run_core

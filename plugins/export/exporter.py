@@ -116,12 +116,12 @@ def export_core(
             built.append((spec, graph, graph_to_dict(graph)))
             steps.advance(f"captured {spec.name}")
         kernels = {name: _kernels(g, devices) for (s, g, _) in built for name in [s.name]}
-        wanted = {b: tuning_mod.collect(((s.tokens, g) for s, g, _ in built), b) for b in devices}
+        wanted = {b: tuning_mod.collect(((s.tokens, g) for s, g, _ in built), dev) for b, dev in devices.items()}
         jobs = [(b, k, t, shapes) for b, table in wanted.items() for (k, t), shapes in sorted(table.items())]
         steps = _Steps(bar, f"tuning ({tuning})", len(jobs))
         entries: dict[str, TuningEntry] = {}
         for b, k, t, shapes in jobs:
-            e = tuning_mod.measure(b, k, t, shapes, tuning)
+            e = tuning_mod.measure(sess, devices[b], k, t, shapes, tuning)
             entries[e.key] = e
             steps.advance(f"tuned {e.key}")
         programs = []
@@ -131,7 +131,7 @@ def export_core(
             programs.append(Program(spec.name, spec.kind, Bucket(spec.tokens, spec.batch), f"programs/{spec.name}.json",
                                     {b: tuple(ks) for b, ks in kernels[spec.name].items()}, tuple(keys),
                                     tuple(sorted(graph.weights))))
-        table = {b: {k: Kernel(b, k, tuning_mod.variants(b, k), tuning_mod.variants(b, k)[0])
+        table = {b: {k: Kernel(b, k, tuning_mod.variants(devices[b], k), tuning_mod.variants(devices[b], k)[0])
                      for k in sorted({k for p in programs for k in p.kernels[b]})} for b in devices}
         catalog = Catalog(FORMAT_VERSION, tuple(devices), tuple(programs), table, tuning, entries,
                           supported, why)

@@ -15,7 +15,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import PeerRunner
+from flare.plugins.bench.peer_runner import PeerRunner
+from flare.plugins.bench.workload import Peer
 
 
 class MiniLMTorch:
@@ -85,3 +86,7 @@ class MiniLMTorchRunner(PeerRunner):
 
     def compute(self, payload):
         return self.model.embed(payload)
+
+
+PEER = Peer("torch", "the same forward in PyTorch on the CPU (flare.models.minilm.bench_torch_peer)", "torch",
+         model="minilm-l6", open=lambda config: MiniLMTorchRunner(config.options["max_length"]))

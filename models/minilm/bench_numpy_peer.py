@@ -23,7 +23,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from . import PeerRunner
+from flare.plugins.bench.peer_runner import PeerRunner
+from flare.plugins.bench.workload import Peer
 
 try:
     from scipy.special import erf as _erf
@@ -122,3 +123,7 @@ class MiniLMNumpyRunner(PeerRunner):
 
     def compute(self, payload):
         return self.model.embed(payload)
+
+
+PEER = Peer("numpy", "hand-written float32 NumPy forward (flare.models.minilm.bench_numpy_peer)", model="minilm-l6",
+         open=lambda config: MiniLMNumpyRunner(config.options["max_length"]))

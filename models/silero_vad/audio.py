@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from flare.errors import InputError
 
 __all__ = ["AudioError", "WavData", "read_wav", "load_audio", "to_mono", "resample", "MODEL_RATE"]
 

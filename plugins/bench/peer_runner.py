@@ -1,4 +1,4 @@
-"""Peers: other ways to serve a workload's requests (onnxruntime, NumPy, torch), to compare Flare with."""
+"""What every bench peer (onnxruntime, NumPy, torch: another way to serve a workload's requests) shares."""
 from __future__ import annotations
 
 import time
@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..workload import Request, Timed
+from .workload import Request, Timed
 
 
 class PeerRunner:

@@ -15,8 +15,8 @@ from typing import Any
 
 from flare.errors import ModelError
 
-from .adapters import ExportAdapter, ProgramSpec, register_adapter, token_lm_buckets, token_lm_shapes
-from .schema import Serving
+from flare.plugins.export.adapters import ExportAdapter, ProgramSpec, token_lm_buckets, token_lm_shapes
+from flare.plugins.export.schema import Serving
 
 
 class MoeLmAdapter(ExportAdapter):
@@ -65,5 +65,3 @@ class MoeLmAdapter(ExportAdapter):
 
         shutil.copyfile(weights.ensure(self.cfg, self.seed), path)
 
-
-register_adapter("moe-lm", MoeLmAdapter)

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ..config import BenchConfig
-from ..errors import BenchConfigError
-from ..workload import FLARE_PEER, Metric, Option, Request, Timed, Workload, register_workload
+from flare.plugins.bench.config import BenchConfig
+from flare.plugins.bench.errors import BenchConfigError
+from flare.plugins.bench.workload import Metric, Option, Request, Timed, Workload
 
 TOKENS_PER_S = Metric("tokens/s", "tokens", per_work=False)
 
@@ -90,7 +90,6 @@ class MoeServingWorkload(Workload):
     metric = TOKENS_PER_S
     tolerance = 0.0            # generated token ids: identical or not
     default_requests = 2
-    peers = (FLARE_PEER,)
     entries_separable = False
     options = {
         "size": Option(str, "tiny", "model size of the default core (tiny, mid, small)",
@@ -116,8 +115,6 @@ class MoeServingWorkload(Workload):
         work = float(o["sequences"] * o["new_tokens"])
         return [Request(i, tuple(workload), work, f"{o['sequences']} concurrent requests") for i in range(count)]
 
-    def open(self, config: BenchConfig) -> ServingRunner:
+    def open_flare(self, config: BenchConfig) -> ServingRunner:
         return ServingRunner(config)
 
-
-register_workload(MoeServingWorkload)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import PeerRunner
+from flare.plugins.bench.peer_runner import PeerRunner
+from flare.plugins.bench.workload import Peer
 
 SAMPLE_RATE = 16000
 CHUNK = 512      # new samples per model call
@@ -59,3 +60,11 @@ class NumpyRunner(PeerRunner):
 
         return speech_probs(self.weights, payload)
 
+
+
+PEERS = [
+    Peer("onnxruntime", "silero_vad.onnx on onnxruntime, one call per 512-sample chunk", "onnxruntime",
+         model="silero-vad", open=lambda config: OnnxRuntimeRunner(config.options["threads"])),
+    Peer("numpy", "the plugin's plain NumPy forward (numpy_reference.py)", model="silero-vad",
+         open=lambda config: NumpyRunner()),
+]

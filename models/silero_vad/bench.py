@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from ..config import BenchConfig
-from ..errors import BenchConfigError
-from ..flare_runner import FlareRunner
-from ..workload import FLARE_PEER, RTF, Option, Peer, Request, Workload, cycle, register_workload
+from flare.plugins.bench.config import BenchConfig
+from flare.plugins.bench.errors import BenchConfigError
+from flare.plugins.bench.flare_runner import FlareRunner
+from flare.plugins.bench.workload import RTF, Option, Request, Workload, cycle
 
 SAMPLE_RATE = 16000
 
@@ -53,9 +53,6 @@ class SileroVadWorkload(Workload):
     metric = RTF
     tolerance = 1e-4
     default_requests = 8
-    peers = (FLARE_PEER,
-             Peer("onnxruntime", "silero_vad.onnx on onnxruntime, one call per 512-sample chunk", "onnxruntime"),
-             Peer("numpy", "the plugin's plain NumPy forward (numpy_reference.py)"))
     options = {
         "mode": Option(str, "offline", "flare: offline (batched frontend, blocked LSTM) or streaming (chunk by chunk)",
                        choices=("offline", "streaming")),
@@ -71,7 +68,7 @@ class SileroVadWorkload(Workload):
     }
 
     def requests(self, config: BenchConfig, count: int) -> list[Request]:
-        from flare.audio import load_audio
+        from flare.models.silero_vad.audio import load_audio
 
         clips = []
         for item in config.options["audio"]:
@@ -87,18 +84,7 @@ class SileroVadWorkload(Workload):
         return [Request(i, audio, audio.size / SAMPLE_RATE, label)
                 for i, (label, audio) in enumerate(cycle(clips, count))]
 
-    def open(self, config: BenchConfig) -> Any:
-        if config.peer == "onnxruntime":
-            from ..peers.silero import OnnxRuntimeRunner
-
-            return OnnxRuntimeRunner(config.options["threads"])
-        if config.peer == "numpy":
-            from ..peers.silero import NumpyRunner
-
-            return NumpyRunner()
-        return self._flare(config)
-
-    def _flare(self, config: BenchConfig) -> FlareRunner:
+    def open_flare(self, config: BenchConfig) -> FlareRunner:
         from flare.models.silero_vad.runner import SileroVad
         from flare.models.silero_vad.weights import load_weights
 
@@ -113,5 +99,3 @@ class SileroVadWorkload(Workload):
 
         return FlareRunner(config, build, infer)
 
-
-register_workload(SileroVadWorkload)

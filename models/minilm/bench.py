@@ -6,7 +6,7 @@ tokenized inside the timing as a user's call would be. The metric is
 throughput in sentences per second.
 
 Peers: `flare` (MiniLM on the configured devices), `numpy` (the hand-written
-float32 forward in flare.plugins.bench.peers.minilm_numpy), `torch` (the same forward
+float32 forward in flare.models.minilm.bench_numpy_peer), `torch` (the same forward
 in PyTorch, when torch is importable). Outputs agree within 1e-4 per
 embedding component.
 """
@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from ..config import BenchConfig
-from ..errors import BenchConfigError
-from ..flare_runner import FlareRunner
-from ..workload import FLARE_PEER, Metric, Option, Peer, Request, Workload, register_workload
+from flare.plugins.bench.config import BenchConfig
+from flare.plugins.bench.errors import BenchConfigError
+from flare.plugins.bench.flare_runner import FlareRunner
+from flare.plugins.bench.workload import Metric, Option, Request, Workload
 
 SENTENCES_PER_S = Metric("sentences/s", "sentences", per_work=False)
 
@@ -66,9 +66,6 @@ class MiniLMWorkload(Workload):
     metric = SENTENCES_PER_S
     tolerance = 1e-4
     default_requests = 8
-    peers = (FLARE_PEER,
-             Peer("numpy", "hand-written float32 NumPy forward (flare.plugins.bench.peers.minilm_numpy)"),
-             Peer("torch", "the same forward in PyTorch on the CPU (flare.plugins.bench.peers.minilm_torch)", "torch"))
     options = {
         "batch": Option(int, 32, "sentences per request (one execute when <= max_batch)", minimum=1,
                         shapes_requests=True),
@@ -98,18 +95,7 @@ class MiniLMWorkload(Workload):
         return [Request(r, [pool[(r * batch + j) % len(pool)] for j in range(batch)], float(batch),
                         f"{batch} sentences") for r in range(count)]
 
-    def open(self, config: BenchConfig) -> Any:
-        if config.peer == "numpy":
-            from ..peers.minilm_numpy import MiniLMNumpyRunner
-
-            return MiniLMNumpyRunner(config.options["max_length"])
-        if config.peer == "torch":
-            from ..peers.minilm_torch import MiniLMTorchRunner
-
-            return MiniLMTorchRunner(config.options["max_length"])
-        return self._flare(config)
-
-    def _flare(self, config: BenchConfig) -> FlareRunner:
+    def open_flare(self, config: BenchConfig) -> FlareRunner:
         from flare.models.minilm.runner import MiniLM
         from flare.models.minilm.weights import SafetensorsWeights, load_config
 
@@ -124,5 +110,3 @@ class MiniLMWorkload(Workload):
 
         return FlareRunner(config, build, infer)
 
-
-register_workload(MiniLMWorkload)

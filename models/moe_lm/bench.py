@@ -21,9 +21,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..config import BenchConfig
-from ..flare_runner import FlareRunner
-from ..workload import FLARE_PEER, Metric, Option, Request, Workload, cycle, register_workload
+from flare.plugins.bench.config import BenchConfig
+from flare.plugins.bench.flare_runner import FlareRunner
+from flare.plugins.bench.workload import Metric, Option, Request, Workload, cycle
 
 TOKENS_PER_S = Metric("tokens/s", "tokens", per_work=False)
 
@@ -51,7 +51,6 @@ class MoeLMWorkload(Workload):
     metric = TOKENS_PER_S
     tolerance = 1e-4
     default_requests = 4
-    peers = (FLARE_PEER,)
     entries_separable = False
     options = {
         "size": Option(str, "tiny", "model size (tiny, mid, small; small writes ~400 MB of weights once)",
@@ -76,7 +75,7 @@ class MoeLMWorkload(Workload):
         return [Request(i, ids, float(len(ids) + config.options["new_tokens"]), f"{len(ids)}-token prompt")
                 for i, ids in enumerate(cycle(prompts, count))]
 
-    def open(self, config: BenchConfig) -> Any:
+    def open_flare(self, config: BenchConfig) -> Any:
         from flare.models.moe_lm import MoeLM
 
         o = config.options
@@ -104,5 +103,3 @@ def greedy_logits(model: Any, prompt: Sequence[int], new_tokens: int) -> np.ndar
         steps.append(logits)
     return np.stack(steps)
 
-
-register_workload(MoeLMWorkload)

@@ -1,1 +1,0 @@
-"""Built-in workload kinds, one module per model; imported on first use (see flare.plugins.bench.workload.BUILTIN)."""
