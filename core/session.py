@@ -7,6 +7,7 @@ releases every prepared graph it handed out, then closes the devices.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from .backend import Device
@@ -16,6 +17,17 @@ from .prepared import EntryBuilder, HostCallback, PreparedGraph
 from .partition import PlacementFn
 from .specs import STAGE_EXPERTS
 from .workspace import GraphWorkspace
+
+
+@dataclass(frozen=True)
+class ModelPreparation:
+    """A registered model read into what `Session.prepare` takes."""
+
+    entries: dict[str, EntryBuilder]
+    shapes: dict[str, dict[str, tuple]]
+    placement: PlacementFn | None
+    callbacks: dict[str, HostCallback]
+    name: str
 
 
 def parse_device_name(name: str) -> tuple[str, int]:
@@ -110,6 +122,28 @@ class Session:
         self._graphs.append(graph)
         return graph
 
+    def model_preparation(self, model: str, options: Mapping[str, Any] | None = None, *,
+                          placement: PlacementFn | None = None) -> ModelPreparation:
+        """Read a registered model's `ModelSpec` into what `prepare` takes.
+
+        `spec.graph(options)` gives the entries and their first shapes; the spec's
+        placement callback places nodes unless `placement` is given; the spec's
+        `stage_experts(options)`, if any, becomes the graph's `stage_experts` host
+        callback. (`prepare_model` is this plus `prepare`; wrappers that prepare
+        differently, like the benchmark's one-workspace-per-entry session, use it.)
+        """
+        spec = self.plugins.model(model)
+        options = dict(options or {})
+        graph = spec.graph(options)
+        callbacks = dict(graph.callbacks)
+        if spec.stage_experts is not None:
+            stager = spec.stage_experts(options)
+            if stager is not None:
+                callbacks[STAGE_EXPERTS] = stager
+        return ModelPreparation(dict(graph.entries), {e: dict(s) for e, s in graph.shapes.items()},
+                                placement if placement is not None else spec.placement, callbacks,
+                                graph.name or model)
+
     def prepare_model(
         self,
         model: str,
@@ -121,29 +155,15 @@ class Session:
         strict: bool = False,
         tuning: Mapping[str, Mapping[str, str]] | None = None,
     ) -> PreparedGraph:
-        """Prepare a registered model: the runtime reads the model plugin's `ModelSpec`.
-
-        `spec.graph(options)` gives the entries and their first shapes (`shapes`
-        overrides them); the spec's placement callback places nodes unless
-        `placement` is given; `spec.stage_experts(options)`, if the spec has one,
-        becomes the graph's `stage_experts` host callback. The model's own code
-        needs to pass none of these: a plugin that only registers a ModelSpec is
-        prepared, placed and staged the same way by `flare run`, `flare describe`
-        and `flare bench`.
-        """
+        """Prepare a registered model: the runtime reads the model plugin's `ModelSpec`
+        (see `model_preparation`). The model's own code passes none of its callbacks:
+        a plugin that only registers a ModelSpec is prepared, placed and staged the same
+        way by `flare run`, `flare describe` and `flare bench`. `shapes` overrides the
+        model's first shapes."""
         self._check_open()
-        spec = self.plugins.model(model)
-        options = dict(options or {})
-        graph = spec.graph(options)
-        callbacks = dict(graph.callbacks)
-        if spec.stage_experts is not None:
-            stager = spec.stage_experts(options)
-            if stager is not None:
-                callbacks[STAGE_EXPERTS] = stager
-        chosen = {e: dict(s) for e, s in (shapes if shapes is not None else graph.shapes).items()}
-        return self.prepare(graph.entries, chosen, workspace=workspace,
-                            placement=placement if placement is not None else spec.placement,
-                            strict=strict, name=graph.name or model, callbacks=callbacks, tuning=tuning)
+        p = self.model_preparation(model, options, placement=placement)
+        return self.prepare(p.entries, shapes if shapes is not None else p.shapes, workspace=workspace,
+                            placement=p.placement, strict=strict, name=p.name, callbacks=p.callbacks, tuning=tuning)
 
     def close(self) -> None:
         """Release prepared graphs, then workspaces, then devices. Idempotent."""

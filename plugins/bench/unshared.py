@@ -3,9 +3,9 @@
 A PreparedGraph's entry points (silero-vad's `stream`/`frontend`/`recur`) share
 one workspace, so their arenas overlap and memory is the largest need. To show
 what that sharing saves, the benchmark needs the same model *without* it. The
-model runners call `session.prepare(entries, shapes, ...)` and then only
+model runners call `session.prepare_model(name, options, ...)` and then only
 `execute`/`prepare`/`reset`/`release`/`describe` on what it returns; so a
-session stand-in whose `prepare` builds one PreparedGraph (with its own
+session stand-in whose `prepare_model` builds one PreparedGraph (with its own
 workspace) per entry point gives the unshared configuration without touching
 any model code. Entries that share state tensors would each get their own copy
 of the state, which is why a workload kind must declare `entries_separable`.
@@ -33,6 +33,14 @@ class PerEntrySession:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._session, name)
+
+    def prepare_model(self, model: str, options: Mapping[str, Any] | None = None, *, shapes: Any = None,
+                      placement: Any = None, workspace: Any = None, strict: bool = False,
+                      **extra: Any) -> "PerEntryGraph":
+        """`Session.prepare_model`, with one PreparedGraph (and workspace) per entry point."""
+        p = self._session.model_preparation(model, options, placement=placement)
+        return self.prepare(p.entries, shapes if shapes is not None else p.shapes, placement=p.placement,
+                            strict=strict, name=p.name, callbacks=p.callbacks, **extra)
 
     def prepare(self, entries: Mapping[str, "EntryBuilder"], shapes: Mapping[str, Mapping[str, Sequence[int]]], *,
                 workspace: Any = None, placement: Any = None, strict: bool = False, name: str = "graph",

@@ -229,17 +229,27 @@ def forget_workloads() -> None:
 
 
 def known_models() -> list[str]:
-    """Model names a configuration may name."""
-    return sorted(workloads())
+    """Model names a configuration may name: those with a workload, and every registered model."""
+    from flare.plugin_manager import get_plugin_manager
+
+    return sorted(set(workloads()) | set(get_plugin_manager().models()))
 
 
 def get_workload(model: str, *, path: Any = None) -> Workload:
-    """The workload kind of `model`; BenchConfigError (key 'model') when there is none."""
+    """The workload kind of `model` (a registered model without one gets the generic graph
+    workload); BenchConfigError (key 'model') when there is no such model."""
+    from flare.plugin_manager import get_plugin_manager
+
     found = workloads()
-    if model not in found:
-        raise BenchConfigError(f"unknown model {model!r}; flare bench knows {', '.join(sorted(found))}",
-                               path=path, key="model")
-    return found[model]
+    if model in found:
+        return found[model]
+    if model in get_plugin_manager().models():
+        from .graph_workload import GraphWorkload
+
+        found[model] = GraphWorkload(model)
+        return found[model]
+    raise BenchConfigError(f"unknown model {model!r}; flare bench knows {', '.join(known_models())}",
+                           path=path, key="model")
 
 
 def cycle(items: Sequence[Any], count: int) -> list[Any]:
