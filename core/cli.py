@@ -4,6 +4,7 @@
     flare models              registered model plugins
     flare run MODEL [ARGS]    a model's main job (ARGS are the model's own; MODEL --help)
     flare describe MODEL      how a model's graph is split over devices, copies, arena bytes
+                              (--backends cpu:0,cpu:1, --option KEY=VALUE for the model)
 
 Every other subcommand (`bench`, `export`, `serve`, ...) comes from a plugin's
 `flare_cli_commands` hook, and `flare run TARGET` for a target that is not a
@@ -30,6 +31,34 @@ def _fmt_bytes(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+def _add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments `flare run` (for a model without a job) and `flare describe` share."""
+    p.add_argument("--backends", default="cpu", help="devices in priority order, e.g. cpu:0,cpu:1 or vulkan,cpu "
+                                                     "(default cpu)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a model option passed to its ModelSpec (VALUE is read as JSON if it parses, "
+                        "else as text), e.g. --option experts=resident")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _model_options(items: Sequence[str]) -> dict:
+    """['slots=8', 'experts=offload'] -> {'slots': 8, 'experts': 'offload'}."""
+    options: dict = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--option {item!r}: expected KEY=VALUE, e.g. --option experts=resident")
+        try:
+            options[key.strip()] = json.loads(text)
+        except ValueError:
+            options[key.strip()] = text
+    return options
+
+
+def _devices(text: str) -> list[str]:
+    return [b.strip() for b in text.split(",") if b.strip()]
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
@@ -110,12 +139,12 @@ def _run_graph(model: str, argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(prog=f"flare run {model}",
                                 description=f"Prepare {model}'s graph on the given devices and execute its entries.")
-    p.add_argument("--backends", default="cpu", help="devices in priority order, e.g. cpu:0,cpu:1 (default cpu)")
+    _add_model_arguments(p)
     p.add_argument("--entry", action="append", default=None, help="entry to run (default: every entry)")
     p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                    help="an input array (default: zeros of the model's declared shape)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
     args = p.parse_args(argv)
+    options = _model_options(args.option)
     given: dict[str, np.ndarray] = {}
     for item in args.input:
         name, sep, path = item.partition("=")
@@ -123,20 +152,26 @@ def _run_graph(model: str, argv: list[str]) -> int:
             raise InputError(f"--input {item!r}: expected NAME=FILE.npy")
         try:
             given[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, EOFError) as exc:
             raise InputError(f"--input {name}: cannot read {path!r} as a .npy array: {exc}") from None
     from .dtypes import to_numpy
 
     report: dict = {"model": model, "entries": {}}
-    with Session([b.strip() for b in args.backends.split(",") if b.strip()]) as sess:
-        pg = sess.prepare_model(model)
+    with Session(_devices(args.backends)) as sess:
+        pg = sess.prepare_model(model, options)
         for entry in args.entry or sorted(pg.entries):
+            if entry not in pg.entries:
+                raise InputError(f"--entry {entry}: {model} has no such entry (entries: {', '.join(sorted(pg.entries))})")
             plan = pg.current_plan(entry)
+            unknown = sorted(set(given) - set(plan.graph.inputs))
+            if unknown:
+                raise InputError(f"--input {unknown[0]}: {model}.{entry} has no such input "
+                                 f"(inputs: {', '.join(plan.graph.inputs)})")
             inputs = {n: given.get(n, np.zeros(t.shape, to_numpy(t.dtype))) for n, t in plan.graph.inputs.items()}
             outputs = pg.execute(entry, **inputs)
             plan = pg.current_plan(entry)
             report["entries"][entry] = {
-                "splits": [{"device": s.device, "nodes": len(s.nodes)} for s in plan.schedule.splits],
+                "splits": [{"device": s.device, "nodes": len(s.nodes), "host": s.host} for s in plan.schedule.splits],
                 "outputs": {n: {"shape": list(a.shape), "mean": float(np.mean(a)) if a.size else 0.0}
                             for n, a in outputs.items()}}
     if args.json:
@@ -144,7 +179,7 @@ def _run_graph(model: str, argv: list[str]) -> int:
         return 0
     console = Console()
     for entry, info in report["entries"].items():
-        splits = ", ".join(f"{s['device']} ({s['nodes']} nodes)" for s in info["splits"])
+        splits = ", ".join(f"{s['device']} ({s['nodes']} nodes{', host' if s['host'] else ''})" for s in info["splits"])
         console.print(f"{model}.{entry}: splits {splits}", highlight=False)
         for name, o in info["outputs"].items():
             console.print(f"  {name}: shape {tuple(o['shape'])}, mean {o['mean']:.6g}", highlight=False)
@@ -155,8 +190,9 @@ def cmd_describe(args: argparse.Namespace) -> int:
     from .session import Session
 
     get_plugin_manager().model(args.model)      # unknown model: a clear error before opening devices
-    with Session([b.strip() for b in args.backends.split(",") if b.strip()]) as sess:
-        pg = sess.prepare_model(args.model)
+    options = _model_options(args.option)
+    with Session(_devices(args.backends)) as sess:
+        pg = sess.prepare_model(args.model, options)
         info = pg.describe()
     if args.json:
         print(json.dumps(info, indent=2))
@@ -196,8 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("describe", help="how a model's graph is split over devices, copies and arena bytes")
     p.add_argument("model", help="model name (see `flare models`)")
-    p.add_argument("--backends", default="cpu", help="devices in priority order, e.g. vulkan,cpu (default cpu)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_model_arguments(p)
     p.set_defaults(func=cmd_describe)
     for spec in get_plugin_manager().commands().values():
         p = sub.add_parser(spec.name, help=spec.help, description=spec.description or spec.help)

@@ -69,10 +69,10 @@ def venv(tmp_path_factory: pytest.TempPathFactory):
     return py, env, src
 
 
-def _flare(venv, *args: str) -> subprocess.CompletedProcess:
+def _flare(venv, *args: str, rc: int = 0) -> subprocess.CompletedProcess:
     py, env, src = venv
     done = subprocess.run([str(py), "-m", "flare.cli", *args], capture_output=True, text=True, env=env, cwd=src)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == rc, done.stderr[-2000:]
     return done
 
 
@@ -117,3 +117,14 @@ def test_third_party_placement_shows_in_describe_and_run(venv):
     assert run["outputs"]["y"]["shape"] == [4, 16]
     one = json.loads(_flare(venv, "describe", "tiny-moe", "--json").stdout)["entries"]["forward"]
     assert {s["device"] for s in one["split_list"]} == {"cpu:0"}           # one device: nothing to split
+
+
+def test_model_options_reach_the_spec_and_bad_ones_are_one_line_errors(venv):
+    report = json.loads(_flare(venv, "run", "tiny-moe", "--backends", "cpu:0,cpu:1", "--option", "experts=resident",
+                               "--json").stdout)
+    splits = report["entries"]["forward"]["splits"]
+    assert [(s["device"], s["host"]) for s in splits] == [("cpu:0", False), ("cpu:1", False), ("cpu:0", False)]
+    bad = _flare(venv, "describe", "tiny-moe", "--option", "slots=2", rc=2)
+    assert bad.stderr.startswith("error: ExpertCacheError: tiny-moe: slots=2 cannot hold") and bad.stderr.count("\n") == 1
+    bad = _flare(venv, "run", "tiny-moe", "--input", "y=nothing.npy", rc=2)
+    assert bad.stderr.startswith("error: InputError: --input y: cannot read 'nothing.npy'"), bad.stderr

@@ -52,10 +52,14 @@ class TinyConfig:
         if unknown:
             raise ModelError(f"tiny-moe: unknown option(s) {', '.join(sorted(unknown))}; "
                              f"known: {', '.join(cls.__dataclass_fields__)}")
-        try:
-            cfg = cls(**{k: type(getattr(cls, k))(v) for k, v in options.items()})
-        except (TypeError, ValueError) as exc:
-            raise ModelError(f"tiny-moe: bad option value: {exc}") from None
+        values = {}
+        for key, value in options.items():
+            kind = type(getattr(cls, key))
+            try:
+                values[key] = kind(value)
+            except (TypeError, ValueError):
+                raise ModelError(f"tiny-moe: option {key}={value!r} is not {kind.__name__}") from None
+        cfg = cls(**values)
         if cfg.experts not in (RESIDENT, OFFLOAD):
             raise ModelError(f"tiny-moe: option experts={cfg.experts!r}; expected {RESIDENT!r} or {OFFLOAD!r}")
         if not 1 <= cfg.slots <= N_EXPERTS:
