@@ -9,6 +9,11 @@ PY=${PYTHON:-python3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 $PY -m pip wheel -q --no-deps -w "$work/dist" . 2>&1 | grep -v -i warn || true
+# the wheel holds the flare package only: the plugin-author examples in examples/ are
+# separate distributions (tests/test_examples.py builds them)
+$PY -c "import glob, sys, zipfile; names = zipfile.ZipFile(glob.glob(sys.argv[1])[0]).namelist(); \
+stray = [n for n in names if not n.startswith(('flare/', 'flare_runtime-'))]; assert not stray, stray" \
+    "$work/dist/flare_runtime-*.whl"
 $PY -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q "$work"/dist/flare_runtime-*.whl "pytest>=8" "hypothesis>=6.100" "vulkan>=1.3.275"
 cd "$work"   # away from the source tree, so only the wheel can be imported
