@@ -60,7 +60,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory):
     py = _venv_seeing_this_flare(root / "venv")
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", *map(str, dist.glob("*.whl"))],
                    check=True, cwd=root)
-    env = {k: v for k, v in os.environ.items() if k not in ("FLARE_DISABLE_PLUGIN_AUTOLOAD", "PYTHONPATH")}
+    env = {k: v for k, v in os.environ.items() if k != "FLARE_DISABLE_PLUGIN_AUTOLOAD"}
     where = subprocess.run([str(py), "-c", "import flare, flare_mirror, flare_tiny_moe as m; "
                             "print(flare.__file__); print(m.__file__)"],
                            check=True, capture_output=True, text=True, env=env, cwd=root).stdout.split()
