@@ -1,7 +1,8 @@
 """The plugin-author examples in `examples/`, as their authors' users would meet them:
 each is built as its own distribution, installed into a fresh venv next to the Flare
 under test, and must pass its own tests there (the backend also the shipped conformance
-suite); a third-party model's placement must show in `flare describe` and `flare run`.
+suite); a third-party model's placement must show in `flare describe`, `flare run` and
+`flare bench`.
 
 One venv serves every test here (module fixture). It has no pip and no Flare of its own:
 a `.pth` file adds the site directories of the interpreter running these tests, so
@@ -117,6 +118,21 @@ def test_third_party_placement_shows_in_describe_and_run(venv):
     assert run["outputs"]["y"]["shape"] == [4, 16]
     one = json.loads(_flare(venv, "describe", "tiny-moe", "--json").stdout)["entries"]["forward"]
     assert {s["device"] for s in one["split_list"]} == {"cpu:0"}           # one device: nothing to split
+
+
+def test_third_party_placement_shows_in_bench(venv):
+    """`flare bench` benchmarks a model without a workload of its own through prepare_model,
+    so the registered placement splits B's graph over both devices (A has one)."""
+    py, env, src = venv
+    for name, devices in (("one", '["cpu:0"]'), ("two", '["cpu:0", "cpu:1"]')):
+        (src / f"{name}.toml").write_text(f'name = "{name}"\nmodel = "tiny-moe"\nbackends = {devices}\n')
+    _flare(venv, "bench", "one.toml", "two.toml", "--blocks", "1", "--requests", "2", "--warmup", "0",
+           "--no-progress", "--json", "bench.json")
+    result = json.loads((src / "bench.json").read_text())
+    assert result["ok"] and result["model"] == "tiny-moe"
+    plans = {k: result["summary"][k]["memory_plan"] for k in ("A", "B")}
+    assert plans["A"]["entries"]["forward"]["splits"] == 3 and set(plans["A"]["persistent_bytes"]) == {"cpu:0"}
+    assert plans["B"]["entries"]["forward"]["splits"] == 4 and plans["B"]["persistent_bytes"]["cpu:1"] > 0
 
 
 def test_model_options_reach_the_spec_and_bad_ones_are_one_line_errors(venv):
