@@ -1,0 +1,80 @@
+"""`flare run` (for a model without a job of its own) and `flare describe` on a model
+that registers only a ModelSpec with a placement callback: the placement and the
+`--option`s reach the runtime, and bad arguments are one-line typed errors.
+(tests/test_examples.py does the same with a model installed as its own distribution.)"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from flare.cli import main
+from flare.plugin_manager import get_plugin_manager, hookimpl
+from flare.specs import ModelGraph, ModelSpec
+
+W = np.random.default_rng(5).standard_normal((8, 8)).astype(np.float32)
+
+
+def _graph(options):
+    rows = int(options.get("rows", 2))
+
+    def full(b, shapes):
+        h = b.relu(b.matmul(b.input("x", shapes["x"]), b.weight("head.w", W), transpose_b=True), name="head.relu")
+        b.output("y", b.matmul(h, b.weight("tail.w", W), transpose_b=True, name="tail.mm"))
+
+    return ModelGraph({"full": full}, {"full": {"x": (rows, 8)}})
+
+
+def _placement(tensor, devices):
+    return devices[-1] if tensor.name.startswith("tail.") else devices[0]
+
+
+class PlacementOnly:
+    @hookimpl
+    def flare_models(self):
+        return [ModelSpec("placement-only", "head on the first device, tail on the last",
+                          graph=_graph, placement=_placement)]
+
+
+@pytest.fixture
+def model():
+    pm = get_plugin_manager()
+    plugin = PlacementOnly()
+    pm.register(plugin, name="placement-only-plugin")
+    try:
+        yield "placement-only"
+    finally:
+        pm.pm.unregister(plugin)
+        pm._models = None
+
+
+def _json(capsys, *argv: str) -> dict:
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_describe_and_run_show_the_registered_placement_and_options(model, capsys):
+    info = _json(capsys, "describe", model, "--backends", "cpu:0,cpu:1", "--option", "rows=3", "--json")
+    entry = info["entries"]["full"]
+    assert [s["device"] for s in entry["split_list"]] == ["cpu:0", "cpu:1"] and entry["shapes"] == {"x": [3, 8]}
+    report = _json(capsys, "run", model, "--backends", "cpu:0,cpu:1", "--option", "rows=3", "--json")
+    run = report["entries"]["full"]
+    assert [(s["device"], s["host"]) for s in run["splits"]] == [("cpu:0", False), ("cpu:1", False)]
+    assert run["outputs"]["y"]["shape"] == [3, 8]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "placement-only", "--option", "rows"], "InputError: --option 'rows': expected KEY=VALUE"),
+    (["describe", "placement-only", "--option", "=3"], "InputError: --option '=3': expected KEY=VALUE"),
+    (["run", "placement-only", "--entry", "half"], "InputError: --entry half: placement-only has no such entry"),
+    (["run", "placement-only", "--input", "z=INPUT"], "InputError: --input z: placement-only.full has no such input"),
+    (["run", "placement-only", "--input", "x=EMPTY"], "InputError: --input x: cannot read"),
+])
+def test_bad_arguments_are_one_line_errors(model, capsys, tmp_path, argv, message):
+    np.save(tmp_path / "x.npy", np.ones((2, 8), np.float32))
+    (tmp_path / "empty.npy").write_bytes(b"")
+    argv = [a.replace("INPUT", str(tmp_path / "x.npy")).replace("EMPTY", str(tmp_path / "empty.npy")) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: " + message) and err.count("\n") == 1, err
