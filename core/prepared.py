@@ -211,6 +211,25 @@ class PreparedGraph:
         dev, buf, t = self._states[name]
         return self.devices[dev].read(Binding(buf, 0, t.shape, t.strides, t.dtype))
 
+    def states(self) -> dict[str, tuple[str, tuple[int, ...], str]]:
+        """Every state/cache tensor: name -> (device name, shape, dtype)."""
+        return {name: (dev, tuple(t.shape), t.dtype) for name, (dev, _, t) in self._states.items()}
+
+    def _row_binding(self, name: str, row: int, rows: int) -> tuple[str, Binding]:
+        dev, buf, t = self._states[name]
+        row_elems = int(np.prod(t.shape[1:], dtype=np.int64))
+        if rows < 0 or row < 0 or row + rows > t.shape[0]:
+            raise InputError(f"rows [{row}, {row + rows}) are outside {name!r} {t.shape}")
+        itemsize = to_numpy(t.dtype).itemsize
+        return dev, Binding(buf, row * row_elems * itemsize, (rows, *t.shape[1:]),
+                            (row_elems, *t.strides[1:]) if len(t.shape) > 1 else (1,), t.dtype)
+
+    def read_rows(self, name: str, row: int, rows: int) -> np.ndarray:
+        """Rows [row, row+rows) of a state/cache tensor, read back to the host (KV reuse, tests)."""
+        self._check_alive()
+        dev, binding = self._row_binding(name, row, rows)
+        return self.devices[dev].read(binding)
+
     def write_rows(self, name: str, row: int, array: np.ndarray) -> None:
         """Write `array` into rows [row, row+len) of a state/cache tensor (host callbacks use it)."""
         dev, buf, t = self._states[name]
