@@ -15,7 +15,8 @@ from typing import Any
 
 from flare.errors import ModelError
 
-from flare.plugins.export.adapters import ExportAdapter, ProgramSpec, token_lm_buckets, token_lm_shapes
+from flare.plugins.export.adapters import (ExportAdapter, ProgramSpec, token_lm_buckets, token_lm_draft_buckets,
+                                          token_lm_shapes)
 from flare.plugins.export.schema import Serving
 
 
@@ -59,6 +60,22 @@ class MoeLmAdapter(ExportAdapter):
         serving = self.serving()
         return [ProgramSpec(kind, t, b, builders[kind], token_lm_shapes(serving, kind, t, b))
                 for kind, t, b in token_lm_buckets(serving, mixed)]
+
+    def draft_support(self) -> tuple[int, str]:
+        layers = max(1, self.cfg.n_layers // 2)
+        return layers, (f"self-draft: the first {layers} of {self.cfg.n_layers} layers and the model's head, "
+                        "sharing its weights and KV cache")
+
+    def draft_programs(self, layers: int, max_draft: int) -> list[ProgramSpec]:
+        from flare.models.moe_lm.graph import RESIDENT, GraphSpec, entry_builders
+
+        if not 1 <= layers <= self.cfg.n_layers:
+            raise ModelError(f"moe-lm {self.cfg.name}: a draft keeps 1..{self.cfg.n_layers} layers, not {layers}")
+        full = entry_builders(GraphSpec(self.cfg, {}, RESIDENT, 0))["decode"]
+        draft = entry_builders(GraphSpec(self.cfg.replace(n_layers=layers), {}, RESIDENT, 0))["decode"]
+        serving = self.serving()
+        return [ProgramSpec(kind, t, b, draft if kind == "draft" else full, token_lm_shapes(serving, kind, t, b))
+                for kind, t, b in token_lm_draft_buckets(serving, max_draft)]
 
     def write_weights(self, path: Path) -> None:
         from flare.models.moe_lm import weights

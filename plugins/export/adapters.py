@@ -61,6 +61,16 @@ class ExportAdapter(abc.ABC):
     def write_weights(self, path: Path) -> None:
         """Write every weight the programs read to `path` as safetensors."""
 
+    def draft_support(self) -> tuple[int, str]:
+        """(default draft layers, why): layers of the model a self-draft keeps (0: no draft programs)."""
+        return 0, f"{self.name} declares no draft model"
+
+    def draft_programs(self, layers: int, max_draft: int) -> list[ProgramSpec]:
+        """`draft` programs (the first `layers` layers and the head, sharing the model's KV state by
+        name; one token per sequence) and `verify` programs (the full model, 1 + max_draft tokens of
+        each sequence, logits of every token). Only called when `draft_support` is non-zero."""
+        raise NotImplementedError(f"{self.name} has no draft programs")
+
 
 def _pow2_upto(n: int) -> list[int]:
     out, v = [], 1
@@ -92,11 +102,20 @@ def token_lm_buckets(serving: Serving, mixed: bool) -> list[tuple[str, int, int]
     return out
 
 
+def token_lm_draft_buckets(serving: Serving, max_draft: int) -> list[tuple[str, int, int]]:
+    """(kind, tokens, batch) of speculative programs: draft like decode (1, 2, 4 ... max_seqs sequences,
+    one token each); verify of 2, 4 ... max_seqs * (1 + max_draft) tokens of up to max_seqs sequences."""
+    out = [("draft", b, b) for b in _pow2_upto(serving.max_seqs)]
+    out += [("verify", t, min(t, serving.max_seqs))
+            for t in _pow2_upto(serving.max_seqs * (1 + max_draft)) if t >= 2]
+    return out
+
+
 def token_lm_shapes(serving: Serving, kind: str, tokens: int, batch: int) -> dict[str, tuple]:
     """Input shapes of a token-lm/1 program (decode has no `out_rows`: logits of every token)."""
     shapes: dict[str, tuple] = {"tokens": (tokens,), "pos": (tokens,), "kv_rows": (tokens,),
                                 "mask": (tokens, serving.kv_rows)}
-    if kind != "decode":
+    if kind not in ("decode", "draft", "verify"):
         shapes["out_rows"] = (batch,)
     return shapes
 

@@ -35,6 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mixed.add_argument("--mixed-default", choices=["on", "off"], default=None,
                        help="whether `flare run` uses mixed programs when neither --mixed-prefill nor "
                             "--no-mixed-prefill is given (default: on when exported)")
+    p.add_argument("--draft-layers", type=int, default=None, metavar="N",
+                   help="speculative decoding: layers of the self-draft (default: the model's, moe-lm half of its "
+                        "layers; 0: no draft programs; all layers: the model drafting for itself)")
+    p.add_argument("--max-draft", type=int, default=4, metavar="K",
+                   help="most proposals per sequence a verify program checks (flare serve --speculative K <= this)")
     p.add_argument("--force", action="store_true", help="replace an existing core directory")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -49,7 +54,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     default = None if args.mixed_default is None else args.mixed_default == "on"
     path = export_core(args.model, args.output, tuning=args.tuning, options=options,
                        backends=[b.strip() for b in args.backends.split(",") if b.strip()], mixed=args.mixed,
-                       mixed_default=default, force=args.force, progress=not args.quiet)
+                       mixed_default=default, force=args.force, progress=not args.quiet,
+                       draft_layers=args.draft_layers, max_draft=args.max_draft)
     Console(stderr=True).print(f"wrote {path}", soft_wrap=True, highlight=False)
     return 0
 

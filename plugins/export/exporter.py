@@ -27,8 +27,8 @@ from . import tuning as tuning_mod
 from .adapters import ExportAdapter, ProgramSpec, get_adapter
 from .files import CoreExistsError, atomic_directory, sha256_file, write_json
 from .loader import load_core
-from .schema import (FORMAT_VERSION, Bucket, Catalog, FileEntry, Kernel, Manifest, Program, TuningEntry,
-                     catalog_to_dict, manifest_to_dict)
+from .schema import (FORMAT_VERSION, Bucket, Catalog, FileEntry, Kernel, Manifest, Program, Speculative,
+                     TuningEntry, catalog_to_dict, manifest_to_dict)
 
 WEIGHTS = "weights.safetensors"
 CATALOG = "catalog.json"
@@ -81,13 +81,18 @@ def export_core(
     mixed_default: bool | None = None,
     force: bool = False,
     progress: bool = True,
+    draft_layers: int | None = None,
+    max_draft: int = 4,
 ) -> Path:
     """Export `model` to the core directory `out`; returns its path.
 
     mixed: export mixed programs (default: when the model supports them; True on a model without
     support is an error). mixed_default: what `flare run` does without --[no-]mixed-prefill
     (default: on when mixed programs were exported). backends: devices to plan and tune for
-    (cpu is always included: it is the fallback of every other backend).
+    (cpu is always included: it is the fallback of every other backend). draft_layers: layers of the
+    self-draft for speculative decoding (None: the model's default; 0: no draft programs; the model's
+    layer count: the model drafting for itself, the ideal case); max_draft: most proposals a verify
+    program checks per sequence.
     """
     if tuning not in tuning_mod.MODES:
         raise FlareError(f"--tuning must be one of {', '.join(tuning_mod.MODES)}, not {tuning!r}")
@@ -102,6 +107,19 @@ def export_core(
     backends = list(dict.fromkeys([*backends, "cpu"]))
     serving = adapter.serving()
     specs = adapter.programs(with_mixed)
+    default_layers, draft_why = adapter.draft_support()
+    layers = default_layers if draft_layers is None else int(draft_layers)
+    if layers and not default_layers:
+        raise FlareError(f"cannot export draft programs for {adapter.name}: {draft_why}")
+    if layers and not 1 <= max_draft <= 64:
+        raise FlareError(f"max_draft must be in 1..64, not {max_draft}")
+    if layers:
+        specs += adapter.draft_programs(layers, max_draft)
+        if layers != default_layers:
+            draft_why = f"draft of {layers} layers (the model's default: {default_layers})"
+        speculative = Speculative(True, draft_why, layers, max_draft)
+    else:
+        speculative = Speculative(False, draft_why if not default_layers else "export without draft programs")
     out = Path(out)
     if out.exists() and not force:   # before any work; atomic_directory checks again at the end
         raise CoreExistsError(f"{out} exists (use --force to replace it)")
@@ -134,7 +152,7 @@ def export_core(
         table = {b: {k: Kernel(b, k, tuning_mod.variants(devices[b], k), tuning_mod.variants(devices[b], k)[0])
                      for k in sorted({k for p in programs for k in p.kernels[b]})} for b in devices}
         catalog = Catalog(FORMAT_VERSION, tuple(devices), tuple(programs), table, tuning, entries,
-                          supported, why)
+                          supported, why, speculative)
         steps = _Steps(bar, "writing core", len(built) + 3)
         with atomic_directory(out, overwrite=force) as tmp:
             for spec, _, data in built:

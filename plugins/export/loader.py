@@ -55,7 +55,7 @@ class LoadedCore:
         """What was selected and pruned (the CLI prints it; ranks compare it)."""
         s = self.selection
         return {"core": str(self.path), "model": self.manifest.model, "backend": s.backend, "mixed_prefill": s.mixed,
-                "reason": s.reason, "options": self.options.to_dict(), "digest": self.digest,
+                "speculative": s.speculative, "reason": s.reason, "options": self.options.to_dict(), "digest": self.digest,
                 "programs": list(s.programs), "excluded": dict(s.excluded), "kernels": list(s.kernels),
                 "tuning": {k: e.choice for k, e in self.tuning.items()},
                 "pruned_kernels": {b: list(k) for b, k in s.pruned_kernels.items()},

@@ -24,8 +24,12 @@ from flare.errors import CoreFormatError
 
 FORMAT = "flare-core"
 FORMAT_VERSION = 1
-KINDS = ("prefill", "decode", "mixed")
+KINDS = ("prefill", "decode", "mixed", "draft", "verify")
 MIXED = "mixed"
+DRAFT = "draft"      # speculative decoding: the draft model, one token per sequence, logits of every token
+VERIFY = "verify"    # speculative decoding: the full model on 1 + K tokens per sequence, logits of every token
+SPECULATIVE = (DRAFT, VERIFY)
+EVERY_ROW = ("decode", DRAFT, VERIFY)   # kinds without out_rows: a logit row per token
 TUNING_MODES = ("quick", "audit")
 CONTRACTS = ("token-lm/1",)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -248,6 +252,17 @@ class TuningEntry:
 
 
 @dataclass(frozen=True)
+class Speculative:
+    """Whether the catalog holds draft and verify programs: the draft's layers (of the model's) and the
+    most proposals one verify program of one sequence can check."""
+
+    supported: bool
+    reason: str
+    draft_layers: int = 0
+    max_draft: int = 0
+
+
+@dataclass(frozen=True)
 class Catalog:
     format_version: int
     backends: tuple[str, ...]
@@ -257,6 +272,7 @@ class Catalog:
     tuning: dict[str, TuningEntry]
     mixed_supported: bool
     mixed_reason: str
+    speculative: "Speculative" = field(default_factory=lambda: Speculative(False, "not exported"))
 
     def program(self, name: str) -> Program:
         for p in self.programs:
@@ -275,8 +291,8 @@ def parse_program(value: Any, f: str) -> Program:
         raise CoreFormatError(f"batch {bucket.batch} exceeds tokens {bucket.tokens}", f"{f}.bucket")
     if kind == "prefill" and bucket.batch != 1:
         raise CoreFormatError(f"a prefill program serves one sequence, batch is {bucket.batch}", f"{f}.bucket.batch")
-    if kind == "decode" and bucket.batch != bucket.tokens:
-        raise CoreFormatError(f"a decode program has one token per sequence, tokens {bucket.tokens} != batch "
+    if kind in ("decode", DRAFT) and bucket.batch != bucket.tokens:
+        raise CoreFormatError(f"a {kind} program has one token per sequence, tokens {bucket.tokens} != batch "
                               f"{bucket.batch}", f"{f}.bucket")
     if kind == MIXED and (bucket.batch < 2 or bucket.tokens <= bucket.batch):
         raise CoreFormatError("a mixed program holds a prefill chunk and at least one decode token: needs batch >= 2 "
@@ -343,7 +359,22 @@ def parse_catalog(data: Any) -> Catalog:
     reason = m.get("reason", "")
     if not isinstance(reason, str):
         raise CoreFormatError("must be a string", f"{f}.mixed.reason")
-    return Catalog(version, backends, programs, kernels, mode, tuning, supported, reason)
+    return Catalog(version, backends, programs, kernels, mode, tuning, supported, reason, _parse_speculative(d, f))
+
+
+def _parse_speculative(d: dict[str, Any], f: str) -> Speculative:
+    """`catalog.speculative` (absent in cores written before speculative decoding: unsupported)."""
+    if "speculative" not in d:
+        return Speculative(False, "not exported")
+    s = need_obj(d["speculative"], f"{f}.speculative")
+    supported = need_bool(s, "supported", f"{f}.speculative")
+    reason = s.get("reason", "")
+    if not isinstance(reason, str):
+        raise CoreFormatError("must be a string", f"{f}.speculative.reason")
+    if not supported:
+        return Speculative(False, reason)
+    return Speculative(True, reason, need_int(s, "draft_layers", f"{f}.speculative", 1, 1 << 10),
+                       need_int(s, "max_draft", f"{f}.speculative", 1, 64))
 
 
 def program_to_dict(p: Program) -> dict[str, Any]:
@@ -364,4 +395,6 @@ def catalog_to_dict(c: Catalog) -> dict[str, Any]:
                                        "choice": e.choice, "seconds": e.seconds, "repeats": e.repeats}
                                for e in c.tuning.values()}},
         "mixed": {"supported": c.mixed_supported, "reason": c.mixed_reason},
+        "speculative": {"supported": c.speculative.supported, "reason": c.speculative.reason,
+                        "draft_layers": c.speculative.draft_layers, "max_draft": c.speculative.max_draft},
     }

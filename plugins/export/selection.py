@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from flare.errors import CoreFormatError
 
-from .schema import MIXED, Catalog, Manifest
+from .schema import DRAFT, MIXED, SPECULATIVE, VERIFY, Catalog, Manifest
 
 
 class SelectionError(CoreFormatError):
@@ -25,10 +25,13 @@ class SelectionError(CoreFormatError):
 
 @dataclass(frozen=True)
 class LoadOptions:
-    """What the user chose at load time. `mixed_prefill=None` keeps the export's default."""
+    """What the user chose at load time. `mixed_prefill=None` keeps the export's default;
+    `speculative` True selects the draft and verify programs (None and False leave them out:
+    only `flare serve --speculative K` decodes speculatively)."""
 
     mixed_prefill: bool | None = None
     backend: str | None = None
+    speculative: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -37,9 +40,11 @@ class LoadOptions:
     def from_dict(cls, data: Mapping[str, Any]) -> "LoadOptions":
         mixed = data.get("mixed_prefill")
         backend = data.get("backend")
-        if mixed not in (None, True, False) or not (backend is None or isinstance(backend, str)):
+        spec = data.get("speculative")
+        if mixed not in (None, True, False) or spec not in (None, True, False) or \
+                not (backend is None or isinstance(backend, str)):
             raise CoreFormatError(f"malformed load options {dict(data)!r}", "options")
-        return cls(mixed, backend)
+        return cls(mixed, backend, spec)
 
 
 @dataclass(frozen=True)
@@ -56,12 +61,13 @@ class Selection:
     excluded: dict[str, str] = field(default_factory=dict)   # program -> why
     pruned_kernels: dict[str, tuple[str, ...]] = field(default_factory=dict)
     pruned_tuning: tuple[str, ...] = ()
+    speculative: bool = False                 # draft and verify programs selected
 
     def digest(self, manifest: Manifest) -> str:
         """sha256 of what was selected and of the files it comes from: equal digests on two ranks
         mean they run the same programs with the same kernels, tuning and weights."""
         files = {p: e.sha256 for p, e in sorted(manifest.files.items())}
-        body = {"backend": self.backend, "mixed": self.mixed, "programs": self.programs, "kernels": self.kernels,
+        body = {"backend": self.backend, "mixed": self.mixed, "speculative": self.speculative, "programs": self.programs, "kernels": self.kernels,
                 "tuning": self.tuning, "weights": self.weights, "files": files}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -76,6 +82,16 @@ def _no_mixed_reason(catalog: Catalog, backend: str, max_seqs: int) -> str:
     if off:
         return f"its mixed programs ({', '.join(off)}) were not exported for backend {backend!r}"
     return f"no mixed program fits the serving range (max_seqs {max_seqs})"
+
+
+def _no_draft_reason(catalog: Catalog, backend: str) -> str:
+    spec = catalog.speculative
+    if not spec.supported:
+        return f"the core has no draft program ({spec.reason or 'none was exported'})"
+    for kind in (DRAFT, VERIFY):
+        if not any(p.kind == kind and backend in p.kernels for p in catalog.programs):
+            return f"its {kind} programs were not exported for backend {backend!r}"
+    return "no draft program can run here"
 
 
 def select(manifest: Manifest, catalog: Catalog, options: LoadOptions) -> Selection:
@@ -101,10 +117,17 @@ def select(manifest: Manifest, catalog: Catalog, options: LoadOptions) -> Select
         mixed, reason = False, f"mixed programs off: {_no_mixed_reason(catalog, backend, max_seqs)}"
     else:
         mixed, reason = False, f"mixed programs off ({source})"
+    speculative = all(any(p.kind == k for p in runnable) for k in (DRAFT, VERIFY))
+    if options.speculative is True and not speculative:
+        raise SelectionError(f"--speculative was asked for, but {_no_draft_reason(catalog, backend)}",
+                             "options.speculative")
+    speculative = speculative and options.speculative is True
     selected = []
     for p in runnable:
         if p.kind == MIXED and not mixed:
             excluded[p.name] = "mixed programs disabled" if want is False else "mixed programs unavailable"
+        elif p.kind in SPECULATIVE and not speculative:
+            excluded[p.name] = "speculative decoding off"
         else:
             selected.append(p)
     kernels = sorted({k for p in selected for k in p.kernels[backend]})
@@ -115,4 +138,4 @@ def select(manifest: Manifest, catalog: Catalog, options: LoadOptions) -> Select
     pruned_kernels = {b: ks for b, ks in pruned_kernels.items() if ks}
     pruned_tuning = tuple(sorted(k for k in catalog.tuning if k not in tuning))
     return Selection(backend, mixed, reason, tuple(p.name for p in selected), tuple(kernels), tuple(tuning),
-                     tuple(weights), excluded, pruned_kernels, pruned_tuning)
+                     tuple(weights), excluded, pruned_kernels, pruned_tuning, speculative)

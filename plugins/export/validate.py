@@ -18,7 +18,7 @@ from flare.graph import Graph
 from flare.ops import OPS
 
 from .files import inside, sha256_file
-from .schema import MIXED, Catalog, Manifest, Program, Serving
+from .schema import DRAFT, EVERY_ROW, MIXED, SPECULATIVE, VERIFY, Catalog, Manifest, Program, Serving
 
 
 def check_files(root: Path, manifest: Manifest) -> dict[str, Path]:
@@ -72,7 +72,29 @@ def check_catalog(manifest: Manifest, catalog: Catalog, weights: Mapping[str, Ma
         raise CoreFormatError(f"says mixed programs are unsupported but lists {mixed[0].name!r}", "catalog.mixed.supported")
     if manifest.mixed_prefill_default and not mixed:
         raise CoreFormatError("is true but the catalog has no mixed program", "manifest.defaults.mixed_prefill")
+    _check_speculative(catalog)
     _check_coverage(serving, catalog)
+
+
+def _check_speculative(catalog: Catalog) -> None:
+    """Draft and verify programs come together, only when `catalog.speculative` says so, and every
+    backend with a draft program can verify K proposals of one sequence."""
+    spec = catalog.speculative
+    kinds = {p.kind for p in catalog.programs}
+    listed = [p for p in catalog.programs if p.kind in SPECULATIVE]
+    if listed and not spec.supported:
+        raise CoreFormatError(f"says speculative decoding is unsupported but lists {listed[0].name!r}",
+                              "catalog.speculative.supported")
+    if spec.supported and not {DRAFT, VERIFY} <= kinds:
+        raise CoreFormatError("says speculative decoding is supported but lacks draft or verify programs",
+                              "catalog.speculative.supported")
+    for backend in catalog.backends:
+        progs = [p for p in catalog.programs if backend in p.kernels]
+        if any(p.kind == DRAFT for p in progs):
+            most = max((p.bucket.tokens for p in progs if p.kind == VERIFY), default=0)
+            if most < spec.max_draft + 1:
+                raise CoreFormatError(f"verify programs for {backend} hold {most} tokens; max_draft "
+                                      f"{spec.max_draft} needs {spec.max_draft + 1}", "catalog.speculative.max_draft")
 
 
 def _check_program(manifest: Manifest, catalog: Catalog, weights: Mapping[str, Any], p: Program, f: str) -> None:
@@ -135,14 +157,14 @@ def check_graph(p: Program, graph: Graph, weights: Mapping[str, Mapping[str, Any
     T, B = p.bucket.tokens, p.bucket.batch
     want = {"tokens": ((T,), "i32"), "pos": ((T,), "i32"), "kv_rows": ((T,), "i32"),
             "mask": ((T, serving.kv_rows), "f32")}
-    if p.kind != "decode":
+    if p.kind not in EVERY_ROW:
         want["out_rows"] = ((B,), "i32")
     have = {n: (t.shape, t.dtype) for n, t in graph.inputs.items()}
     if have != want:
         raise CoreFormatError(f"graph inputs {have} do not match the {serving.contract} contract for bucket "
                               f"(tokens={T}, batch={B}): {want}", f"{f}.graph")
     logits = graph.outputs.get("logits")
-    rows = T if p.kind == "decode" else B
+    rows = T if p.kind in EVERY_ROW else B
     if logits is None or logits.shape != (rows, serving.vocab):
         got = list(logits.shape) if logits is not None else None
         raise CoreFormatError(f"output 'logits' must be [{rows}, {serving.vocab}], got {got}", f"{f}.graph")

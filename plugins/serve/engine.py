@@ -21,9 +21,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from flare.backend import Binding, Buffer
+from flare.dtypes import to_numpy
 from flare.errors import InputError
 from flare.graph import contiguous_strides
-from flare.serving.batch import Chunk, token_lm_inputs
+from flare.plugins.export.serving.batch import Chunk, token_lm_inputs
 
 EVERY_ROW = frozenset({"decode", "draft", "verify"})   # kinds without out_rows: logits of every token
 BLOCK_TAG = "prefix-cache"
@@ -86,7 +87,7 @@ class StepEngine:
 
     # ------------------------------------------------------------ KV blocks
     def block_bytes(self, tokens: int) -> int:
-        return sum(tokens * int(np.prod(shape[1:])) * np.dtype(dtype).itemsize
+        return sum(tokens * int(np.prod(shape[1:])) * to_numpy(dtype).itemsize
                    for _, shape, dtype in self.kv.values())
 
     def save_block(self, bid: int, seq: int, start: int, tokens: int) -> None:
@@ -121,7 +122,7 @@ class StepEngine:
         graph, row = self.runtime.graph, seq * self.serving.max_ctx + start
         for (name, (dev, shape, dtype)), buf in zip(self.kv.items(), self.blocks[bid]):
             row_elems = int(np.prod(shape[1:]))
-            tokens = buf.nbytes // (row_elems * np.dtype(dtype).itemsize)
+            tokens = buf.nbytes // (row_elems * to_numpy(dtype).itemsize)
             rows = graph.devices[dev].read(self._binding(buf, (tokens, *shape[1:]), dtype))
             graph.write_rows(name, row, rows)
 
@@ -145,7 +146,7 @@ class StepEngine:
     # ---------------------------------------------------------------- ranks
     def _tell(self, msg: dict[str, Any]) -> None:
         if self.comm is not None:
-            from flare.export.ranks import bcast_json
+            from flare.plugins.export.ranks import bcast_json
             bcast_json(self.comm, msg)
 
     def stop(self) -> None:
@@ -155,7 +156,7 @@ class StepEngine:
 
     def follow(self) -> int:
         """Ranks > 0: replay rank 0's operations until it stops; returns the number of steps."""
-        from flare.export.ranks import bcast_json
+        from flare.plugins.export.ranks import bcast_json
 
         try:
             while True:

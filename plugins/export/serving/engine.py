@@ -45,7 +45,7 @@ class Engine:
         self.serving = runtime.core.manifest.serving
         self.buckets: dict[str, list[Bucket]] = {"prefill": [], "decode": [], "mixed": []}
         for name, p in runtime.core.programs.items():
-            self.buckets[p.kind].append(Bucket(name, p.kind, p.bucket.tokens, p.bucket.batch))
+            self.buckets.setdefault(p.kind, []).append(Bucket(name, p.kind, p.bucket.tokens, p.bucket.batch))
         for v in self.buckets.values():
             v.sort(key=lambda b: (b.tokens, b.batch))
         self.steps = 0
