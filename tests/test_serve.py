@@ -1,0 +1,191 @@
+"""flare serve in process: every combination of mixed prefill x prefix cache x speculative decoding gives
+`flare run`'s greedy tokens; the prefix cache reuses, evicts and frees; the acceptance rule keeps the
+target distribution; selection refuses --speculative without a draft; the API's errors name the field.
+
+Real parts throughout: an exported moe-lm `tiny` core (with its self-draft), the real runtime, the step
+loop thread, Starlette's test client for the HTTP layer. About 10 s.
+"""
+from __future__ import annotations
+
+import itertools
+import queue
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("prometheus_client")
+
+from flare.errors import CoreFormatError  # noqa: E402
+from flare.ledger import LEDGER  # noqa: E402
+from flare.plugins.export import LoadOptions, SelectionError, export_core, load_core  # noqa: E402
+from flare.plugins.export.runtime import CoreRuntime  # noqa: E402
+from flare.plugins.export.serving import Batcher, Engine, Request  # noqa: E402
+from flare.plugins.serve.loop import Job, QueueFull  # noqa: E402
+from flare.plugins.serve.sampling import SamplingParams, TokenChooser  # noqa: E402
+from flare.plugins.serve.server import Server  # noqa: E402
+from flare.plugins.serve.speculative import Speculator  # noqa: E402
+
+BOS = 256
+BASE = "Once upon a time, a small model served many requests at once"   # 62 bytes: 3 whole blocks of 16
+# two waves: the second shares prefixes with the first, so the prefix cache has something to reuse
+WAVES = [
+    [("a", BASE, 9), ("b", "The quick brown fox jumps over the lazy dog, twice.", 7), ("c", "abc", 11)],
+    [("d", BASE + " and then some more", 8), ("e", BASE + "!", 12), ("f", "The quick brown fox jumps over it", 6),
+     ("g", "x", 5)],
+]
+
+
+def _ids(text: str) -> tuple[int, ...]:
+    return (BOS, *text.encode())
+
+
+@pytest.fixture(scope="module")
+def core_path(tmp_path_factory) -> Path:
+    return export_core("moe-lm", tmp_path_factory.mktemp("serve") / "tiny.core", progress=False)
+
+
+@pytest.fixture(scope="module")
+def reference(core_path) -> dict[str, list[int]]:
+    """What `flare run NAME.core` generates (its batcher, default selection, greedy)."""
+    reqs = [Request(rid, _ids(p), n) for wave in WAVES for rid, p, n in wave]
+    with CoreRuntime(load_core(core_path)) as rt:
+        report = Batcher(Engine(rt)).run(reqs)
+    return {r["id"]: r["tokens"] for r in report["per_request"]}
+
+
+def _serve(core_path: Path, *, mixed: bool, cache: bool, spec: int, waves=WAVES, params=SamplingParams(0.0),
+           **kw) -> tuple[dict[str, Job], dict]:
+    core = load_core(core_path, LoadOptions(mixed_prefill=mixed, speculative=True if spec else None))
+    server = Server(CoreRuntime(core), name="tiny.core", prefix_cache=cache, speculative=spec, **kw)
+    server.loop.start()
+    jobs: dict[str, Job] = {}
+    try:
+        for wave in waves:
+            pending = []
+            for rid, prompt, n in wave:
+                events: queue.Queue = queue.Queue()
+                job = Job(rid, _ids(prompt), n, params, (), events.put)
+                server.loop.submit(job)
+                pending.append((job, events))
+            for job, events in pending:
+                while "token" in (ev := events.get(timeout=120)):
+                    pass
+                assert "done" in ev, ev
+                jobs[job.id] = job
+        status = server.status()
+    finally:
+        server.close()
+    return jobs, status
+
+
+@pytest.mark.parametrize("mixed,cache,spec", list(itertools.product([True, False], [True, False], [0, 3])))
+def test_every_combination_gives_flare_runs_greedy_tokens(core_path, reference, mixed, cache, spec) -> None:
+    start = LEDGER.live_bytes()
+    jobs, status = _serve(core_path, mixed=mixed, cache=cache, spec=spec)
+    for rid, job in jobs.items():
+        assert job.tokens == reference[rid], (rid, mixed, cache, spec)
+        assert job.finish_reason in ("length", "stop")
+    if cache:   # the second wave reused the first wave's whole blocks (at most len - 1 tokens)
+        assert jobs["d"].cached_tokens == jobs["e"].cached_tokens == 48
+        assert jobs["f"].cached_tokens == 32 and jobs["a"].cached_tokens == 0
+        assert status["prefix_cache"]["hits"] >= 3
+    else:
+        assert all(j.cached_tokens == 0 for j in jobs.values())
+    if spec:
+        sp = status["speculative"]
+        assert sp["proposed"] > 0 and 0 <= sp["accepted"] <= sp["proposed"] and sp["verify_steps"] > 0
+    assert LEDGER.live_bytes() == start      # runtime, KV blocks and all: released
+
+
+def test_prefix_cache_evicts_least_recently_used_unheld_blocks(core_path) -> None:
+    block = 16 * 2 * 2 * 64 * 4          # tokens x layers x (k, v) x qkv_dim x f32 of tiny
+    long = [(f"p{i}", f"{i}" * 60, 2) for i in range(3)]   # 61 tokens: 3 whole blocks each
+    start = LEDGER.live_bytes()
+    jobs, status = _serve(core_path, mixed=True, cache=True, spec=0, waves=[[w] for w in long] + [[("again", "2" * 60, 2)]],
+                          prefix_cache_bytes=7 * block)
+    pc = status["prefix_cache"]
+    assert pc["blocks"] <= 7 and pc["bytes"] <= 7 * block and pc["evictions"] >= 2
+    assert jobs["again"].cached_tokens == 48         # the most recent prompt survived eviction
+    assert LEDGER.live_bytes() == start
+
+
+def test_speculative_acceptance_keeps_the_target_distribution() -> None:
+    """The standard rule: whatever the draft q, the first emitted token is distributed as p."""
+    rng = np.random.default_rng(1)
+    vocab, trials = 6, 20000
+    p_logits, q_logits = rng.standard_normal(vocab) * 1.5, rng.standard_normal(vocab) * 1.5
+    ch = TokenChooser(SamplingParams(temperature=1.0, seed=7), never=())
+    p, q = ch.probs(p_logits), ch.probs(q_logits)
+    counts = np.zeros(vocab)
+    for _ in range(trials):
+        d = ch.draw(q)
+        counts[Speculator._accept(ch, [d], [q], np.stack([p_logits, p_logits]))[0]] += 1
+    assert np.abs(counts / trials - p).max() < 0.015, (counts / trials, p)
+    assert np.abs(q - p).max() > 0.1           # the draft really was different
+
+
+def test_speculative_sampled_requests_finish(core_path) -> None:
+    waves = [[(f"s{i}", "Sampled speculative", 10) for i in range(3)]]
+    jobs, status = _serve(core_path, mixed=True, cache=True, spec=2, waves=waves,
+                          params=SamplingParams(temperature=0.8, top_p=0.9, seed=3))
+    assert all(len(j.tokens) == 10 or j.tokens[-1] == 257 for j in jobs.values())
+    assert status["speculative"]["proposed"] > 0
+
+
+def test_speculative_is_refused_on_a_core_without_a_draft(tmp_path) -> None:
+    path = export_core("moe-lm", tmp_path / "nodraft.core", progress=False, draft_layers=0)
+    with pytest.raises(SelectionError) as err:
+        load_core(path, LoadOptions(speculative=True))
+    assert err.value.field == "options.speculative" and "no draft program" in str(err.value)
+    core = load_core(path)                      # without the option it loads, as before
+    assert not core.selection.speculative
+
+
+def test_catalog_listing_drafts_without_saying_so_is_refused(core_path, tmp_path) -> None:
+    import json
+    import shutil
+
+    from flare.plugins.export.files import sha256_file
+
+    bad = tmp_path / "bad.core"
+    shutil.copytree(core_path, bad)
+    cat = json.loads((bad / "catalog.json").read_text())
+    cat["speculative"]["supported"] = False
+    (bad / "catalog.json").write_text(json.dumps(cat))
+    man = json.loads((bad / "manifest.json").read_text())
+    man["files"]["catalog.json"] = {"sha256": sha256_file(bad / "catalog.json"),
+                                    "bytes": (bad / "catalog.json").stat().st_size}
+    (bad / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(CoreFormatError) as err:
+        load_core(bad)
+    assert err.value.field == "catalog.speculative.supported"
+
+
+def test_api_errors_name_the_field_and_a_full_queue_is_429(core_path) -> None:
+    from starlette.testclient import TestClient
+
+    core = load_core(core_path)
+    server = Server(CoreRuntime(core), name="tiny.core", max_queue=1)
+    try:   # the loop is not started: one job fills the queue
+        server.loop.submit(Job("held", (BOS, 65), 2, SamplingParams(0.0), (), lambda ev: None))
+        with pytest.raises(QueueFull):
+            server.loop.submit(Job("more", (BOS, 65), 2, SamplingParams(0.0), (), lambda ev: None))
+        client = TestClient(server.api.app())
+        cases = [({"prompt": "hi", "max_tokens": 0}, "max_tokens"), ({"prompt": "", "max_tokens": 2}, "prompt"),
+                 ({"prompt": [1, 99999]}, "prompt"), ({"prompt": "hi", "model": "other"}, "model"),
+                 ({"prompt": "hi", "temperature": 9}, "temperature"), ({"prompt": "hi", "stop": [1]}, "stop"),
+                 ({"prompt": "hi", "max_tokens": 500}, "max_tokens"), ({"prompt": "hi", "n": 2}, "n")]
+        for body, field in cases:
+            r = client.post("/v1/completions", json=body)
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, (body, r.text)
+        r = client.post("/v1/completions", content=b"{not json")
+        assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
+        r = client.post("/v1/completions", json={"prompt": "hi"})
+        assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+        assert client.get("/v1/models").json()["data"][0]["id"] == "tiny.core"
+        metrics = client.get("/metrics").text
+        assert 'flare_rejected_requests_total{status="429"} 1.0' in metrics and "flare_memory_bytes" in metrics
+    finally:
+        server.close()
