@@ -120,7 +120,7 @@ def serve(core: Any, args: argparse.Namespace, comm: Any) -> int:
     from flare.ledger import LEDGER
 
     start_bytes = LEDGER.live_bytes()
-    server = build(core, args, comm)
+    server = build(core, args, comm, 0, 1 if comm is None else comm.Get_size())
     sock = None
     try:
         sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
@@ -137,8 +137,11 @@ def serve(core: Any, args: argparse.Namespace, comm: Any) -> int:
         stopped_by: list[int] = []
         old = {sig: signal.signal(sig, lambda signum, _f: stopped_by.append(signum))
                for sig in (signal.SIGTERM, signal.SIGINT)}
+        userver = uvicorn.Server(config)
+        if comm is not None:     # under mpirun the spawning process forwards SIGTERM/SIGINT as SIGUSR1
+            old[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda _s, _f: userver.handle_exit(signal.SIGTERM, None))
         try:
-            uvicorn.Server(config).run(sockets=[sock])
+            userver.run(sockets=[sock])
         finally:
             for sig, handler in old.items():
                 signal.signal(sig, handler)
@@ -175,7 +178,8 @@ def _main_rank(args: argparse.Namespace) -> int:
     core, _ = agree(comm, lambda: load_core(args.core, options), lambda c: c.digest)
     if rank == 0:
         return serve(core, args, comm)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)      # rank 0 decides when to stop, and says so
+    for sig in (signal.SIGTERM, signal.SIGUSR1):       # rank 0 decides when to stop, and says so
+        signal.signal(sig, signal.SIG_IGN)
     server = build(core, args, comm, rank, size)
     try:
         server.engine.follow()
@@ -200,7 +204,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
 
 
 def _spawn(n: int, argv: list[str]) -> int:
-    """mpirun -n N flare ARGV, forwarding SIGTERM/SIGINT so rank 0 shuts down gracefully."""
+    """mpirun -n N flare ARGV. SIGTERM/SIGINT reach the ranks as SIGUSR1 (which mpirun forwards; its own
+    SIGTERM handling would kill the job): rank 0 shuts down gracefully and stops the others."""
     from flare.plugins.export.ranks import mpirun_command
 
     env = dict(os.environ)
@@ -208,7 +213,7 @@ def _spawn(n: int, argv: list[str]) -> int:
     child = subprocess.Popen(mpirun_command(n, argv), env=env)
 
     def forward(signum: int, _frame: Any) -> None:
-        child.send_signal(signum)
+        child.send_signal(signal.SIGUSR1)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:

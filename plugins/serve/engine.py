@@ -11,10 +11,13 @@ state's device through the ledger: `save_block` copies a sequence's rows into
 a new block, `load_block` copies a block into a sequence's rows, `drop_block`
 frees it. Under MPI every rank holds the same KV (attention is replicated;
 only experts are split), so rank 0 broadcasts each operation as JSON before
-doing it and the other ranks replay it (`follow`) on their own buffers.
+doing it and the other ranks replay it (`follow`) on their own buffers; between
+steps they sleep-poll a non-blocking broadcast rather than spin in MPI.
 """
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -146,8 +149,23 @@ class StepEngine:
     # ---------------------------------------------------------------- ranks
     def _tell(self, msg: dict[str, Any]) -> None:
         if self.comm is not None:
-            from flare.plugins.export.ranks import bcast_json
-            bcast_json(self.comm, msg)
+            data = np.frombuffer(json.dumps(msg).encode(), np.uint8)
+            self.comm.Ibcast(np.array([data.size], np.int64), root=0).Wait()
+            self.comm.Bcast(data, root=0)
+
+    def _hear(self) -> dict[str, Any]:
+        """Rank 0's next message. Waits on a non-blocking broadcast, sleeping between polls once it has
+        waited a moment: an idle server's other ranks would otherwise spin a core each in MPI."""
+        n = np.zeros(1, np.int64)
+        req = self.comm.Ibcast(n, root=0)
+        polls = 0
+        while not req.Test():
+            polls += 1
+            if polls > 1000:
+                time.sleep(0.001)
+        data = np.empty(int(n[0]), np.uint8)
+        self.comm.Bcast(data, root=0)
+        return json.loads(data.tobytes())
 
     def stop(self) -> None:
         """Rank 0: tell the other ranks the server is done; free this rank's blocks."""
@@ -156,11 +174,9 @@ class StepEngine:
 
     def follow(self) -> int:
         """Ranks > 0: replay rank 0's operations until it stops; returns the number of steps."""
-        from flare.plugins.export.ranks import bcast_json
-
         try:
             while True:
-                msg = bcast_json(self.comm, None)
+                msg = self._hear()
                 op = msg["op"]
                 if op == "stop":
                     return self.steps
