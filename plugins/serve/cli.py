@@ -30,6 +30,11 @@ from typing import Any, Sequence
 from flare.errors import FlareError
 
 
+HELP = "serve an exported core over an OpenAI-compatible HTTP API"
+DESCRIPTION = ("Serve an exported core over an OpenAI-compatible HTTP API (/v1/completions, /v1/models, /health, "
+               "/metrics) with continuous batching, a prefix cache and speculative decoding.")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("core", metavar="NAME.core", help="exported core directory (flare export MODEL -o NAME.core)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
@@ -60,8 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="flare serve", description="Serve an exported core over an OpenAI-compatible "
-                                "HTTP API with continuous batching, a prefix cache and speculative decoding.")
+    p = argparse.ArgumentParser(prog="flare serve", description=DESCRIPTION)
     add_arguments(p)
     return p
 
@@ -221,21 +225,3 @@ def _spawn(n: int, argv: list[str]) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-
-
-def add_serve(sub: argparse._SubParsersAction) -> None:
-    """Register `flare serve` with the CLI (until commands come from the flare_cli_commands hook)."""
-    p = sub.add_parser("serve", help="serve an exported core over an OpenAI-compatible HTTP API",
-                       description=parser().description)
-    add_arguments(p)
-    p.set_defaults(func=run)
-
-
-def _register() -> None:
-    from flare import cli as flare_cli
-
-    if add_serve not in flare_cli.EXTRA_COMMANDS:
-        flare_cli.EXTRA_COMMANDS.append(add_serve)
-
-
-_register()
