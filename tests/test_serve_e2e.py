@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -27,46 +26,15 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
 from flare.plugins.export import export_core  # noqa: E402
+from flare.plugins.serve.process import ServerProcess, complete, ledger_after_stop  # noqa: E402
 
-MAIN = "import sys; from flare.cli import main; sys.exit(main(sys.argv[1:]))"
+from flare.plugins.serve.process import MAIN  # noqa: E402
 ENV = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1",
        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 SHARED = "You are a helpful assistant. Answer briefly and precisely: "
 PROMPTS = [(SHARED + q, n) for q, n in [("what is 2+2?", 6), ("name a colour", 9), ("why is the sky blue?", 12),
                                          ("say hi", 4)]] + \
           [(f"Prompt number {i} " + "abc" * (i % 5), 3 + i % 7) for i in range(12)]
-
-
-class Running:
-    """A `flare serve` process; `url` once it has printed where it listens."""
-
-    def __init__(self, *argv: str, timeout: float = 60):
-        self.proc = subprocess.Popen([sys.executable, "-c", MAIN, "serve", *argv, "--port", "0"], env=ENV,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.lines: list[str] = []
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            self.lines.append(line)
-            m = re.search(r"on (http://127\.0\.0\.1:\d+)/v1", line)
-            if m:
-                self.url = m.group(1)
-                return
-        self.proc.kill()
-        raise AssertionError(f"flare serve did not start: {''.join(self.lines)}")
-
-    def stop(self) -> str:
-        """SIGTERM, wait, return the rest of stderr."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = self.proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _, err = self.proc.communicate()
-        return "".join(self.lines) + err
 
 
 @pytest.fixture(scope="module")
@@ -88,30 +56,15 @@ def expected(core_path, tmp_path_factory) -> dict[str, list[int]]:
 
 @pytest.fixture(scope="module")
 def server(core_path):
-    s = Running(str(core_path), "--speculative", "2", "--max-queue", "64")
+    s = ServerProcess(str(core_path), "--speculative", "2", "--max-queue", "64")
     yield s
     s.stop()
 
 
 def _complete(url: str, i: int, prompt: str, n: int, stream: bool) -> tuple[str, list[int], str, dict]:
-    body = {"model": "tiny.core", "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": stream}
     with httpx.Client(timeout=120) as c:
-        if not stream:
-            r = c.post(f"{url}/v1/completions", json=body)
-            assert r.status_code == 200, r.text
-            ch = r.json()["choices"][0]
-            return str(i), ch["token_ids"], ch["text"], r.json()["usage"]
-        ids, text, usage = [], [], None
-        with c.stream("POST", f"{url}/v1/completions", json=body) as r:
-            assert r.status_code == 200
-            lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
-        assert lines[-1] == "data: [DONE]"
-        for ln in lines[:-1]:
-            ev = json.loads(ln[6:])
-            ids += ev["choices"][0]["token_ids"]
-            text.append(ev["choices"][0]["text"])
-            usage = ev.get("usage", usage)
-        return str(i), ids, "".join(text), usage
+        a = complete(c, url, prompt, n, stream=stream, model="tiny.core", temperature=0)
+    return str(i), a.token_ids, a.text, a.usage
 
 
 def test_openai_client_plain_and_streaming(server, expected) -> None:
@@ -161,12 +114,12 @@ def test_client_disconnect_cancels_its_request(server) -> None:
 
 
 def test_sigterm_releases_every_buffer(core_path) -> None:
-    s = Running(str(core_path), "--no-mixed-prefill", "--speculative", "3")
+    s = ServerProcess(str(core_path), "--no-mixed-prefill", "--speculative", "3")
     assert _complete(s.url, 0, PROMPTS[1][0], 5, True)[1]
     err = s.stop()
     assert s.proc.returncode == 0, err
-    m = re.search(r"ledger live bytes (\d+) \(at start (\d+)\)", err)
-    assert m and m.group(1) == m.group(2), err
+    after = ledger_after_stop(err)
+    assert after is not None and after[0] == after[1], err
 
 
 def test_speculative_refused_at_load_without_a_draft(tmp_path) -> None:
@@ -180,7 +133,7 @@ def test_speculative_refused_at_load_without_a_draft(tmp_path) -> None:
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed (apt install openmpi-bin)")
 def test_two_ranks_serve_the_same_tokens(core_path, expected) -> None:
     pytest.importorskip("mpi4py")
-    s = Running(str(core_path), "--ranks", "2", "--speculative", "2", timeout=120)
+    s = ServerProcess(str(core_path), "--ranks", "2", "--speculative", "2", timeout=120)
     try:
         with ThreadPoolExecutor(4) as pool:
             answers = list(pool.map(lambda a: _complete(s.url, *a),

@@ -23,14 +23,19 @@ from flare.plugins.export.schema import Serving
 class MoeLmAdapter(ExportAdapter):
     name = "moe-lm"
 
-    def __init__(self, size: str = "tiny", seed: int = 0, prefill_chunk: int | None = None, **unknown: Any):
+    def __init__(self, size: str = "tiny", seed: int = 0, prefill_chunk: int | None = None,
+                 max_ctx: int | None = None, **unknown: Any):
         from flare.models.moe_lm.config import get_config
 
         if unknown:
-            raise ModelError(f"moe-lm export: unknown options {sorted(unknown)} (known: size, seed, prefill_chunk)")
+            raise ModelError(f"moe-lm export: unknown options {sorted(unknown)} (known: size, seed, prefill_chunk, max_ctx)")
         cfg = get_config(size)
         if prefill_chunk is not None:
             cfg = cfg.replace(prefill_chunk=int(prefill_chunk))
+        if max_ctx is not None:      # a longer context (the prefix-cache benchmark's 200-token prefixes)
+            if int(max_ctx) < 2:
+                raise ModelError(f"moe-lm export: max_ctx must be >= 2, got {max_ctx}")
+            cfg = cfg.replace(max_ctx=int(max_ctx))
         self.cfg = cfg
         self.seed = int(seed)
 

@@ -28,6 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", default=None, help="model size (moe-lm: tiny, mid, small)")
     p.add_argument("--seed", type=int, default=None, help="weights seed")
     p.add_argument("--prefill-chunk", type=int, default=None, help="most prompt tokens per prefill step")
+    p.add_argument("--max-ctx", type=int, default=None, help="most tokens of one sequence (prompt + generated)")
     p.add_argument("--backends", default="cpu", help="backends to plan and tune for, comma separated (cpu always)")
     mixed = p.add_mutually_exclusive_group()
     mixed.add_argument("--no-mixed", dest="mixed", action="store_false", default=None,
@@ -49,8 +50,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     from .exporter import export_core
 
-    options = {k: v for k, v in (("size", args.size), ("seed", args.seed), ("prefill_chunk", args.prefill_chunk))
-               if v is not None}
+    named = (("size", args.size), ("seed", args.seed), ("prefill_chunk", args.prefill_chunk), ("max_ctx", args.max_ctx))
+    options = {k: v for k, v in named if v is not None}
     default = None if args.mixed_default is None else args.mixed_default == "on"
     path = export_core(args.model, args.output, tuning=args.tuning, options=options,
                        backends=[b.strip() for b in args.backends.split(",") if b.strip()], mixed=args.mixed,

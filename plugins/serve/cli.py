@@ -25,7 +25,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from flare.errors import FlareError
 
