@@ -189,3 +189,12 @@ def test_api_errors_name_the_field_and_a_full_queue_is_429(core_path) -> None:
         assert 'flare_rejected_requests_total{status="429"} 1.0' in metrics and "flare_memory_bytes" in metrics
     finally:
         server.close()
+
+
+def test_flare_bench_has_the_http_serving_workload() -> None:
+    from flare.plugins.bench.workload import get_workload
+    from flare.plugins.serve.bench import ServeHttpWorkload
+
+    w = get_workload("serve-http")
+    assert isinstance(w, ServeHttpWorkload)
+    assert {"mixed_prefill", "prefix_cache", "speculative", "clients"} <= set(w.options)

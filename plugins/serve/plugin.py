@@ -10,3 +10,10 @@ def flare_cli_commands() -> list[CommandSpec]:
     from . import cli
 
     return [CommandSpec("serve", cli.HELP, cli.add_arguments, cli.run, cli.DESCRIPTION)]
+
+
+@hookimpl(optionalhook=True)   # declared by the bench plugin, which may be absent
+def flare_bench_workloads() -> list:
+    from .bench import ServeHttpWorkload
+
+    return [ServeHttpWorkload]

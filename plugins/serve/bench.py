@@ -1,0 +1,126 @@
+"""`flare bench` workload `serve-http`: concurrent HTTP clients against a real `flare serve` process.
+
+A configuration is a server (core, mixed prefill, prefix cache, speculative
+K); it is started once per run (outside the timings) on a free loopback port
+and stopped with SIGTERM at the end. One benchmark request is a whole burst:
+`clients` concurrent greedy completions (streaming or not) of different
+prompts, a third of them sharing a prefix; its time is the burst's wall
+time, its speed generated tokens per second, and each burst also reports the
+clients' mean time to first token and the prompt tokens served from the
+prefix cache. The output compared is every generated token id: greedy
+answers must be identical across mixed prefill, prefix cache and speculative
+decoding on or off.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flare.plugins.bench.config import BenchConfig
+from flare.plugins.bench.errors import BenchConfigError
+from flare.plugins.bench.workload import Metric, Option, Request, Timed, Workload
+
+SHARED = "You are a helpful assistant serving many users over HTTP. Answer: "
+
+
+def burst(clients: int, new_tokens: int) -> list[tuple[str, int]]:
+    """(prompt, max_tokens) of one burst: different lengths, every third sharing a 66-byte prefix."""
+    return [((SHARED if i % 3 == 0 else "") + f"request {i}: " + "abcdefgh" * (i % 5), new_tokens)
+            for i in range(clients)]
+
+
+def default_core(size: str) -> Path:
+    """moe-lm SIZE with its self-draft, exported once into the cache (the adapter comes from its plugin)."""
+    from flare.cache import cache_dir
+    from flare.plugins.export import export_core
+
+    path = cache_dir("bench", "cores") / f"moe-lm-{size}-draft.core"
+    if not path.exists():
+        export_core("moe-lm", path, options={"size": size}, progress=False)
+    return path
+
+
+class HttpRunner:
+    def __init__(self, config: BenchConfig):
+        from .process import ServerProcess
+
+        o = config.options
+        path = Path(o["core"]) if o["core"] else default_core(o["size"])
+        argv = ["--host", "127.0.0.1", "--max-queue", str(4 * o["clients"]), "--backend", config.backends[0],
+                "--mixed-prefill" if o["mixed_prefill"] else "--no-mixed-prefill",
+                "--prefix-cache" if o["prefix_cache"] else "--no-prefix-cache"]
+        argv += ["--speculative", str(o["speculative"])] if o["speculative"] else ["--no-speculative"]
+        self.server = ServerProcess(path, *argv)
+        self.stream = o["stream"]
+        self.description = (f"flare serve {path.name} ({' '.join(argv[4:])}), {o['clients']} concurrent "
+                            f"{'streaming ' if self.stream else ''}clients")
+
+    def run(self, request: Request) -> Timed:
+        import httpx
+
+        from .process import complete
+
+        def one(item: tuple[str, int]) -> Any:
+            with httpx.Client(timeout=600) as c:
+                return complete(c, self.server.url, item[0], item[1], stream=self.stream, temperature=0)
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(len(request.payload)) as pool:
+            answers = list(pool.map(one, request.payload))
+        seconds = time.perf_counter() - t0
+        ids = [t for a in answers for t in a.token_ids]
+        extras = {"time to first token, mean (ms)": 1000.0 * float(np.mean([a.ttft_s for a in answers])),
+                  "prompt tokens from the prefix cache": float(sum(a.usage["prompt_tokens_details"]["cached_tokens"]
+                                                                   for a in answers))}
+        return Timed(np.asarray(ids, np.float32), seconds, extras)
+
+    def memory_plan(self) -> dict[str, Any] | None:
+        return None
+
+    def close(self) -> None:
+        from .process import ledger_after_stop
+
+        err = self.server.stop()
+        after = ledger_after_stop(err)
+        if self.server.proc.returncode != 0 or after is None or after[0] != after[1]:
+            raise BenchConfigError(f"flare serve did not stop cleanly (exit {self.server.proc.returncode}): "
+                                   f"{err[-500:]}", key="core")
+
+
+class ServeHttpWorkload(Workload):
+    model = "serve-http"
+    metric = Metric("tokens/s", "tokens", per_work=False)
+    tolerance = 0.0
+    default_requests = 3
+    entries_separable = False
+    options = {
+        "size": Option(str, "tiny", "moe-lm size of the default core (tiny, mid, small)",
+                       choices=("tiny", "mid", "small"), shapes_requests=True),
+        "core": Option(str, "", "path of an exported core (default: moe-lm SIZE with its self-draft, exported "
+                       "once into the cache)", shapes_requests=True),
+        "mixed_prefill": Option(bool, True, "serve with the core's mixed programs"),
+        "prefix_cache": Option(bool, True, "reuse KV blocks of prompts already seen"),
+        "speculative": Option(int, 0, "speculative decoding with K proposals (0: off)", minimum=0),
+        "stream": Option(bool, True, "clients stream (server-sent events)"),
+        "clients": Option(int, 16, "concurrent clients in one burst", minimum=1, shapes_requests=True),
+        "new_tokens": Option(int, 16, "tokens generated per client", minimum=1, shapes_requests=True),
+    }
+
+    def validate(self, config: BenchConfig) -> None:
+        if config.peer != "flare":
+            raise BenchConfigError("only Flare serves cores", path=config.path, key="peer")
+        if len(config.backends) != 1:
+            raise BenchConfigError("a served core runs on one backend", path=config.path, key="backends")
+
+    def requests(self, config: BenchConfig, count: int) -> list[Request]:
+        o = config.options
+        items = tuple(burst(o["clients"], o["new_tokens"]))
+        return [Request(i, items, float(o["clients"] * o["new_tokens"]), f"{o['clients']} concurrent clients")
+                for i in range(count)]
+
+    def open_flare(self, config: BenchConfig) -> HttpRunner:
+        return HttpRunner(config)
