@@ -130,6 +130,7 @@ def serve(core: Any, args: argparse.Namespace, comm: Any) -> int:
         sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((args.host, args.port))
+        sock.listen(2048)      # before saying where: a client may connect at once (uvicorn accepts later)
         host, port = sock.getsockname()[:2]
         server.loop.start()
         config = uvicorn.Config(server.api.app(), log_level=args.log_level, lifespan="on",

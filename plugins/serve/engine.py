@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -28,51 +27,27 @@ from flare.dtypes import to_numpy
 from flare.errors import InputError
 from flare.graph import contiguous_strides
 from flare.plugins.export.serving.batch import Chunk, token_lm_inputs
+from flare.plugins.export.serving.engine import Bucket, Engine
 
 EVERY_ROW = frozenset({"decode", "draft", "verify"})   # kinds without out_rows: logits of every token
 BLOCK_TAG = "prefix-cache"
 
 
-@dataclass(frozen=True)
-class Bucket:
-    program: str
-    kind: str
-    tokens: int
-    batch: int
-
-
-class StepEngine:
-    """Runs steps and KV-block copies on a CoreRuntime (`runtime.core`, `runtime.graph`, `execute`)."""
+class StepEngine(Engine):
+    """`flare run`'s engine (buckets by kind) plus logits of every token, KV-block copies and its own
+    rank protocol (a message per step or copy), on a CoreRuntime (`core`, `graph`, `execute`)."""
 
     def __init__(self, runtime: Any, comm: Any = None):
-        self.runtime = runtime
-        self.comm = comm if comm is not None and comm.Get_size() > 1 else None
-        self.serving = runtime.core.manifest.serving
-        self.buckets: dict[str, list[Bucket]] = {}
-        for name, p in runtime.core.programs.items():
-            self.buckets.setdefault(p.kind, []).append(Bucket(name, p.kind, p.bucket.tokens, p.bucket.batch))
-        for v in self.buckets.values():
-            v.sort(key=lambda b: (b.tokens, b.batch))
+        super().__init__(runtime, comm if comm is not None and comm.Get_size() > 1 else None)
         # the KV states: every state indexed by KV row (token-lm/1 writes row seq * max_ctx + pos)
         self.kv = {n: info for n, info in runtime.graph.states().items() if info[1][0] == self.serving.kv_rows}
         self.blocks: dict[int, list[Buffer]] = {}
-        self.steps = 0
 
-    # ------------------------------------------------------------- programs
     def has(self, kind: str) -> bool:
         return bool(self.buckets.get(kind))
 
     def limit(self, kind: str) -> tuple[int, int]:
-        """(most tokens, most sequences) one step of `kind` can hold."""
-        bs = self.buckets.get(kind, [])
-        return (max(b.tokens for b in bs), max(b.batch for b in bs)) if bs else (0, 0)
-
-    def bucket(self, kind: str, tokens: int, seqs: int) -> Bucket:
-        for b in self.buckets.get(kind, []):
-            if b.tokens >= tokens and b.batch >= seqs:
-                return b
-        raise InputError(f"no {kind} program holds {tokens} tokens of {seqs} sequences "
-                         f"(buckets: {[(b.tokens, b.batch) for b in self.buckets.get(kind, [])]})")
+        return super().limit(kind) if kind in self.buckets else (0, 0)
 
     def run(self, kind: str, chunks: Sequence[Chunk]) -> tuple[np.ndarray, Bucket]:
         """Logits: a row per chunk (`prefill`, `mixed`) or per token (`decode`, `draft`, `verify`)."""

@@ -7,8 +7,9 @@ cancelled ones, admits waiting requests into free slots (copying any cached
 prefix into the slot's KV rows), then runs one step:
 - `mixed` (a prefill chunk of the oldest prompt plus a decode token of every
   decoding sequence) when the core's mixed programs are selected;
-- otherwise `prefill` and decode alternate whenever both have work, as in
-  `flare run`'s batcher (same policy, so neither starves);
+- otherwise `prefill` and decode alternate whenever both have work: the
+  policy is `flare run`'s batcher's own (`plan_step`), so neither starves and
+  greedy tokens are the same;
 - a decode turn is a speculative round (draft K, verify once) when
   speculative decoding is on, a plain `decode` step otherwise.
 A request whose prompt is fully read stores its whole blocks in the prefix
@@ -29,7 +30,7 @@ from typing import Any, Callable
 import numpy as np
 
 from flare.errors import FlareError
-from flare.plugins.export.serving.batch import Chunk
+from flare.plugins.export.serving.batcher import plan_step
 
 from .engine import StepEngine
 from .metrics import ServeMetrics
@@ -76,6 +77,10 @@ class _Seq:
     @property
     def tokens(self) -> list[int]:
         return self.job.tokens
+
+    @property
+    def req(self) -> Job:
+        return self.job
 
     @property
     def prefilling(self) -> bool:
@@ -209,33 +214,8 @@ class ServeLoop:
             job.cached_tokens = s.fed
         running.append(s)
 
-    def _plan(self, running: list[_Seq], last: str | None) -> tuple[str, list[tuple[_Seq, Chunk]]]:
-        prefilling = [s for s in running if s.prefilling]
-        decoding = sorted((s for s in running if not s.prefilling), key=lambda s: s.served)
-        cap = self.serving.max_prefill_tokens
-        if self.mixed and prefilling and decoding:
-            t_max, b_max = self.engine.limit("mixed")
-            dec = decoding[: b_max - 1]
-            p = prefilling[0]
-            n = min(len(p.job.prompt) - p.fed, cap, t_max - len(dec))
-            return "mixed", [(p, self._prefill_chunk(p, n))] + [(s, self._decode_chunk(s)) for s in dec]
-        if prefilling and (not decoding or last != "prefill"):
-            p = prefilling[0]
-            n = min(len(p.job.prompt) - p.fed, cap, self.engine.limit("prefill")[0])
-            return "prefill", [(p, self._prefill_chunk(p, n))]
-        t_max, b_max = self.engine.limit("decode")
-        return "decode", [(s, self._decode_chunk(s)) for s in decoding[: min(t_max, b_max)]]
-
-    @staticmethod
-    def _prefill_chunk(s: _Seq, n: int) -> Chunk:
-        return Chunk(s.slot, s.fed, s.job.prompt[s.fed: s.fed + n])
-
-    @staticmethod
-    def _decode_chunk(s: _Seq) -> Chunk:
-        return Chunk(s.slot, s.position, (s.tokens[-1],))
-
     def _step(self, running: list[_Seq], last: str | None) -> str:
-        kind, plan = self._plan(running, last)
+        kind, plan = plan_step(self.engine, running, last, self.mixed)
         turn = next(self._turn)
         if kind == "decode" and self.spec is not None:
             seqs = [s for s, _ in plan]

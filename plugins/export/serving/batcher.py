@@ -20,7 +20,7 @@ import hashlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -51,6 +51,53 @@ class _Seq:
         return self.fed + max(0, len(self.tokens) - 1)
 
 
+class Planned(Protocol):
+    """What the step policy reads of a sequence (the batcher's and `flare serve`'s)."""
+
+    slot: int
+    fed: int                      # prompt tokens already in the KV cache
+    served: int                   # the last step that fed it
+    tokens: list[int]
+
+    @property
+    def req(self) -> Any: ...     # has `.prompt`
+    @property
+    def prefilling(self) -> bool: ...
+    @property
+    def position(self) -> int: ...
+
+
+S = TypeVar("S", bound=Planned)
+
+
+def plan_step(engine: Engine, running: Sequence[S], last: str | None, use_mixed: bool) -> tuple[str, list[tuple[S, Chunk]]]:
+    """The next step: its kind and a chunk for each sequence it feeds (see the module docstring)."""
+    prefilling = [s for s in running if s.prefilling]
+    # least recently served first: when a step cannot hold every decoding sequence, none starves
+    decoding = sorted((s for s in running if not s.prefilling), key=lambda s: s.served)
+    cap = engine.serving.max_prefill_tokens
+    if use_mixed and prefilling and decoding:
+        t_max, b_max = engine.limit("mixed")
+        dec = decoding[: b_max - 1]
+        p = prefilling[0]
+        n = min(len(p.req.prompt) - p.fed, cap, t_max - len(dec))
+        return "mixed", [(p, _prefill_chunk(p, n))] + [(s, _decode_chunk(s)) for s in dec]
+    if prefilling and (not decoding or last != "prefill"):
+        p = prefilling[0]
+        n = min(len(p.req.prompt) - p.fed, cap, engine.limit("prefill")[0])
+        return "prefill", [(p, _prefill_chunk(p, n))]
+    t_max, b_max = engine.limit("decode")
+    return "decode", [(s, _decode_chunk(s)) for s in decoding[: min(t_max, b_max)]]
+
+
+def _prefill_chunk(s: Planned, n: int) -> Chunk:
+    return Chunk(s.slot, s.fed, tuple(s.req.prompt[s.fed: s.fed + n]))
+
+
+def _decode_chunk(s: Planned) -> Chunk:
+    return Chunk(s.slot, s.position, (s.tokens[-1],))
+
+
 class Batcher:
     """Serve a list of requests to completion on `engine`; see the module docstring."""
 
@@ -68,30 +115,7 @@ class Batcher:
 
     # ----------------------------------------------------------------- policy
     def _plan(self, running: list[_Seq], last: str | None) -> tuple[str, list[tuple[_Seq, Chunk]]]:
-        prefilling = [s for s in running if s.prefilling]
-        # least recently served first: when a step cannot hold every decoding sequence, none starves
-        decoding = sorted((s for s in running if not s.prefilling), key=lambda s: s.served)
-        cap = self.serving.max_prefill_tokens
-        if self.use_mixed and prefilling and decoding:
-            t_max, b_max = self.engine.limit("mixed")
-            dec = decoding[: b_max - 1]
-            p = prefilling[0]
-            n = min(len(p.req.prompt) - p.fed, cap, t_max - len(dec))
-            return "mixed", [(p, self._prefill_chunk(p, n))] + [(s, self._decode_chunk(s)) for s in dec]
-        if prefilling and (not decoding or last != "prefill"):
-            p = prefilling[0]
-            n = min(len(p.req.prompt) - p.fed, cap, self.engine.limit("prefill")[0])
-            return "prefill", [(p, self._prefill_chunk(p, n))]
-        t_max, b_max = self.engine.limit("decode")
-        return "decode", [(s, self._decode_chunk(s)) for s in decoding[: min(t_max, b_max)]]
-
-    @staticmethod
-    def _prefill_chunk(s: _Seq, n: int) -> Chunk:
-        return Chunk(s.slot, s.fed, s.req.prompt[s.fed: s.fed + n])
-
-    @staticmethod
-    def _decode_chunk(s: _Seq) -> Chunk:
-        return Chunk(s.slot, s.position, (s.tokens[-1],))
+        return plan_step(self.engine, running, last, self.use_mixed)
 
     def _sample(self, logits: np.ndarray) -> int:
         v = np.asarray(logits, np.float64).copy()
