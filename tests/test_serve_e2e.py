@@ -114,9 +114,29 @@ def test_client_disconnect_cancels_its_request(server) -> None:
 
 
 def test_sigterm_releases_every_buffer(core_path) -> None:
-    s = ServerProcess(str(core_path), "--no-mixed-prefill", "--speculative", "3")
+    """With a request in flight: it finishes within the grace period or is cancelled; either way the
+    stream ends, the process exits 0 and the ledger holds what it held at start."""
+    import threading
+
+    s = ServerProcess(str(core_path), "--no-mixed-prefill", "--speculative", "3", "--graceful-seconds", "0.2")
     assert _complete(s.url, 0, PROMPTS[1][0], 5, True)[1]
+    ended: list[str] = []
+
+    def long_stream() -> None:
+        body = {"prompt": "x", "max_tokens": 120, "temperature": 0.7, "seed": 1, "stream": True}
+        try:
+            with httpx.Client(timeout=60) as c, c.stream("POST", f"{s.url}/v1/completions", json=body) as r:
+                lines = list(r.iter_lines())
+            ended.append("done" if "data: [DONE]" in lines else "cut")
+        except httpx.HTTPError as exc:          # the connection closed under it: cancelled
+            ended.append(type(exc).__name__)
+
+    t = threading.Thread(target=long_stream)
+    t.start()
+    time.sleep(0.05)
     err = s.stop()
+    t.join(30)
+    assert ended and not t.is_alive(), err
     assert s.proc.returncode == 0, err
     after = ledger_after_stop(err)
     assert after is not None and after[0] == after[1], err
