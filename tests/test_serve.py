@@ -198,3 +198,57 @@ def test_flare_bench_has_the_http_serving_workload() -> None:
     w = get_workload("serve-http")
     assert isinstance(w, ServeHttpWorkload)
     assert {"mixed_prefill", "prefix_cache", "speculative", "clients"} <= set(w.options)
+
+
+def test_a_full_device_only_stops_caching(core_path, reference) -> None:
+    """Fault injection: the prefix cache's first block allocation fails; the request is still served
+    (uncached, same tokens) and nothing leaks."""
+    start = LEDGER.live_bytes()
+    core = load_core(core_path)
+    server = Server(CoreRuntime(core), name="tiny.core")
+    server.loop.start()
+    try:
+        events: queue.Queue = queue.Queue()
+        # the same steps once before (programs compile their kernels on first use), caching 3 blocks
+        server.loop.submit(Job("warm", _ids(BASE[::-1]), 9, SamplingParams(0.0), (), events.put))
+        while "token" in events.get(timeout=60):
+            pass
+        job = Job("a", _ids(BASE), 9, SamplingParams(0.0), (), events.put)
+        with LEDGER.fail_at(1) as inj:
+            server.loop.submit(job)
+            while "token" in (ev := events.get(timeout=60)):
+                pass
+        assert inj.fired and ev == {"done": "length"} and job.tokens == reference["a"]
+        assert server.cache.stats()["failed_saves"] == 1 and server.cache.blocks == 3
+    finally:
+        server.close()
+    assert LEDGER.live_bytes() == start
+
+
+def test_a_failing_step_fails_its_requests_and_the_server_goes_on(core_path, reference, monkeypatch) -> None:
+    core = load_core(core_path)
+    server = Server(CoreRuntime(core), name="tiny.core", prefix_cache=False)
+    real, calls = server.runtime.execute, []
+
+    def flaky(program: str, **inputs):
+        calls.append(program)
+        if len(calls) == 3:
+            raise RuntimeError("injected step failure")
+        return real(program, **inputs)
+
+    monkeypatch.setattr(server.runtime, "execute", flaky)
+    server.loop.start()
+    try:
+        first: queue.Queue = queue.Queue()
+        server.loop.submit(Job("broken", _ids(BASE), 9, SamplingParams(0.0), (), first.put))
+        while "token" in (ev := first.get(timeout=60)):
+            pass
+        assert "injected step failure" in ev["error"]
+        again: queue.Queue = queue.Queue()
+        job = Job("a", _ids(BASE), 9, SamplingParams(0.0), (), again.put)
+        server.loop.submit(job)
+        while "token" in (ev := again.get(timeout=60)):
+            pass
+        assert ev == {"done": "length"} and job.tokens == reference["a"] and server.loop.alive
+    finally:
+        server.close()

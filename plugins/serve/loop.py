@@ -14,9 +14,11 @@ prefix into the slot's KV rows), then runs one step:
   speculative decoding is on, a plain `decode` step otherwise.
 A request whose prompt is fully read stores its whole blocks in the prefix
 cache. Every generated token is handed to the request's `sink` (from this
-thread; the app forwards it to the event loop). A failure of a step fails
-every request in flight with the error and stops the loop; shutdown cancels
-what is left, frees every prefix-cache block and tells other ranks to stop.
+thread; the app forwards it to the event loop). A step that raises fails the
+requests in flight with its error and the loop goes on serving; on several
+ranks (which may be inside that step) it stops the loop instead, and the API
+answers 503. Shutdown cancels what is left, frees every prefix-cache block and
+tells other ranks to stop.
 """
 from __future__ import annotations
 
@@ -112,7 +114,8 @@ class ServeLoop:
         self._stopping = False
         self._thread = threading.Thread(target=self._main, name="flare-serve-steps", daemon=True)
         self.error: BaseException | None = None
-        self.steps = 0
+        self.step_failures = 0
+        self._waiting_count = 0
         self._turn = itertools.count()
 
     # ------------------------------------------------------ event-loop side
@@ -150,8 +153,6 @@ class ServeLoop:
         return self._thread.is_alive()
 
     # ---------------------------------------------------------- loop thread
-    _waiting_count = 0
-
     def _main(self) -> None:
         waiting: deque[Job] = deque()
         running: list[_Seq] = []
@@ -175,7 +176,13 @@ class ServeLoop:
                 self.metrics.running.set(len(running))
                 if not running:
                     continue
-                last = self._step(running, last)
+                try:
+                    last = self._step(running, last)
+                except Exception as exc:
+                    if self.engine.comm is not None:
+                        raise             # the other ranks may be inside the step: stop them all
+                    self._fail_running(running, free, exc)   # alone: those requests fail, the server goes on
+                    last = None
                 self._finish(running, free)
                 self.metrics.running.set(len(running))
         except BaseException as exc:  # noqa: BLE001 - every request in flight must hear about it
@@ -184,6 +191,8 @@ class ServeLoop:
                 self._end(s.job, error=f"{type(exc).__name__}: {exc}")
             for j in waiting:
                 self._end(j, error=f"{type(exc).__name__}: {exc}")
+            running.clear()
+            waiting.clear()
         finally:
             with self._lock:
                 self._stopping = True
@@ -199,6 +208,18 @@ class ServeLoop:
                     self.cache.clear()
             finally:
                 self.engine.stop()
+
+    def _fail_running(self, running: list[_Seq], free: list[int], exc: Exception) -> None:
+        """A step raised: every request it may have touched gets the error and its slot back (their KV
+        rows are rewritten before any later request's mask admits them)."""
+        self.step_failures += 1
+        for s in list(running):
+            running.remove(s)
+            free.append(s.slot)
+            if self.cache is not None:
+                self.cache.release(s.held)
+            self._end(s.job, error=f"{type(exc).__name__}: {exc}")
+        free.sort()
 
     def _drop_cancelled(self, waiting: deque[Job], running: list[_Seq], free: list[int]) -> None:
         for j in [j for j in waiting if j.cancelled]:

@@ -10,7 +10,8 @@ up in the ledger and in `/metrics` like any other allocation.
 Reference counts: a block is held by each running request that reused or
 wrote it and by each child block; only unheld blocks can be evicted, least
 recently used first, when a new block would pass the byte budget (a chain is
-evicted from its tail, never leaving an orphan). A request always prefills at
+evicted from its tail, never leaving an orphan). A block the device cannot
+allocate is simply not cached: the cache is an optimisation, never a failure. A request always prefills at
 least its last prompt token itself (its logits are needed), so at most
 `len(prompt) - 1` tokens, rounded down to whole blocks, come from the cache.
 Output is identical to a cold run: a reused block holds the very KV rows a
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+
+from flare.errors import AllocationError
 
 
 @dataclass(eq=False)
@@ -49,7 +52,7 @@ class PrefixCache:
         self._index: dict[bytes, Block] = {}
         self._free: OrderedDict[int, Block] = OrderedDict()   # unheld blocks, least recently used first
         self._ids = itertools.count(1)
-        self.hits = self.lookups = self.reused_tokens = self.evictions = 0
+        self.hits = self.lookups = self.reused_tokens = self.evictions = self.failed_saves = 0
 
     @staticmethod
     def _key(parent: Block | None, tokens: Sequence[int]) -> bytes:
@@ -112,7 +115,11 @@ class PrefixCache:
                 if not self._make_room():
                     return
                 b = Block(next(self._ids), key, parent)
-                self.engine.save_block(b.bid, slot, start, n)
+                try:
+                    self.engine.save_block(b.bid, slot, start, n)
+                except AllocationError:      # the device is full: serve on without caching this prompt
+                    self.failed_saves += 1
+                    return
                 self._index[key] = b
                 if parent is not None:
                     parent.refs += 1            # a child holds its parent
@@ -145,4 +152,4 @@ class PrefixCache:
     def stats(self) -> dict[str, int]:
         return {"blocks": self.blocks, "bytes": self.bytes, "budget_bytes": self.budget_bytes,
                 "lookups": self.lookups, "hits": self.hits, "reused_tokens": self.reused_tokens,
-                "evictions": self.evictions}
+                "evictions": self.evictions, "failed_saves": self.failed_saves}
