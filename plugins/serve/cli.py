@@ -129,8 +129,11 @@ def serve(core: Any, args: argparse.Namespace, comm: Any) -> int:
     try:
         sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((args.host, args.port))
-        sock.listen(2048)      # before saying where: a client may connect at once (uvicorn accepts later)
+        try:
+            sock.bind((args.host, args.port))
+            sock.listen(2048)  # before saying where: a client may connect at once (uvicorn accepts later)
+        except OSError as exc:
+            raise FlareError(f"--host/--port: cannot listen on {args.host}:{args.port}: {exc}") from None
         host, port = sock.getsockname()[:2]
         server.loop.start()
         config = uvicorn.Config(server.api.app(), log_level=args.log_level, lifespan="on",
