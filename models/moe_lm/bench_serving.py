@@ -44,13 +44,9 @@ def concurrent_requests(n: int, new_tokens: int, gap_s: float) -> list[Any]:
 
 def default_core(size: str) -> Path:
     """The core a configuration without `core` uses: exported once per size into the cache."""
-    from flare.cache import cache_dir
-    from flare.plugins.export import export_core
+    from flare.plugins.export import cached_core
 
-    path = cache_dir("bench", "cores") / f"moe-lm-{size}.core"
-    if not path.exists():
-        export_core("moe-lm", path, options={"size": size}, progress=False)
-    return path
+    return cached_core("moe-lm", f"moe-lm-{size}.core", {"size": size})
 
 
 class ServingRunner:

@@ -175,3 +175,12 @@ def export_core(
             steps.advance("verified")
     return out
 
+
+def cached_core(model: str, name: str, options: Mapping[str, Any] | None = None) -> Path:
+    """A core exported once into the cache directory (`bench/cores/NAME`) and reused after (benchmarks)."""
+    from flare.cache import cache_dir
+
+    path = cache_dir("bench", "cores") / name
+    if not path.exists():
+        export_core(model, path, options=options, progress=False)
+    return path

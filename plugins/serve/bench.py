@@ -35,13 +35,9 @@ def burst(clients: int, new_tokens: int) -> list[tuple[str, int]]:
 
 def default_core(size: str) -> Path:
     """moe-lm SIZE with its self-draft, exported once into the cache (the adapter comes from its plugin)."""
-    from flare.cache import cache_dir
-    from flare.plugins.export import export_core
+    from flare.plugins.export import cached_core
 
-    path = cache_dir("bench", "cores") / f"moe-lm-{size}-draft.core"
-    if not path.exists():
-        export_core("moe-lm", path, options={"size": size}, progress=False)
-    return path
+    return cached_core("moe-lm", f"moe-lm-{size}-draft.core", {"size": size})
 
 
 class HttpRunner:
