@@ -99,17 +99,27 @@ def test_16_concurrent_requests_equal_flare_run(server, expected) -> None:
     assert re.search(r"flare_speculative_proposed_tokens [1-9]", metrics)
 
 
+def _cancelled(url: str) -> int:
+    m = re.search(r'flare_requests_total\{outcome="cancelled"\} ([0-9.]+)', httpx.get(f"{url}/metrics").text)
+    return int(float(m.group(1))) if m else 0
+
+
+def _wait_cancelled(url: str, at_least: int) -> None:
+    deadline = time.monotonic() + 30
+    while _cancelled(url) < at_least:
+        assert time.monotonic() < deadline, "the disconnected request was not cancelled"
+        time.sleep(0.05)
+
+
 def test_client_disconnect_cancels_its_request(server) -> None:
+    before = _cancelled(server.url)
     body = {"prompt": "a long answer please", "max_tokens": 100, "temperature": 0, "stream": True}
     with httpx.Client(timeout=60) as c, c.stream("POST", f"{server.url}/v1/completions", json=body) as r:
         next(r.iter_lines())                    # the first token arrived; now hang up
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if re.search(r'flare_requests_total\{outcome="cancelled"\} [1-9]', httpx.get(f"{server.url}/metrics").text):
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError("the disconnected request was not cancelled")
+    _wait_cancelled(server.url, before + 1)
+    with pytest.raises(httpx.ReadTimeout):      # not streaming: the client gives up before the answer
+        httpx.post(f"{server.url}/v1/completions", json={**body, "stream": False}, timeout=0.02)
+    _wait_cancelled(server.url, before + 2)
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
