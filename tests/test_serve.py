@@ -252,3 +252,39 @@ def test_a_failing_step_fails_its_requests_and_the_server_goes_on(core_path, ref
         assert ev == {"done": "length"} and job.tokens == reference["a"] and server.loop.alive
     finally:
         server.close()
+
+
+def test_text_stream_holds_back_what_could_start_a_stop_string() -> None:
+    from flare.plugins.serve.text import TextStream
+
+    s = TextStream(["ab"])
+    assert s.push(ord("x")) == "" and s.push(ord("a")) == "x"   # "a" may begin "ab": held
+    assert s.push(ord("b")) == "" and s.stopped and s.text == "x"
+    u = TextStream()
+    assert u.push(0xC3) == "" and u.push(0xA9) == "é"              # never half a UTF-8 character
+    assert u.push(256) == "" and u.flush() == ""                   # specials have no text
+
+
+def test_a_stop_string_ends_the_request(core_path, reference) -> None:
+    """Greedy: the request stops at the first token whose text completes the stop string; the text
+    ends before it, token_ids include it."""
+    prompts = {rid: p for wave in WAVES for rid, p, _ in wave}
+    rid, i = next((rid, i) for rid, t in reference.items() for i in range(1, len(t))
+                  if t[i] < 128 and t[i] not in t[:i])
+    stop = chr(reference[rid][i])
+    core = load_core(core_path)
+    server = Server(CoreRuntime(core), name="tiny.core")
+    server.loop.start()
+    try:
+        events: queue.Queue = queue.Queue()
+        job = Job(rid, _ids(prompts[rid]), len(reference[rid]), SamplingParams(0.0), (stop,), events.put)
+        server.loop.submit(job)
+        text = []
+        while "token" in (ev := events.get(timeout=60)):
+            text.append(ev["text"])
+        from flare.plugins.serve.text import detokenize
+
+        assert ev == {"done": "stop"} and job.tokens == reference[rid][: i + 1]
+        assert "".join(text) == detokenize(reference[rid][:i])
+    finally:
+        server.close()
