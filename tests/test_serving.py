@@ -91,7 +91,11 @@ def test_too_long_requests_are_rejected_not_fatal(core_path, requests) -> None:
     assert report["completed"] == 1
 
 
-def test_inputs_match_the_model_batch_layout(core_path) -> None:
+def test_token_lm_layout_from_its_definition(core_path) -> None:
+    """The contract, checked from its definition: token i of a chunk writes KV row
+    seq * max_ctx + pos and attends to exactly its own sequence's rows up to pos; padding
+    writes and reads only the scratch row; out_rows are each chunk's last token. moe-lm
+    builds its steps with the same function, from the manifest's own contract."""
     from flare.models.moe_lm import SeqChunk, get_config, make_inputs
 
     cfg, serving = get_config("tiny"), load_core(core_path).manifest.serving
@@ -102,11 +106,23 @@ def test_inputs_match_the_model_batch_layout(core_path) -> None:
                   for s in seqs]
         n = sum(len(c.tokens) for c in chunks)
         pad = int(n + rng.integers(0, 3))
-        want = make_inputs(cfg, [SeqChunk(c.seq, c.start, c.tokens) for c in chunks], pad_to=pad)
         got = token_lm_inputs(serving, chunks, tokens=pad, batch=len(chunks))
-        assert want.keys() == got.keys()
-        for k in want:
-            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+        at, last = 0, []
+        for c in chunks:
+            for i, tok in enumerate(c.tokens):
+                pos, row = c.start + i, c.seq * serving.max_ctx + c.start + i
+                assert got["tokens"][at] == tok and got["pos"][at] == pos and got["kv_rows"][at] == row
+                open_rows = np.flatnonzero(got["mask"][at] == 0)
+                np.testing.assert_array_equal(open_rows, np.arange(c.seq * serving.max_ctx, row + 1))
+                at += 1
+            last.append(at - 1)
+        for r in range(n, pad):
+            assert got["kv_rows"][r] == serving.scratch_row and got["tokens"][r] == serving.pad
+            np.testing.assert_array_equal(np.flatnonzero(got["mask"][r] == 0), [serving.scratch_row])
+        np.testing.assert_array_equal(got["out_rows"], last)
+        model = make_inputs(cfg, [SeqChunk(c.seq, c.start, c.tokens) for c in chunks], pad_to=pad)
+        for k in got:
+            np.testing.assert_array_equal(model[k], got[k], err_msg=k)
 
 
 def test_request_parsing() -> None:

@@ -10,15 +10,17 @@ shape) write the scratch row and attend only to it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from flare.errors import ModelError
 
-from .config import PAD, MoeConfig
+from .config import EOS, PAD, MoeConfig
 
-MASK_NEG = np.float32(-1e30)  # finite: exp() of it minus the row max is exactly 0 on every backend
+if TYPE_CHECKING:
+    from flare.plugins.export.schema import Serving
+
 
 
 @dataclass(frozen=True)
@@ -37,14 +39,19 @@ class SeqChunk:
 
 def make_inputs(cfg: MoeConfig, chunks: Sequence[SeqChunk], *, pad_to: int | None = None,
                 out_rows: bool = True) -> dict[str, np.ndarray]:
-    """Graph inputs for one step. `out_rows`: select each chunk's last token's logits."""
+    """Graph inputs for one step. `out_rows`: select each chunk's last token's logits.
+
+    The layout is the `token-lm/1` contract an exported core is served with
+    (`flare.plugins.export.serving.batch.token_lm_inputs`); moe-lm implements it,
+    so it builds its steps with the contract's own function after checking what
+    only the model knows (vocabulary, its own limits, with moe-lm's messages)."""
+    from flare.plugins.export.serving.batch import Chunk, token_lm_inputs
+
     if not chunks:
         raise ModelError("moe-lm: a step needs at least one sequence chunk")
     seqs = [c.seq for c in chunks]
     if len(set(seqs)) != len(seqs):
         raise ModelError(f"moe-lm: a step holds sequence(s) {sorted(s for s in set(seqs) if seqs.count(s) > 1)} twice")
-    toks, pos, seq_of = [], [], []
-    last = []
     for c in chunks:
         if not 0 <= c.seq < cfg.max_seqs:
             raise ModelError(f"moe-lm: sequence slot {c.seq} outside 0..{cfg.max_seqs - 1}")
@@ -56,30 +63,21 @@ def make_inputs(cfg: MoeConfig, chunks: Sequence[SeqChunk], *, pad_to: int | Non
         bad = [t for t in c.tokens if not 0 <= t < cfg.vocab]
         if bad:
             raise ModelError(f"moe-lm: token ids {bad[:4]} outside the vocabulary 0..{cfg.vocab - 1}")
-        toks.extend(c.tokens)
-        pos.extend(range(c.start, c.start + len(c.tokens)))
-        seq_of.extend([c.seq] * len(c.tokens))
-        last.append(len(toks) - 1)
-    n = len(toks)
+    n = sum(len(c.tokens) for c in chunks)
     total = n if pad_to is None else pad_to
     if total < n:
         raise ModelError(f"moe-lm: {n} tokens do not fit a padded step of {total}")
-    tokens = np.full(total, PAD, np.int32)
-    positions = np.zeros(total, np.int32)
-    rows = np.full(total, cfg.scratch_row, np.int32)
-    tokens[:n] = toks
-    positions[:n] = pos
-    seq_arr = np.asarray(seq_of, np.int64)
-    rows[:n] = seq_arr * cfg.max_ctx + positions[:n]
-    mask = np.full((total, cfg.kv_rows), MASK_NEG, np.float32)
-    cols = np.arange(cfg.kv_rows)[None, :]
-    first = (seq_arr * cfg.max_ctx)[:, None]
-    mask[:n][(cols >= first) & (cols <= first + positions[:n, None])] = 0.0
-    mask[n:, cfg.scratch_row] = 0.0
-    inputs = {"tokens": tokens, "pos": positions, "kv_rows": rows, "mask": mask}
-    if out_rows:
-        inputs["out_rows"] = np.asarray(last, np.int32)
-    return inputs
+    return token_lm_inputs(serving_contract(cfg), [Chunk(c.seq, c.start, c.tokens) for c in chunks], tokens=total,
+                           batch=len(chunks) if out_rows else None)
+
+
+def serving_contract(cfg: MoeConfig) -> "Serving":
+    """moe-lm's sizes as the `token-lm/1` serving contract (what an exported core's manifest says)."""
+    from flare.plugins.export.schema import Serving
+
+    from .sampling import NEVER
+
+    return Serving("token-lm/1", cfg.max_seqs, cfg.max_ctx, cfg.prefill_chunk, cfg.vocab, PAD, EOS, tuple(NEVER))
 
 
 def pow2_chunks(n: int, limit: int) -> list[int]:

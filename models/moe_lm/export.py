@@ -43,11 +43,9 @@ class MoeLmAdapter(ExportAdapter):
         return {"size": self.cfg.name, "seed": self.seed, "experts": "resident", **dataclasses.asdict(self.cfg)}
 
     def serving(self) -> Serving:
-        from flare.models.moe_lm.config import EOS, PAD
-        from flare.models.moe_lm.sampling import NEVER
+        from flare.models.moe_lm.batch import serving_contract
 
-        c = self.cfg
-        return Serving("token-lm/1", c.max_seqs, c.max_ctx, c.prefill_chunk, c.vocab, PAD, EOS, tuple(NEVER))
+        return serving_contract(self.cfg)
 
     def mixed_support(self) -> tuple[bool, str]:
         from flare.models.moe_lm.graph import ENTRIES

@@ -5,8 +5,8 @@ token of another. Each token writes KV row `seq * max_ctx + pos`; its mask row
 admits exactly its own sequence's rows up to its position. Padding tokens
 (to reach a program's fixed bucket) write the scratch row and attend only to
 it, and padded `out_rows` repeat the last real row. A core runs without its
-model plugin, so the layout lives here too; a test checks it against
-`flare.models.moe_lm.batch.make_inputs` byte for byte.
+model plugin, so the layout is defined here, by the contract; moe-lm builds its
+own steps with it (`flare.models.moe_lm.batch.make_inputs`).
 """
 from __future__ import annotations
 
