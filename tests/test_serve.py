@@ -23,7 +23,7 @@ from flare.plugins.export import LoadOptions, SelectionError, export_core, load_
 from flare.plugins.export.runtime import CoreRuntime  # noqa: E402
 from flare.plugins.export.serving import Batcher, Engine, Request  # noqa: E402
 from flare.plugins.serve.loop import Job, QueueFull  # noqa: E402
-from flare.plugins.serve.sampling import SamplingParams, TokenChooser  # noqa: E402
+from flare.plugins.export.serving.sampling import SamplingParams, TokenChooser  # noqa: E402
 from flare.plugins.serve.server import Server  # noqa: E402
 from flare.plugins.serve.speculative import Speculator  # noqa: E402
 

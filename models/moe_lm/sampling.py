@@ -29,31 +29,18 @@ class Sampling:
 
 
 class Sampler:
-    """Stateful: one generator per request, advanced once per sampled token."""
+    """Stateful: one generator per request, advanced once per sampled token. The rule is the
+    token-LM sampler an exported core is served with (`flare.plugins.export.serving.sampling`),
+    so `flare run moe-lm` and a served moe-lm core choose tokens the same way."""
 
     def __init__(self, sampling: Sampling | None = None):
-        self.sampling = sampling or Sampling()
-        self._rng = np.random.default_rng(self.sampling.seed)
+        from flare.plugins.export.serving.sampling import SamplingParams, TokenChooser
+
+        self.sampling = s = sampling or Sampling()
+        greedy = s.greedy or s.temperature <= 0
+        params = SamplingParams(temperature=0.0 if greedy else s.temperature,
+                                top_p=s.top_p if s.top_p is not None else 1.0, seed=s.seed, top_k=s.top_k)
+        self._choose = TokenChooser(params, NEVER)
 
     def __call__(self, logits: np.ndarray) -> int:
-        s = self.sampling
-        v = np.asarray(logits, np.float64).reshape(-1).copy()
-        v[[t for t in NEVER if t < v.size]] = -np.inf
-        if s.greedy or s.temperature <= 0:
-            return int(np.argmax(v))
-        v = v / s.temperature
-        if s.top_k is not None and 0 < s.top_k < v.size:
-            cut = np.sort(v)[-s.top_k]
-            v[v < cut] = -np.inf
-        p = np.exp(v - v.max())
-        p /= p.sum()
-        if s.top_p is not None and 0 < s.top_p < 1:
-            order = np.argsort(-p, kind="stable")
-            keep = np.cumsum(p[order]) - p[order] < s.top_p
-            drop = order[~keep]
-            p[drop] = 0.0
-            p /= p.sum()
-        cdf = np.cumsum(p)
-        # side="right": cdf[idx-1] <= u*total < cdf[idx], so p[idx] > 0 (a dropped token is never chosen)
-        idx = int(np.searchsorted(cdf, self._rng.random() * cdf[-1], side="right"))
-        return min(idx, v.size - 1)
+        return self._choose(logits)

@@ -25,7 +25,7 @@ from starlette.routing import Route
 from flare.errors import FlareError
 
 from .loop import Job, QueueFull, ServeLoop
-from .sampling import SamplingParams
+from flare.plugins.export.serving.sampling import SamplingParams
 
 BOS = 256   # token-lm/1: a text prompt is <bos> then its UTF-8 bytes (as `flare run --prompt`)
 

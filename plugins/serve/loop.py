@@ -37,7 +37,7 @@ from flare.plugins.export.serving.batcher import plan_step
 from .engine import StepEngine
 from .metrics import ServeMetrics
 from .prefix_cache import Block, PrefixCache
-from .sampling import SamplingParams, TokenChooser
+from flare.plugins.export.serving.sampling import SamplingParams, TokenChooser
 from .speculative import Speculator
 from .text import TextStream
 

@@ -30,7 +30,7 @@ import numpy as np
 from flare.plugins.export.serving.batch import Chunk
 
 from .engine import StepEngine
-from .sampling import TokenChooser
+from flare.plugins.export.serving.sampling import TokenChooser
 
 
 class Speculating(Protocol):

@@ -25,6 +25,7 @@ from typing import Any, Callable, Protocol, Sequence, TypeVar
 import numpy as np
 
 from .batch import Chunk
+from .sampling import SamplingParams, TokenChooser
 from .engine import Engine
 from .metrics import RequestStats, summarize
 from .requests import Request
@@ -112,16 +113,14 @@ class Batcher:
         self.steps: dict[str, int] = {"prefill": 0, "decode": 0, "mixed": 0}
         self.trace: list[tuple[str, str, int, int]] = []   # (kind, program, tokens, sequences decoding) per step
         self._logits_hash = hashlib.sha256()
+        self._greedy = TokenChooser(SamplingParams(temperature=0.0), self.serving.never)
 
     # ----------------------------------------------------------------- policy
     def _plan(self, running: list[_Seq], last: str | None) -> tuple[str, list[tuple[_Seq, Chunk]]]:
         return plan_step(self.engine, running, last, self.use_mixed)
 
     def _sample(self, logits: np.ndarray) -> int:
-        v = np.asarray(logits, np.float64).copy()
-        if self.serving.never:
-            v[list(self.serving.never)] = -np.inf
-        return int(np.argmax(v))
+        return self._greedy(logits)
 
     # -------------------------------------------------------------------- run
     def run(self, requests: list[Request]) -> dict[str, Any]:

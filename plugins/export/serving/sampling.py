@@ -1,7 +1,9 @@
-"""Per-request token choice: greedy, or seeded temperature / top-p sampling.
+"""Per-request token choice: greedy, or seeded temperature / top-k / top-p sampling.
 
-A served core runs without its model plugin, so the choice rule lives here,
-driven only by the manifest (`never`: ids the contract forbids). Work is in
+The one sampler of token LMs: a served core runs without its model plugin, so
+the choice rule lives here, driven only by the manifest (`never`: ids the
+contract forbids); `flare run NAME.core`'s batcher, `flare serve` and moe-lm's
+own `Sampler` all use it. Work is in
 float64 on the host. `probs` gives the distribution a sampled token is drawn
 from, which speculative decoding needs for the acceptance rule; `greedy`
 requests (temperature 0) take the argmax, first index on ties, exactly like
@@ -17,11 +19,13 @@ import numpy as np
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 = greedy; top_p in (0, 1] keeps the smallest set of tokens holding that mass."""
+    """temperature 0 = greedy; top_k keeps the k likeliest tokens (None: all); top_p in (0, 1]
+    keeps the smallest set of tokens holding that mass."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    top_k: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -49,6 +53,9 @@ class TokenChooser:
             p[int(np.argmax(v))] = 1.0
             return p
         v = v / self.params.temperature
+        k = self.params.top_k
+        if k is not None and 0 < k < v.size:
+            v[v < np.sort(v)[-k]] = -np.inf
         p = np.exp(v - v.max())
         p /= p.sum()
         if 0.0 < self.params.top_p < 1.0:
@@ -59,7 +66,8 @@ class TokenChooser:
         return p
 
     def draw(self, p: np.ndarray) -> int:
-        """A token from distribution `p` with this request's generator (never a zero-probability id)."""
+        """A token from distribution `p` with this request's generator (never a zero-probability id:
+        side="right" gives cdf[idx-1] <= u*total < cdf[idx], so p[idx] > 0)."""
         cdf = np.cumsum(p)
         idx = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
         return min(idx, p.size - 1)
