@@ -10,8 +10,10 @@ recorded command buffer on Vulkan, a CUDA graph on CUDA) that `run()` replays.
 from __future__ import annotations
 
 import abc
+import contextlib
+import threading
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -132,7 +134,14 @@ class PreparedSplit(abc.ABC):
 
 
 class Device(abc.ABC):
-    """One device of a backend. Subclasses implement the `_raw` hooks and `compile`."""
+    """One device of a backend. Subclasses implement the `_raw` hooks and `compile`.
+
+    Thread safety: a device may be used by several prepared graphs at the same
+    time (each backend serialises its own queue). `in_use()` marks one user's
+    work in flight; `close()` first refuses new users, then waits for those in
+    flight (`_begin_close`), so a device closed under live graphs never frees
+    memory a running execute touches, and later executes raise ReleasedError.
+    """
 
     backend: ClassVar[str] = "?"
 
@@ -140,6 +149,36 @@ class Device(abc.ABC):
         self.name = name
         self.priority = priority
         self.closed = False
+        self._closing = False
+        self._users = 0
+        self._use_cond = threading.Condition()
+
+    # -- users and closing ------------------------------------------------------
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator["Device"]:
+        """Hold the device open for the block; ReleasedError if it is closed or closing."""
+        with self._use_cond:
+            if self.closed or self._closing:
+                raise ReleasedError(f"device {self.name} is closed")
+            self._users += 1
+        try:
+            yield self
+        finally:
+            with self._use_cond:
+                self._users -= 1
+                if self._users == 0:
+                    self._use_cond.notify_all()
+
+    def _begin_close(self) -> bool:
+        """Refuse new users and wait for those in flight. False when a close already began
+        (the caller then returns: close is idempotent)."""
+        with self._use_cond:
+            if self._closing:
+                return False
+            self._closing = True
+            while self._users:
+                self._use_cond.wait()
+        return True
 
     # -- memory -------------------------------------------------------------
     @abc.abstractmethod
@@ -225,8 +264,9 @@ class Device(abc.ABC):
                 "alignment": bt.alignment, "max_buffer": bt.max_size}
 
     def close(self) -> None:
-        """Release device-level objects; buffers must already be released."""
-        self.closed = True
+        """Release device-level objects (after the work in flight); buffers should already be released."""
+        if self._begin_close():
+            self.closed = True
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"

@@ -17,13 +17,27 @@ prepare -> execute -> reset -> release.
 
 Entry points (`full`, `body`, `prefill`, `decode`...) share the workspace, so
 their arenas overlap: memory is the largest entry's need, not the sum.
+
+Concurrency: a PreparedGraph may be shared between threads. Its public methods
+serialise on a per-graph lock, and execute/prepare/reset also hold the
+workspace's lock (graphs sharing a workspace share arena bytes, so they take
+turns) and a use of every device (`Device.in_use`, so closing a device waits for
+them). Lock order: session -> graph -> workspace -> device. `release()` waits for
+an execute in flight; every call after it raises ReleasedError.
+
+A graph dropped without `release()` is released by a `weakref.finalize` with a
+ResourceWarning naming it; the session keeps only weak references to graphs.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+import warnings
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -95,7 +109,13 @@ class EntryPlan:
 
 
 class PreparedGraph:
-    """See the module docstring. Obtain one from `Session.prepare`."""
+    """See the module docstring. Obtain one from `Session.prepare`.
+
+    Thread-safe: executes (and prepare, reset, release, describe) on one graph
+    serialise on its lock, so concurrent callers get the outputs a sequential
+    run would give; graphs on one workspace also take turns. Release during an
+    execute waits for it; later calls raise ReleasedError.
+    """
 
     def __init__(
         self,
@@ -132,7 +152,13 @@ class PreparedGraph:
         self.released = False
         self.stats = {"plans_built": 0, "rebinds": 0, "executes": 0}
         self._hook = session.plugins.hook   # observers: flare_graph_prepared/executed/reset/released
+        self._lock = threading.RLock()
+        self._executing = False  # an execute holds the graph: its host callbacks' helpers need no lock
         self.workspace.attach()
+        # releases what a graph dropped without release() still holds (never references self)
+        self._finalizer = weakref.finalize(self, _release_dropped, name, self._plans, self._inputs, self._states,
+                                           self._weights, workspace)
+        self._finalizer.atexit = False
         try:
             for entry, entry_shapes in shapes.items():
                 self.prepare(entry, entry_shapes)
@@ -143,12 +169,19 @@ class PreparedGraph:
     # ------------------------------------------------------------------ public
     def prepare(self, entry: str, shapes: Mapping[str, Sequence[int]]) -> EntryPlan:
         """Plan, reserve and compile `entry` for input `shapes` (cached per shapes)."""
-        self._check_alive()
-        return self._prepare_impl(entry, shapes, replan=False)
+        with self._guard():
+            return self._prepare_impl(entry, shapes, replan=False)
 
     def execute(self, entry: str, **inputs: np.ndarray) -> dict[str, np.ndarray]:
         """Run `entry` on `inputs`; returns a dict of output arrays (fresh copies)."""
-        self._check_alive()
+        with self._guard():
+            self._executing = True
+            try:
+                return self._execute(entry, inputs)
+            finally:
+                self._executing = False
+
+    def _execute(self, entry: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         start = time.perf_counter()
         plan = self._plan_for_inputs(entry, inputs)
         for name, (dev, binding) in plan.inputs.items():
@@ -167,23 +200,30 @@ class PreparedGraph:
 
     def reset(self) -> None:
         """Zero per-request state (LSTM state, KV caches). Memory and captures stay."""
-        self._check_alive()
-        for dev_name, buf, tensor in self._states.values():
-            if tensor.role == STATE:
-                dev = self.devices[dev_name]
-                dev.fill_zero(Binding(buf, 0, tensor.shape, tensor.strides, tensor.dtype))
-        self._hook.flare_graph_reset(graph=self)
+        with self._guard():
+            for dev_name, buf, tensor in self._states.values():
+                if tensor.role == STATE:
+                    dev = self.devices[dev_name]
+                    dev.fill_zero(Binding(buf, 0, tensor.shape, tensor.strides, tensor.dtype))
+            self._hook.flare_graph_reset(graph=self)
 
     def release(self) -> None:
-        """Captures, then persistent buffers, then the workspace reference. Idempotent."""
-        if self.released:
-            return
-        self._release_impl()
-        self._hook.flare_graph_released(graph=self)
+        """Captures, then persistent buffers, then the workspace reference. Idempotent.
+
+        Waits for an execute in flight on another thread (the graph's lock)."""
+        with self._lock:
+            if self.released:
+                return
+            self._release_impl()
+            self._hook.flare_graph_released(graph=self)
 
     def describe(self) -> dict[str, Any]:
         """Splits, copies, bytes copied and arena bytes per device for each prepared entry."""
-        self._check_alive()
+        with self._lock:
+            self._check_alive()
+            return self._describe()
+
+    def _describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "entries": {}, "persistent_bytes": self.persistent_bytes(),
                                "workspace_bytes": {d: self.workspace.nbytes(d) for d in self.devices}}
         for entry, plan in self._current.items():
@@ -208,8 +248,9 @@ class PreparedGraph:
 
     def state(self, name: str) -> np.ndarray:
         """Read a state/cache tensor back to the host (for tests and debugging)."""
-        dev, buf, t = self._states[name]
-        return self.devices[dev].read(Binding(buf, 0, t.shape, t.strides, t.dtype))
+        with self._callback_guard():
+            dev, buf, t = self._states[name]
+            return self.devices[dev].read(Binding(buf, 0, t.shape, t.strides, t.dtype))
 
     def states(self) -> dict[str, tuple[str, tuple[int, ...], str]]:
         """Every state/cache tensor: name -> (device name, shape, dtype)."""
@@ -232,6 +273,10 @@ class PreparedGraph:
 
     def write_rows(self, name: str, row: int, array: np.ndarray) -> None:
         """Write `array` into rows [row, row+len) of a state/cache tensor (host callbacks use it)."""
+        with self._callback_guard():
+            self._write_rows(name, row, array)
+
+    def _write_rows(self, name: str, row: int, array: np.ndarray) -> None:
         dev, buf, t = self._states[name]
         array = np.ascontiguousarray(array, to_numpy(t.dtype))
         row_elems = int(np.prod(t.shape[1:], dtype=np.int64))
@@ -255,6 +300,26 @@ class PreparedGraph:
     def _check_alive(self) -> None:
         if self.released:
             raise ReleasedError(f"prepared graph {self.name!r} was released")
+
+    def _callback_guard(self) -> contextlib.AbstractContextManager:
+        """For `state`/`write_rows`: during an execute they are part of it — called by a host
+        callback or by a thread it hands work to (expert prefetch) while the execute waits —
+        so they take nothing (taking the lock from a helper thread would deadlock); outside
+        an execute they take the full guard."""
+        if self._executing:
+            self._check_alive()
+            return contextlib.nullcontext()
+        return self._guard()
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """The graph's lock, then its workspace's, then a use of every device; refuses after release."""
+        with self._lock:
+            self._check_alive()
+            with self.workspace.lock, contextlib.ExitStack() as uses:
+                for dev in self.devices.values():
+                    uses.enter_context(dev.in_use())
+                yield
 
     def _prepare_impl(self, entry: str, shapes: Mapping[str, Sequence[int]], replan: bool) -> EntryPlan:
         if entry not in self.entries:
@@ -290,27 +355,13 @@ class PreparedGraph:
         return plan
 
     def _release_impl(self) -> None:
-        first_error: BaseException | None = None
-        for cache in self._plans.values():           # 1. captures
-            for plan in cache.values():
-                try:
-                    plan.release_captures()
-                except BaseException as exc:  # keep releasing; report the first failure
-                    first_error = first_error or exc
-        self._plans = {e: OrderedDict() for e in self.entries}
+        self._finalizer.detach()
         self._current.clear()
-        for buf in list(self._inputs.values()) + [b for _, b, _ in self._states.values()] + list(self._weights.values()):
-            try:                                       # 2. persistent buffers
-                buf.release()
-            except BaseException as exc:
-                first_error = first_error or exc
-        self._inputs.clear()
-        self._states.clear()
-        self._weights.clear()
         self.released = True
-        self.workspace.detach()                        # 3. the workspace reference
-        if first_error is not None:
-            raise first_error
+        try:
+            _release_resources(self._plans, self._inputs, self._states, self._weights, self.workspace)
+        finally:
+            self.session._forget(self)
 
     # ---------------------------------------------------------------- internals
     def _plan_for_inputs(self, entry: str, inputs: Mapping[str, np.ndarray]) -> EntryPlan:
@@ -345,7 +396,11 @@ class PreparedGraph:
 
     def reserve(self, entry: str, shapes: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
         """Dry run: arena chunk sizes per device `entry` would need for `shapes`. Allocates nothing."""
-        self._check_alive()
+        with self._lock:
+            self._check_alive()
+            return self._reserve(entry, shapes)
+
+    def _reserve(self, entry: str, shapes: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
         b = GraphBuilder()
         self.entries[entry](b, {k: tuple(v) for k, v in shapes.items()})
         graph = b.build()
@@ -519,3 +574,39 @@ class PreparedGraph:
         if result.shape != node.shape:
             raise InputError(f"host callback {node.params['callback']!r} returned {result.shape}, node {node.name!r} expects {node.shape}")
         dev.write(bindings[node.id], result.astype(to_numpy(node.dtype), copy=False))
+
+
+def _release_resources(plans: Mapping[str, OrderedDict], inputs: dict, states: dict, weights: dict,
+                       workspace: GraphWorkspace) -> None:
+    """Captures, then persistent buffers, then the workspace reference; reports the first failure.
+
+    Module-level (and holding the containers, not the graph) so the finalizer of a
+    dropped graph can run it without keeping the graph alive."""
+    first_error: BaseException | None = None
+    for cache in plans.values():                    # 1. captures
+        for plan in cache.values():
+            try:
+                plan.release_captures()
+            except BaseException as exc:  # keep releasing; report the first failure
+                first_error = first_error or exc
+        cache.clear()
+    for buf in list(inputs.values()) + [b for _, b, _ in states.values()] + list(weights.values()):
+        try:                                          # 2. persistent buffers
+            buf.release()
+        except BaseException as exc:
+            first_error = first_error or exc
+    inputs.clear()
+    states.clear()
+    weights.clear()
+    workspace.detach()                                # 3. the workspace reference
+    if first_error is not None:
+        raise first_error
+
+
+def _release_dropped(name: str, plans: Mapping[str, OrderedDict], inputs: dict, states: dict, weights: dict,
+                     workspace: GraphWorkspace) -> None:
+    """Finalizer of a PreparedGraph garbage-collected without release()."""
+    held = len(inputs) + len(states) + len(weights)
+    warnings.warn(f"prepared graph {name!r} was dropped without release(); releasing its {held} persistent "
+                  f"buffer(s) and captures now", ResourceWarning, stacklevel=2)
+    _release_resources(plans, inputs, states, weights, workspace)

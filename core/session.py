@@ -4,9 +4,21 @@
 order (first is preferred by the scheduler). A name may pick a device:
 `cpu:1` opens two logical CPU devices and uses the second. Closing the session
 releases every prepared graph it handed out, then closes the devices.
+
+Thread safety: `prepare`, `workspace` and `close` serialise on the session's
+lock; executes do not take it (each graph has its own). `close` waits for
+executes in flight (through each graph's release) and later ones raise
+ReleasedError. The session holds its graphs and workspaces by weak reference
+and forgets a graph when it is released, so a long-lived session does not
+grow; a session dropped without `close()` is closed by a finalizer with a
+ResourceWarning.
 """
 from __future__ import annotations
 
+import itertools
+import threading
+import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -83,9 +95,15 @@ class Session:
             dev = opened[backend][index]
             if dev not in self.devices:
                 self.devices.append(dev)
-        self._graphs: list[PreparedGraph] = []
-        self._workspaces: list[GraphWorkspace] = []
+        self._lock = threading.RLock()
+        self._keys = itertools.count()
+        # weak: a released or dropped graph (and its weights) must not stay reachable from here
+        self._graphs: weakref.WeakValueDictionary[int, PreparedGraph] = weakref.WeakValueDictionary()
+        self._workspaces: weakref.WeakValueDictionary[int, GraphWorkspace] = weakref.WeakValueDictionary()
         self.closed = False
+        self._finalizer = weakref.finalize(self, _close_dropped, repr(self), self._graphs, self._workspaces,
+                                           list(self._all_devices))
+        self._finalizer.atexit = False
 
     def device(self, name: str) -> Device:
         for d in self.devices:
@@ -95,10 +113,11 @@ class Session:
 
     def workspace(self, name: str = "workspace") -> GraphWorkspace:
         """A new workspace for graphs that never run at the same time."""
-        self._check_open()
-        ws = GraphWorkspace(name)
-        self._workspaces.append(ws)
-        return ws
+        with self._lock:
+            self._check_open()
+            ws = GraphWorkspace(name)
+            self._workspaces[next(self._keys)] = ws
+            return ws
 
     def prepare(
         self,
@@ -115,12 +134,25 @@ class Session:
         """Prepare a graph's entry points (see PreparedGraph). A private workspace is
         made when none is given. `tuning` maps entry -> {"BACKEND.op": variant}
         (kernel variants an exported core measured best)."""
-        self._check_open()
-        ws = workspace or self.workspace(f"{name}:workspace")
-        graph = PreparedGraph(self, entries, shapes, workspace=ws, placement=placement, strict=strict,
-                              name=name, callbacks=callbacks, tuning=tuning)
-        self._graphs.append(graph)
-        return graph
+        with self._lock:
+            self._check_open()
+            # a private workspace lives and dies with its graph: the session need not track it
+            ws = workspace or GraphWorkspace(f"{name}:workspace")
+            graph = PreparedGraph(self, entries, shapes, workspace=ws, placement=placement, strict=strict,
+                                  name=name, callbacks=callbacks, tuning=tuning)
+            graph._session_key = key = next(self._keys)
+            self._graphs[key] = graph
+            return graph
+
+    def _forget(self, graph: PreparedGraph) -> None:
+        """A graph was released: drop it (called under the graph's lock, so no session lock here)."""
+        key = getattr(graph, "_session_key", None)
+        if key is not None:
+            self._graphs.pop(key, None)
+
+    def live_graphs(self) -> list[PreparedGraph]:
+        """Graphs handed out and neither released nor dropped, oldest first."""
+        return list(self._graphs.values())
 
     def model_preparation(self, model: str, options: Mapping[str, Any] | None = None, *,
                           placement: PlacementFn | None = None) -> ModelPreparation:
@@ -166,17 +198,13 @@ class Session:
                             placement=p.placement, strict=strict, name=p.name, callbacks=p.callbacks, tuning=tuning)
 
     def close(self) -> None:
-        """Release prepared graphs, then workspaces, then devices. Idempotent."""
-        if self.closed:
-            return
-        self.closed = True
-        for g in self._graphs:
-            g.release()
-        for ws in self._workspaces:
-            ws.release()
-        for d in self._all_devices:
-            d.close()
-        self._graphs.clear()
+        """Release prepared graphs (waiting for executes in flight), then workspaces, then devices. Idempotent."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            self._finalizer.detach()
+            _close(self._graphs, self._workspaces, self._all_devices)
 
     def _check_open(self) -> None:
         if self.closed:
@@ -190,3 +218,28 @@ class Session:
 
     def __repr__(self) -> str:
         return f"Session({[d.name for d in self.devices]})"
+
+
+def _close(graphs: "weakref.WeakValueDictionary[int, PreparedGraph]",
+           workspaces: "weakref.WeakValueDictionary[int, GraphWorkspace]", devices: list[Device]) -> None:
+    """Graphs, then workspaces, then devices; every step runs, the first failure is raised after."""
+    first_error: BaseException | None = None
+    for group, method in ((list(graphs.values()), "release"), (list(workspaces.values()), "release"),
+                          (devices, "close")):
+        for obj in group:
+            try:
+                getattr(obj, method)()
+            except BaseException as exc:
+                first_error = first_error or exc
+    graphs.clear()
+    workspaces.clear()
+    if first_error is not None:
+        raise first_error
+
+
+def _close_dropped(name: str, graphs: "weakref.WeakValueDictionary[int, PreparedGraph]",
+                   workspaces: "weakref.WeakValueDictionary[int, GraphWorkspace]", devices: list[Device]) -> None:
+    """Finalizer of a Session garbage-collected without close()."""
+    warnings.warn(f"{name} was dropped without close(); closing its graphs and {len(devices)} device(s) now",
+                  ResourceWarning, stacklevel=2)
+    _close(graphs, workspaces, devices)

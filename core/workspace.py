@@ -11,9 +11,14 @@ Growth is transactional: the new, larger chunks are allocated first and the
 pending prepare binds to them; if anything in that prepare fails, they are
 released and the old arena stays exactly as it was. Only when the prepare
 succeeds are the old chunks released and the new ones installed.
+
+Graphs on one workspace share arena bytes, so they must not run at the same
+time: each holds `lock` (re-entrant) while it prepares, executes or resets,
+and attach/detach/grow/free take it too.
 """
 from __future__ import annotations
 
+import threading
 from typing import Mapping, Sequence
 
 from .backend import Buffer, Device
@@ -29,6 +34,7 @@ class GraphWorkspace:
         self._arenas: dict[str, list[Buffer]] = {}
         self._users = 0
         self.released = False
+        self.lock = threading.RLock()
 
     # -- sizing ----------------------------------------------------------------
     def chunk_sizes(self, device: str) -> list[int]:
@@ -49,6 +55,10 @@ class GraphWorkspace:
         allocated. If an allocation fails here, nothing from this call stays
         allocated and the AllocationError propagates.
         """
+        with self.lock:
+            return self._grow(needs)
+
+    def _grow(self, needs: Mapping[Device, Sequence[int]]) -> "Growth":
         if self.released:
             raise ReleasedError(f"workspace {self.name!r} was released")
         growth = Growth(self)
@@ -81,29 +91,38 @@ class GraphWorkspace:
     # -- users and release -------------------------------------------------------
     def attach(self) -> None:
         """A prepared graph now refers to this workspace."""
-        if self.released:
-            raise ReleasedError(f"workspace {self.name!r} was released")
-        self._users += 1
+        with self.lock:
+            if self.released:
+                raise ReleasedError(f"workspace {self.name!r} was released")
+            self._users += 1
+
+    @property
+    def users(self) -> int:
+        """How many prepared graphs are attached."""
+        return self._users
 
     def detach(self) -> None:
         """A prepared graph let go; the last one to leave frees the arenas."""
-        self._users = max(0, self._users - 1)
-        if self._users == 0:
-            self.free()
+        with self.lock:
+            self._users = max(0, self._users - 1)
+            if self._users == 0:
+                self.free()
 
     def free(self) -> None:
         """Release every arena now (graphs still attached will re-grow on next use)."""
-        for bufs in self._arenas.values():
-            for buf in bufs:
-                buf.release()
-        if self._arenas:
-            self.generation += 1
-        self._arenas.clear()
+        with self.lock:
+            for bufs in self._arenas.values():
+                for buf in bufs:
+                    buf.release()
+            if self._arenas:
+                self.generation += 1
+            self._arenas.clear()
 
     def release(self) -> None:
         """Free the arenas and refuse further use."""
-        self.free()
-        self.released = True
+        with self.lock:
+            self.free()
+            self.released = True
 
     def __repr__(self) -> str:
         sizes = {d: self.chunk_sizes(d) for d in self._arenas}

@@ -326,7 +326,7 @@ class CudaDevice(Device):
 
         Idempotent. Buffers should be released first; any still live keep the
         context alive until they are."""
-        if self.closed:
+        if self.closed or not self._begin_close():  # refuse new uses, wait for executes in flight
             return
         d = self.driver
         self._make_current()

@@ -19,7 +19,7 @@ import numpy as np
 
 from flare.backend import Binding, BufferType, Device, MemoryInfo, PreparedSplit, SplitProgram, numpy_view
 from flare.dtypes import to_numpy
-from flare.errors import AllocationError, BackendUnavailable, FlareError, ShapeError
+from flare.errors import AllocationError, BackendUnavailable, FlareError, ReleasedError, ShapeError
 from flare.graph import Tensor
 from flare.ledger import LEDGER
 
@@ -64,6 +64,8 @@ class VulkanDevice(Device):
         self.queue_family = info.compute_family
         self._queue_lock = threading.Lock()
         self._transfer_lock = threading.Lock()
+        # allocation, free, split release and close never interleave (close destroys what they touch)
+        self._mem_lock = threading.RLock()
         self._allocs: dict[int, Allocation] = {}
         self._splits: set[PreparedSplit] = set()  # strong: close() must reach splits nobody released
         self.handle = None
@@ -120,19 +122,22 @@ class VulkanDevice(Device):
         return MemoryInfo(free=max(int(free), 0), total=int(total))
 
     def _alloc_raw(self, nbytes: int) -> Allocation:
-        if self.closed or self.handle is None:
-            raise FlareError(f"device {self.name} is closed")
         limit = self._buffer_type.max_size
         if nbytes > limit:
             raise AllocationError(self.name, nbytes, self.memory().free, f"above the device's largest buffer ({limit} bytes)")
-        alloc = self.memory_pool.create(nbytes, free_hint=self.memory().free)
-        self._allocs[id(alloc)] = alloc
+        free = self.memory().free
+        with self._mem_lock:
+            if self.closed or self.handle is None:
+                raise ReleasedError(f"device {self.name} is closed")
+            alloc = self.memory_pool.create(nbytes, free_hint=free)
+            self._allocs[id(alloc)] = alloc
         return alloc
 
     def _free_raw(self, handle: Allocation) -> None:
-        self._allocs.pop(id(handle), None)
-        if self.handle is not None:
-            self.memory_pool.destroy(handle)
+        with self._mem_lock:
+            self._allocs.pop(id(handle), None)
+            if self.handle is not None:
+                self.memory_pool.destroy(handle)
 
     # -- bytes in and out -----------------------------------------------------------------
     def host_view(self, binding: Binding) -> np.ndarray | None:
@@ -226,9 +231,13 @@ class VulkanDevice(Device):
         from .split import VulkanPreparedSplit
 
         if self.closed:
-            raise FlareError(f"device {self.name} is closed")
+            raise ReleasedError(f"device {self.name} is closed")
         split = VulkanPreparedSplit(self, program)
-        self._splits.add(split)
+        with self._mem_lock:
+            if self.closed:
+                split.release()
+                raise ReleasedError(f"device {self.name} is closed")
+            self._splits.add(split)
         return split
 
     def _forget_split(self, split: PreparedSplit) -> None:
@@ -274,21 +283,26 @@ class VulkanDevice(Device):
 
     # -- teardown --------------------------------------------------------------------------
     def close(self) -> None:
-        """Release splits still alive, free leftover buffers (with a warning), destroy caches, then the device."""
-        if self.closed:
+        """Release splits still alive, free leftover buffers (with a warning), destroy caches, then the device.
+
+        Executes in flight finish first (`_begin_close` waits for every `in_use`); later ones
+        raise ReleasedError, and graphs released afterwards free nothing twice."""
+        if self.closed or not self._begin_close():
             return
-        self.closed = True
-        if self.handle is not None:
-            self.vk.vkDeviceWaitIdle(self.handle)
-        for split in list(self._splits):
-            split.release()
-        if self._allocs:
-            warnings.warn(f"{self.name} closed with {len(self._allocs)} buffer(s) still allocated; freeing them",
-                          ResourceWarning, stacklevel=2)
-            for alloc in list(self._allocs.values()):
-                self.memory_pool.destroy(alloc)
-            self._allocs.clear()
-        self._destroy_device_objects()
+        with self._mem_lock:
+            self.closed = True
+            if self.handle is not None:
+                with self._queue_lock:
+                    self.vk.vkDeviceWaitIdle(self.handle)
+            for split in list(self._splits):
+                split.release()
+            if self._allocs:
+                warnings.warn(f"{self.name} closed with {len(self._allocs)} buffer(s) still allocated; freeing them",
+                              ResourceWarning, stacklevel=2)
+                for alloc in list(self._allocs.values()):
+                    self.memory_pool.destroy(alloc)
+                self._allocs.clear()
+            self._destroy_device_objects()
         self.instance.release()
 
     def _destroy_device_objects(self) -> None:

@@ -241,11 +241,18 @@ class VulkanPreparedSplit(PreparedSplit):
             self.device.submit_and_wait(self.cmd, self.fence)
 
     def release(self) -> None:
-        """Free descriptor pool, command buffer and pool, fence, then the metadata buffer; idempotent."""
-        with self._lock:
-            if self.released:
-                return
-            self.released = True
+        """Free descriptor pool, command buffer and pool, fence, then the metadata buffer; idempotent.
+
+        Holds the device's memory lock, so a concurrent `VulkanDevice.close` never destroys
+        the device between these calls."""
+        with self.device._mem_lock:
+            with self._lock:
+                if self.released:
+                    return
+                self.released = True
+            self._destroy()
+
+    def _destroy(self) -> None:
         vk, dev, live = self.vk, self.device.handle, self.device.live
         if dev is None:  # the device was closed first and already destroyed everything
             self.meta = None
