@@ -8,21 +8,30 @@
 
 Every other subcommand (`bench`, `export`, `serve`, ...) comes from a plugin's
 `flare_cli_commands` hook, and `flare run TARGET` for a target that is not a
-model (an exported core) from `flare_run_target`. Exit codes: 0 ok, 2 bad usage
-or bad input (a `FlareError`, printed as one line), 1 a failure of the run.
+model (an exported core) from `flare_run_target`.
+
+Exit codes, the same for every command (plugins' and models' included):
+0 ok; 2 bad usage or bad input — an option, a file, an input, a core, an
+environment variable, a backend that cannot run here — printed as one line
+naming what and where; 1 a failure of the run itself (out of memory, a device
+error, a broken installation). `report_error` prints that line and picks the
+code (`flare.errors.exit_code`); an exception that is not a `FlareError` is a
+bug, also printed as one line (exit 1) unless FLARE_TRACEBACK=1 asks for the
+traceback.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import Sequence
+from typing import Sequence, TextIO
 
 from rich.console import Console
 from rich.table import Table
 
 from . import __version__
-from .errors import FlareError, InputError
+from .errors import USAGE, FlareError, InputError, exit_code
 from .plugin_manager import get_plugin_manager
 
 def _fmt_bytes(n: int) -> str:
@@ -241,23 +250,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def report_error(exc: BaseException, stream: TextIO | None = None) -> int:
+    """Print `exc` as the one `error:` line every command uses and return its exit code.
+
+    Plain text: one line that scripts can grep, never wrapped at the terminal width,
+    written with one call so lines from several MPI ranks never interleave."""
+    text = " ".join(str(exc).split()) or "(no message)"
+    if isinstance(exc, FlareError) or exit_code(exc) == USAGE:
+        line = f"error: {type(exc).__name__}: {text}\n"
+    else:
+        line = f"error: internal error, {type(exc).__name__}: {text} (FLARE_TRACEBACK=1 shows where)\n"
+    out = stream or sys.stderr
+    out.write(line)
+    out.flush()
+    return exit_code(exc)
+
+
+def _traceback_wanted() -> bool:
+    return os.environ.get("FLARE_TRACEBACK", "").strip() not in ("", "0")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
     except FlareError as exc:       # a plugin that cannot load (e.g. a misspelled hookimpl)
-        sys.stderr.write(f"error: {type(exc).__name__}: {exc}\n")
-        return 2
+        return report_error(exc)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except FlareError as exc:
-        # plain text: one line that scripts can grep, never wrapped at the terminal width,
-        # written with one call so lines from several MPI ranks never interleave
-        sys.stderr.write(f"error: {type(exc).__name__}: {exc}\n")
-        sys.stderr.flush()
-        return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if _traceback_wanted() and not isinstance(exc, FlareError):
+            raise
+        return report_error(exc)
 
 
 if __name__ == "__main__":

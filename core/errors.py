@@ -2,16 +2,28 @@
 
 One hierarchy so callers can catch `FlareError` at the top and tests can
 assert the precise kind. Messages name the node, tensor, backend or file.
+
+Each class carries the exit code every `flare` command uses for it (one
+convention, see `flare.cli`): USAGE (2) when the user's input or options are
+wrong — the input, a file, an option value, a core, a backend that cannot run
+here —, RUN_FAILED (1) when the run itself failed (out of memory, a device
+error, a broken plugin, a model's weights missing).
 """
 from __future__ import annotations
+
+OK, RUN_FAILED, USAGE = 0, 1, 2
 
 
 class FlareError(Exception):
     """Base of every error Flare raises on purpose."""
 
+    exit_code: int = RUN_FAILED
+
 
 class GraphError(FlareError):
     """A graph is malformed: unknown op, cycle, bad reference. Names the node."""
+
+    exit_code = USAGE
 
     def __init__(self, message: str, node: str | None = None):
         self.node = node
@@ -27,7 +39,10 @@ class DTypeError(GraphError):
 
 
 class InputError(FlareError):
-    """An execute() input is missing, unknown, or of the wrong shape/dtype."""
+    """Bad input: an execute() input (missing, unknown, wrong shape/dtype), an option value,
+    a file's contents, an environment variable. Names what and where."""
+
+    exit_code = USAGE
 
 
 class AllocationError(FlareError):
@@ -50,7 +65,9 @@ class ReleasedError(FlareError):
 
 
 class BackendUnavailable(FlareError):
-    """A backend was asked for but cannot run here; the message says why."""
+    """A backend was asked for but cannot run here (or does not exist); the message says why."""
+
+    exit_code = USAGE
 
 
 class PlacementError(FlareError):
@@ -72,6 +89,18 @@ class ModelError(FlareError):
 class CoreFormatError(FlareError):
     """An exported core (manifest, catalog, files) is malformed. Names the field."""
 
+    exit_code = USAGE
+
     def __init__(self, message: str, field: str | None = None):
         self.field = field
         super().__init__(f"{field}: {message}" if field else message)
+
+
+def exit_code(exc: BaseException) -> int:
+    """The `flare` exit code for an exception: its class's for a FlareError; USAGE for a
+    path the user named that cannot be opened; RUN_FAILED for anything else."""
+    if isinstance(exc, FlareError):
+        return int(exc.exit_code)
+    if isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)):
+        return USAGE
+    return RUN_FAILED

@@ -174,11 +174,15 @@ def test_third_party_backend_distribution(tmp_path: Path):
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(dist), str(src)], check=True)
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    py = str(venv / "bin" / "python")
-    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", *map(str, dist.glob("*.whl"))], check=True)
+    # Installed into a directory of its own on PYTHONPATH, run by this very interpreter: a
+    # `venv --system-site-packages` made from inside a venv would see the base interpreter's
+    # packages, not this environment's (where flare itself may be an editable install).
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
+                    *map(str, dist.glob("*.whl"))], check=True)
+    py = sys.executable
     env = {k: v for k, v in os.environ.items() if k != "FLARE_DISABLE_PLUGIN_AUTOLOAD"}
+    env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
     listing = subprocess.run([py, "-m", "flare.cli", "backends", "--json"], capture_output=True, text=True,
                              check=True, env=env)
     backends = {b["name"]: b for b in json.loads(listing.stdout)["backends"]}

@@ -278,5 +278,5 @@ def test_cli_table_streaming_and_errors(capsys, tmp_path):
     assert "5 segment(s)" in capsys.readouterr().out
     bad = tmp_path / "bad.wav"
     bad.write_bytes(b"RIFF\x04\x00\x00\x00WAVE")
-    assert main([str(bad)]) == 1
+    assert main([str(bad)]) == 2   # bad input (an AudioError): the one exit-code convention
     assert "bad.wav" in capsys.readouterr().err

@@ -32,8 +32,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser().parse_args(list(argv) if argv is not None else None)
     except SystemExit as exc:
         return int(exc.code or 0)
-    out, err = Console(), Console(stderr=True)
+    out = Console()
 
+    from flare.cli import report_error
     from flare.errors import FlareError
     from flare.session import Session
 
@@ -48,8 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             emb = model.embed(sentences)
             elapsed = time.perf_counter() - start
     except FlareError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        return 1
+        return report_error(exc)
     sim = emb @ emb.T
     tokens = [len(t) for t in encode(sentences)]
 

@@ -12,7 +12,8 @@ import json
 import sys
 from typing import Sequence, TextIO
 
-from flare.errors import FlareError
+from flare.cli import report_error
+from flare.errors import FlareError, InputError
 
 from .config import EOS, N_BYTES, SIZES, encode
 from .placement import parse_layer_map
@@ -71,8 +72,7 @@ def run(argv: Sequence[str], stdout: TextIO | None = None, stderr: TextIO | None
         expert_layers = parse_layer_map([e for e in args.expert_device if "=" in e])
         layer_devices = parse_layer_map(args.layer_device)
     except ValueError as exc:
-        print(f"flare run moe-lm: {exc}", file=err)
-        return 2
+        return report_error(InputError(str(exc)), err)
     sampling = Sampling(greedy=args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                         seed=args.seed)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -98,8 +98,7 @@ def run(argv: Sequence[str], stdout: TextIO | None = None, stderr: TextIO | None
                 st["stopped_at_eos"] = bool(tokens and tokens[-1] == EOS)
                 print(json.dumps(st, indent=2), file=err)
     except FlareError as exc:
-        print(f"flare run moe-lm: {type(exc).__name__}: {exc}", file=err)
-        return 1
+        return report_error(exc, err)
     return 0
 
 

@@ -45,6 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out, err = Console(), Console(stderr=True)
 
     from flare.models.silero_vad.audio import load_audio
+    from flare.cli import report_error
     from flare.errors import FlareError
     from flare.session import Session
 
@@ -66,8 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 segs = vad.detect(audio, args.mode, params)
             elapsed = time.perf_counter() - start
     except FlareError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        return 1
+        return report_error(exc)
 
     if args.json:
         print(json.dumps({"model": "silero-vad", "file": str(path), "duration": round(seconds, 3),

@@ -38,16 +38,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .errors import BenchError
+    from flare.errors import InputError
 
     if args.list_options is not None:
         return _list_options(args.list_options)
     if len(args.configs) != 2:
-        raise BenchError(f"flare bench takes two configuration files (A and B), got {len(args.configs)}")
+        raise InputError(f"flare bench takes two configuration files (A and B), got {len(args.configs)}")
     for name, value, least in (("--blocks", args.blocks, 1), ("--requests", args.requests, 1),
                                ("--warmup", args.warmup, 0)):
         if value is not None and value < least:
-            raise BenchError(f"{name} must be at least {least}, got {value}")
+            raise InputError(f"{name} must be at least {least}, got {value}")
 
     from .config import check_pair, check_usable, load_config
     from .harness import run_bench

@@ -2,7 +2,8 @@
 
 A benchmark configuration is written by hand, so a mistake must point at the
 line to fix: `a.toml: key 'options.mode': must be one of offline, streaming`.
-Both errors are `FlareError`s, so the CLI prints them as one line and exits 2.
+Both errors are `FlareError`s, so the CLI prints them as one line; a bad
+configuration exits 2 (bad input), a benchmark that cannot run exits 1.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ class BenchConfigError(BenchError):
 
     `path` is the file (None for configurations built in code), `key` the dotted
     key at fault (None when the whole file is)."""
+
+    exit_code = 2  # bad input (flare.errors.USAGE)
 
     def __init__(self, message: str, *, path: Path | str | None = None, key: str | None = None):
         self.path = Path(path) if path is not None else None

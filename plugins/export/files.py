@@ -27,6 +27,8 @@ CHUNK = 1 << 20
 class CoreExistsError(FlareError, FileExistsError):
     """The export target exists and replacing it was not asked for."""
 
+    exit_code = 2  # bad usage (flare.errors.USAGE)
+
 
 MAX_HEADER = 100 << 20  # a safetensors header larger than this is not a header
 ST_DTYPES = {"F32": "f32", "F16": "f16", "I32": "i32", "I64": "i64"}

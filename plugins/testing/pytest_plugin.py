@@ -6,6 +6,9 @@
 - `--require-backends[=NAMES]` turns those skips into failures, for all
   selected backends or only NAMES (for GPU machines and CI, where a silently
   skipped backend would be a false green);
+- the matrix cannot lie: a name in `--backends` that is not an installed
+  backend, or a `--require-backends` name that `--backends` does not select,
+  is a usage error (pytest exits 4) instead of a green run that tested nothing;
 - the report header lists each backend's status.
 """
 from __future__ import annotations
@@ -40,6 +43,38 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--require-backends", nargs="?", const="*", default=None, metavar="NAMES",
                     help="fail instead of skip when a backend cannot run here: all selected backends, "
                          "or only the comma-separated NAMES (e.g. --require-backends=cpu,vulkan)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the `slow` mark; refuse a matrix that would pass without testing what it names."""
+    config.addinivalue_line("markers", "slow: builds and installs distributions (about a minute); "
+                                       "deselect with -m 'not slow'")
+    opt = config.getoption("--backends", default=None)
+    required = config.getoption("--require-backends", default=None)
+    if opt is None and required is None:
+        return
+    from flare.plugin_manager import get_plugin_manager
+
+    installed = list(get_plugin_manager().backends())
+    if opt is not None:
+        names = [b.strip() for b in opt.split(",")]
+        if not any(names) or "" in names:
+            raise pytest.UsageError(f"--backends={opt!r}: expected comma-separated backend names "
+                                    f"(installed: {', '.join(installed)})")
+        unknown = [n for n in names if n not in installed]
+        if unknown:
+            raise pytest.UsageError(f"--backends: unknown backend(s) {', '.join(map(repr, unknown))}; "
+                                    f"installed: {', '.join(installed)}")
+    if required not in (None, "*"):
+        names = [b.strip() for b in required.split(",")]
+        selected = _selected(config)
+        if not any(names) or "" in names:
+            raise pytest.UsageError(f"--require-backends={required!r}: expected comma-separated backend names")
+        missing = [n for n in names if n not in selected]
+        if missing:
+            raise pytest.UsageError(f"--require-backends names {', '.join(map(repr, missing))}, which "
+                                    f"--backends does not select ({', '.join(selected)}): the requirement "
+                                    f"could never be checked")
 
 
 def _selected(config: pytest.Config) -> list[str]:

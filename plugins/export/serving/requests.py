@@ -22,6 +22,8 @@ BOS = 256  # token-lm/1 byte vocabulary: 0..255 bytes, then <bos>
 class RequestError(FlareError):
     """A request line is malformed or does not fit the core's serving range."""
 
+    exit_code = 2  # bad input (flare.errors.USAGE)
+
 
 @dataclass(frozen=True)
 class Request:
