@@ -67,7 +67,9 @@ def _model_options(items: Sequence[str]) -> dict:
 
 
 def _devices(text: str) -> list[str]:
-    return [b.strip() for b in text.split(",") if b.strip()]
+    from .session import device_list
+
+    return device_list(text, "--backends")
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
@@ -144,7 +146,7 @@ def _run_graph(model: str, argv: list[str]) -> int:
     placement honoured) and execute every entry on zeros or given .npy inputs."""
     import numpy as np
 
-    from .session import Session
+    from .session import Session, device_list
 
     p = argparse.ArgumentParser(prog=f"flare run {model}",
                                 description=f"Prepare {model}'s graph on the given devices and execute its entries.")
@@ -196,7 +198,7 @@ def _run_graph(model: str, argv: list[str]) -> int:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    from .session import Session
+    from .session import Session, device_list
 
     get_plugin_manager().model(args.model)      # unknown model: a clear error before opening devices
     options = _model_options(args.option)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from .backend import Device
-from .errors import BackendUnavailable, ReleasedError
+from .errors import BackendUnavailable, InputError, ReleasedError
 from .plugin_manager import PluginManager, get_plugin_manager
 from .prepared import EntryBuilder, HostCallback, PreparedGraph
 from .partition import PlacementFn
@@ -40,6 +40,17 @@ class ModelPreparation:
     placement: PlacementFn | None
     callbacks: dict[str, HostCallback]
     name: str
+
+
+def device_list(text: str, option: str = "--backend") -> list[str]:
+    """'vulkan, cpu' -> ['vulkan', 'cpu'] for a command-line option; InputError for an empty list or
+    an empty name (',' or 'cpu,,vulkan' must not quietly mean the default) or a malformed name."""
+    names = [n.strip() for n in str(text).split(",")]
+    if not any(names) or "" in names:
+        raise InputError(f"{option} {text!r}: expected device names separated by commas, e.g. vulkan,cpu")
+    for n in names:
+        parse_device_name(n)
+    return names
 
 
 def parse_device_name(name: str) -> tuple[str, int]:

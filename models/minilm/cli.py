@@ -36,14 +36,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from flare.cli import report_error
     from flare.errors import FlareError
-    from flare.session import Session
+    from flare.session import Session, device_list
 
     from .runner import MiniLM
     from .tokenize import encode
 
     sentences = args.sentences or QUICKSTART
-    devices = [d.strip() for d in args.backend.split(",") if d.strip()]
     try:
+        devices = device_list(args.backend)
         with Session(devices) as session, MiniLM(session) as model:
             start = time.perf_counter()
             emb = model.embed(sentences)

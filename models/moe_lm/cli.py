@@ -54,7 +54,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _devices(backend: str) -> list[str]:
-    names = [n.strip() for n in backend.split(",") if n.strip()]
+    from flare.session import device_list
+
+    names = device_list(backend)
     if not any(n.split(":")[0] == "cpu" for n in names):
         names.append("cpu")  # host fallback for ops a GPU backend lacks
     return names

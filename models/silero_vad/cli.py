@@ -47,16 +47,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     from flare.models.silero_vad.audio import load_audio
     from flare.cli import report_error
     from flare.errors import FlareError
-    from flare.session import Session
+    from flare.session import Session, device_list
 
     from .runner import SileroVad
     from .segments import VadParams
 
     path = args.file or SAMPLE
-    devices = [d.strip() for d in args.backend.split(",") if d.strip()]
-    params = VadParams(threshold=args.threshold, min_speech_duration_ms=args.min_speech_ms,
-                       min_silence_duration_ms=args.min_silence_ms, speech_pad_ms=args.speech_pad_ms)
     try:
+        devices = device_list(args.backend)
+        params = VadParams(threshold=args.threshold, min_speech_duration_ms=args.min_speech_ms,
+                           min_silence_duration_ms=args.min_silence_ms, speech_pad_ms=args.speech_pad_ms)
         audio = load_audio(path)
         seconds = audio.size / 16000
         with Session(devices) as session, SileroVad(session) as vad:

@@ -34,6 +34,30 @@ class VadParams:
     min_silence_at_max_speech: int = 98
     use_max_poss_sil_at_max_speech: bool = True
 
+    def __post_init__(self) -> None:
+        """Refuse values that would make nonsense segments (NaN thresholds, negative padding)."""
+        import math
+
+        from flare.errors import InputError
+
+        def bad(name: str, value: object, want: str) -> InputError:
+            return InputError(f"VAD parameter {name}={value!r}: must be {want}")
+
+        for name in ("threshold", "neg_threshold"):
+            v = getattr(self, name)
+            if v is None and name == "neg_threshold":
+                continue
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or not 0.0 <= v <= 1.0:
+                raise bad(name, v, "a probability in [0, 1]")
+        for name, hi in (("min_speech_duration_ms", 3_600_000), ("min_silence_duration_ms", 3_600_000),
+                         ("speech_pad_ms", 60_000), ("min_silence_at_max_speech", 3_600_000)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= hi:
+                raise bad(name, v, f"an integer in [0, {hi}]")
+        m = self.max_speech_duration_s
+        if not isinstance(m, (int, float)) or math.isnan(m) or m <= 0:
+            raise bad("max_speech_duration_s", m, "positive (inf for no limit)")
+
 
 @dataclass(frozen=True)
 class Segment:

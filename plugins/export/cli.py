@@ -48,13 +48,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from flare.session import device_list
+
     from .exporter import export_core
 
     named = (("size", args.size), ("seed", args.seed), ("prefill_chunk", args.prefill_chunk), ("max_ctx", args.max_ctx))
     options = {k: v for k, v in named if v is not None}
     default = None if args.mixed_default is None else args.mixed_default == "on"
     path = export_core(args.model, args.output, tuning=args.tuning, options=options,
-                       backends=[b.strip() for b in args.backends.split(",") if b.strip()], mixed=args.mixed,
+                       backends=device_list(args.backends, "--backends"), mixed=args.mixed,
                        mixed_default=default, force=args.force, progress=not args.quiet,
                        draft_layers=args.draft_layers, max_draft=args.max_draft)
     Console(stderr=True).print(f"wrote {path}", soft_wrap=True, highlight=False)

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any, Sequence, TextIO
 
-from flare.errors import FlareError
+from flare.errors import FlareError, InputError
 
 from .expert_parallel import Partition
 from .loader import LoadedCore, load_core
@@ -56,7 +56,7 @@ def _without_ranks(argv: Sequence[str]) -> list[str]:
 def main(path: str, argv: list[str], stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
     if under_mpirun():
         return _main_rank(path, argv, stdin or sys.stdin, stdout or sys.stdout)
-    args = parser().parse_args(argv)
+    args = _check(parser().parse_args(argv))
     if args.ranks is not None and args.ranks > 1:
         return spawn(args.ranks, ["run", path, *_without_ranks(argv)])
     options = LoadOptions(args.mixed_prefill, args.backend)
@@ -68,11 +68,37 @@ def main(path: str, argv: list[str], stdin: TextIO | None = None, stdout: TextIO
     report = _serve(core, requests, Partition(), None)
     report["ranks"] = [_rank_info(core, 0)]
     _print(report, args.json, stdout or sys.stdout)
+    _all_rejected(report)
     return 0
 
 
+def _all_rejected(report: dict[str, Any]) -> None:
+    """Every request refused is bad input: the report is printed, then exit 2 naming why."""
+    from flare.plugins.export.serving.requests import RequestError
+
+    rejected = report.get("rejected") or {}
+    if rejected and not report.get("requests") and not report.get("completed"):  # `requests`: those admitted
+        first, why = next(iter(rejected.items()))
+        raise RequestError(f"all {len(rejected)} request(s) were rejected (first: {first}: {why})")
+
+
+MAX_RANKS = 1024
+MAX_NEW_TOKENS = 1 << 20
+
+
+def _check(args: argparse.Namespace) -> argparse.Namespace:
+    """Option values argparse's types cannot judge (InputError naming the option)."""
+    if args.ranks is not None and not 1 <= args.ranks <= MAX_RANKS:
+        raise InputError(f"--ranks {args.ranks}: must be between 1 and {MAX_RANKS}")
+    if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        raise InputError(f"--max-new-tokens {args.max_new_tokens}: must be between 1 and {MAX_NEW_TOKENS}")
+    if args.backend is not None and ("," in args.backend or not args.backend.strip()):
+        raise InputError(f"--backend {args.backend!r}: expected one backend name (e.g. cpu)")
+    return args
+
+
 def _requests(args: argparse.Namespace, stdin: TextIO) -> list[dict[str, Any]]:
-    from flare.plugins.export.serving.requests import parse_request, read_requests
+    from flare.plugins.export.serving.requests import RequestError, parse_request, read_requests
 
     if args.prompt is not None and args.requests is None:
         return [parse_request({"id": "prompt", "prompt": args.prompt}, "--prompt", "prompt",
@@ -81,12 +107,18 @@ def _requests(args: argparse.Namespace, stdin: TextIO) -> list[dict[str, Any]]:
         if args.requests is None and stdin.isatty():
             print("reading requests from standard input, one JSON object per line "
                   '(e.g. {"prompt": "Hello", "max_new_tokens": 8}); end with Ctrl-D', file=sys.stderr)
-        return [r.to_dict() for r in read_requests(stdin, args.max_new_tokens)]
-    try:
-        with open(args.requests, encoding="utf-8") as fh:
-            return [r.to_dict() for r in read_requests(fh, args.max_new_tokens)]
-    except OSError as exc:
-        raise FlareError(f"--requests: cannot read {args.requests!r}: {exc}") from None
+        what = "standard input"
+        reqs = read_requests(stdin, args.max_new_tokens, what)
+    else:
+        what = args.requests
+        try:
+            with open(args.requests, "rb") as fh:
+                reqs = read_requests(fh, args.max_new_tokens, what)
+        except OSError as exc:
+            raise InputError(f"--requests: cannot read {args.requests!r}: {exc.strerror or exc}") from None
+    if not reqs:
+        raise RequestError(f"{what}: no requests (expected one JSON object per line, or --prompt TEXT)")
+    return [r.to_dict() for r in reqs]
 
 
 def _rank_info(core: LoadedCore, rank: int) -> dict[str, Any]:
@@ -126,7 +158,7 @@ def _main_rank(path: str, argv: list[str], stdin: TextIO, stdout: TextIO) -> int
     msg: dict[str, Any] = {}
     if rank == 0:                      # only rank 0 reads the command line (and stdin)
         try:
-            args = parser().parse_args(argv)
+            args = _check(parser().parse_args(argv))
             msg = {"ok": True, "options": LoadOptions(args.mixed_prefill, args.backend).to_dict(),
                    "check": args.check, "json": args.json,
                    "requests": None if args.check else _requests(args, stdin)}
@@ -156,6 +188,7 @@ def _main_rank(path: str, argv: list[str], stdin: TextIO, stdout: TextIO) -> int
     if rank == 0:
         report["ranks"] = [{**info, **extra} for info, extra in zip(infos, every)]
         _print(report, msg["json"], stdout)
+        _all_rejected(report)
     return 0
 
 
@@ -178,8 +211,9 @@ def _print(report: dict[str, Any], as_json: bool, out: TextIO) -> None:
     console.print(f"ranks: {len(report['ranks'])}, selection digest {load['digest'][:16]}")
     if "per_request" not in report:
         return
+    rate = report.get("tokens_per_s")
     table = Table(title=f"{report['completed']}/{report['requests']} requests, {report['generated_tokens']} tokens "
-                        f"in {report['seconds']:.3f} s ({report['tokens_per_s']:.1f} tokens/s)")
+                        f"in {report['seconds'] or 0:.3f} s ({'-' if rate is None else f'{rate:.1f}'} tokens/s)")
     for col in ("request", "prompt", "ttft ms", "launches", "output"):
         table.add_column(col)
     for r in report["per_request"]:
@@ -187,7 +221,9 @@ def _print(report: dict[str, Any], as_json: bool, out: TextIO) -> None:
         table.add_row(r["id"], str(r["prompt_tokens"]), f"{1000 * (r['ttft_s'] or 0):.1f}", str(r["launches"]),
                       repr(text)[:40])
     console.print(table)
-    console.print(f"steps: {report['steps']}; launches per request: mean {report['launches_per_request']['mean']:.1f}")
+    mean = (report.get("launches_per_request") or {}).get("mean")
+    console.print(f"steps: {report['steps']}; launches per request: "
+                  f"{'none completed' if mean is None else f'mean {mean:.1f}'}")
     for dev, m in report["memory"].items():
         console.print(f"memory {dev}: persistent {m['persistent_bytes']} B, workspace {m['workspace_bytes']} B, "
                       f"peak {m['peak_bytes']} B")
