@@ -52,11 +52,13 @@ class AllocationError(FlareError):
     has already released everything the failed attempt allocated.
     """
 
-    def __init__(self, backend: str, asked: int, free: int, detail: str = ""):
+    def __init__(self, backend: str, asked: int, free: int | None, detail: str = ""):
         self.backend = backend
         self.asked = int(asked)
-        self.free = int(free)
-        msg = f"allocation failed on {backend}: asked {self.asked} bytes, {self.free} bytes free"
+        self.free = None if free is None else int(free)  # None: the raiser cannot know (a planner)
+        self.detail = detail
+        have = "free bytes unknown" if self.free is None else f"{self.free} bytes free"
+        msg = f"allocation failed on {backend}: asked {self.asked} bytes, {have}"
         super().__init__(f"{msg} ({detail})" if detail else msg)
 
 
@@ -84,6 +86,12 @@ class PluginError(FlareError):
 
 class ModelError(FlareError):
     """A model's weights or configuration are missing or malformed. Names the tensor/file."""
+
+
+class UnknownModelError(ModelError):
+    """No model of that name is registered (a usage error: the command line named it)."""
+
+    exit_code = USAGE
 
 
 class CoreFormatError(FlareError):

@@ -264,7 +264,7 @@ class GraphBuilder:
             raise GraphError("name used twice", name)
         if dtype not in DTYPES:
             raise DTypeError(f"unknown dtype {dtype!r}", name)
-        shape = tuple(int(d) for d in shape)
+        shape = integer_shape(shape, name)
         if not 1 <= len(shape) <= MAX_RANK or any(d < 0 for d in shape):
             raise ShapeError(f"shape {shape} must have rank 1..{MAX_RANK} and no negative sizes", name)
         t = Tensor(next(self._ids), name, shape, dtype, role)
@@ -329,3 +329,16 @@ class GraphBuilder:
             raise GraphError("graph has no outputs")
         graph = Graph(self._tensors, self._outputs)
         return graph
+
+
+def integer_shape(shape: Any, where: str) -> tuple[int, ...]:
+    """A shape of integers only: 4.5, '4' or True are refused (ShapeError naming `where`), never truncated."""
+    import operator
+
+    try:
+        dims = list(shape)
+        if any(isinstance(d, (bool, np.bool_)) for d in dims):
+            raise TypeError("a bool is not a size")
+        return tuple(operator.index(d) for d in dims)
+    except TypeError:
+        raise ShapeError(f"shape {shape!r} must be a sequence of integers", where) from None

@@ -98,7 +98,7 @@ class _Allocator:
 
     def alloc(self, size: int) -> tuple[int, int]:
         if size > self.max_size:
-            raise AllocationError(self.device, size, self.max_size,
+            raise AllocationError(self.device, size, None,  # plan_schedule adds the device's free bytes
                                   f"one tensor is larger than the device's largest buffer ({self.max_size} bytes)")
         best = None  # (waste, chunk, offset)
         for ci, chunk in enumerate(self.chunks):
@@ -324,5 +324,11 @@ def plan_schedule(sched: "Schedule", devices: Mapping[str, "Device"]) -> dict[st
     plans = {}
     for dev_name, intervals in arena_intervals(sched, devices).items():
         bt = devices[dev_name].buffer_type()
-        plans[dev_name] = plan_device(dev_name, intervals, bt.alignment, bt.max_size)
+        try:
+            plans[dev_name] = plan_device(dev_name, intervals, bt.alignment, bt.max_size)
+        except AllocationError as exc:
+            if exc.free is not None:
+                raise
+            # the planner knows sizes, not memory: report what the device really has free
+            raise AllocationError(exc.backend, exc.asked, devices[dev_name].memory().free, exc.detail) from None
     return plans

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import pluggy
 
 from . import hookspecs
-from .errors import ModelError, PluginError
+from .errors import ModelError, PluginError, UnknownModelError
 from .specs import BackendSpec, CommandSpec, ModelSpec
 
 hookimpl = pluggy.HookimplMarker("flare")
@@ -137,7 +137,7 @@ class PluginManager:
         """The registered model `name`; ModelError naming the registered ones otherwise."""
         models = self.models()
         if name not in models:
-            raise ModelError(f"unknown model {name!r}; registered: {', '.join(sorted(models)) or 'none'} "
+            raise UnknownModelError(f"unknown model {name!r}; registered: {', '.join(sorted(models)) or 'none'} "
                              "(see `flare models`)")
         return models[name]
 

@@ -44,7 +44,7 @@ import numpy as np
 from .backend import Binding, Buffer, Device, PreparedSplit, SplitProgram
 from .dtypes import to_numpy
 from .errors import GraphError, InputError, ReleasedError
-from .graph import INPUT, PERSISTENT, STATE, WEIGHT, Graph, GraphBuilder, Tensor
+from .graph import INPUT, PERSISTENT, STATE, WEIGHT, Graph, GraphBuilder, Tensor, integer_shape
 from .ops import OPS
 from .planner import DevicePlan, plan_schedule
 from .partition import Copy, PlacementFn, Schedule, Split, schedule
@@ -324,7 +324,7 @@ class PreparedGraph:
     def _prepare_impl(self, entry: str, shapes: Mapping[str, Sequence[int]], replan: bool) -> EntryPlan:
         if entry not in self.entries:
             raise InputError(f"unknown entry point {entry!r}; {self.name} has {sorted(self.entries)}")
-        shapes = {k: tuple(int(d) for d in v) for k, v in shapes.items()}
+        shapes = {k: integer_shape(v, f"{self.name}.{entry} input {k!r}") for k, v in shapes.items()}
         key = tuple(sorted(shapes.items()))
         cache = self._plans[entry]
         if key in cache:

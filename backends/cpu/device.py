@@ -155,6 +155,24 @@ def _bind(kern, out, srcs, params) -> Callable[[], None]:
     return lambda: kern(out, srcs, params)
 
 
+def _size_setting(config: Mapping[str, Any], key: str, env: str | None) -> int | None:
+    """A byte size from the config or the environment; InputError naming where it came from."""
+    from flare.errors import InputError
+
+    where, value = f"cpu config {key!r}", config.get(key)
+    if value in (None, "") and env is not None:
+        where, value = env, os.environ.get(env)
+    if value in (None, ""):
+        return None
+    try:
+        size = parse_bytes(value)
+    except ValueError as exc:
+        raise InputError(f"{where}={value!r}: {exc}") from None
+    if size < 1:
+        raise InputError(f"{where}={value!r}: must be at least 1 byte")
+    return size
+
+
 class CpuBackend(Backend):
     """Always usable. Config: `count` logical devices, `memory_limit`, `max_buffer`.
 
@@ -174,8 +192,6 @@ class CpuBackend(Backend):
         count = int(config.get("count", 1))
         if count < 1:
             raise BackendUnavailable(f"cpu: count must be >= 1, got {count}")
-        limit = config.get("memory_limit", os.environ.get("FLARE_CPU_MEMORY_LIMIT"))
-        limit = parse_bytes(limit) if limit not in (None, "") else None
-        max_buffer = config.get("max_buffer")
-        max_buffer = parse_bytes(max_buffer) if max_buffer else None
+        limit = _size_setting(config, "memory_limit", "FLARE_CPU_MEMORY_LIMIT")
+        max_buffer = _size_setting(config, "max_buffer", None)
         return [CpuDevice(f"cpu:{i}", limit, max_buffer) for i in range(count)]

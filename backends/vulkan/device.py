@@ -35,8 +35,15 @@ LIVE_KEYS = ("buffers", "memories", "descriptor_pools", "command_pools", "comman
 CACHE_KEYS = ("pipelines", "pipeline_layouts", "descriptor_set_layouts", "shader_modules")
 
 
-def _truthy(value: Any) -> bool:
-    return str(value).strip().lower() in ("1", "true", "yes", "on")
+def _truthy(value: Any, where: str = "force_staging") -> bool:
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    from flare.errors import InputError
+
+    raise InputError(f"{where}={value!r}: expected 1/0, true/false, yes/no or on/off")
 
 
 class VulkanDevice(Device):
@@ -55,7 +62,7 @@ class VulkanDevice(Device):
         if "force_staging" in config:
             force = _truthy(config["force_staging"])
         else:
-            force = _truthy(os.environ.get(ENV_FORCE_STAGING, "0"))
+            force = _truthy(os.environ.get(ENV_FORCE_STAGING, "0"), ENV_FORCE_STAGING)
         self.force_staging = force
         limit = min(info.max_memory_allocation_size, info.max_storage_buffer_range)
         if config.get("max_buffer_size"):

@@ -6,9 +6,16 @@ An `OpDef` answers three questions for everyone else:
 - the memory planner: may the output reuse src0's memory (`inplace`), is it a
   view of src0 (`view`), does it write into src0 (`writes_src0`)?
 - the conformance suite: what does NumPy say the answer is (`reference`)?
+
+Op parameters are type-checked against `PARAMS`, one schema per parameter
+name (a name means the same thing in every op: `eps` is always a positive
+finite float, `axis` always an integer), when a node is made — by the builder
+and by the deserializer of an exported core — so a core whose `eps` is NaN or
+a string is refused at load with the field named, never at execute.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -21,6 +28,80 @@ InferFn = Callable[[str, Sequence[Any], Mapping[str, Any]], tuple[tuple[int, ...
 # view(name, src, params) -> (shape, strides, offset) in elements, relative to src's layout
 ViewFn = Callable[[str, Any, Mapping[str, Any]], tuple[tuple[int, ...], tuple[int, ...], int]]
 RefFn = Callable[[Sequence[np.ndarray], Mapping[str, Any]], np.ndarray]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) \
+        and math.isfinite(float(v))
+
+
+def _int_list(v: Any) -> bool:
+    return isinstance(v, (list, tuple)) and len(v) <= 8 and all(_is_int(d) for d in v)
+
+
+def _json_like(v: Any, depth: int = 0) -> bool:
+    if depth > 4:
+        return False
+    if v is None or isinstance(v, (bool, str)) or _is_int(v) or _is_num(v):
+        return True
+    if isinstance(v, (list, tuple)):
+        return len(v) <= 1024 and all(_json_like(x, depth + 1) for x in v)
+    if isinstance(v, dict):
+        return len(v) <= 64 and all(isinstance(k, str) and _json_like(x, depth + 1) for k, x in v.items())
+    return False
+
+
+# parameter name -> (check, what it must be). Limits are sanity bounds, not model limits.
+PARAMS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "axis": (_is_int, "an integer"),
+    "axis0": (_is_int, "an integer"),
+    "axis1": (_is_int, "an integer"),
+    "axes": (_int_list, "a list of integers"),
+    "keepdims": (lambda v: isinstance(v, bool), "true or false"),
+    "transpose_b": (lambda v: isinstance(v, bool), "true or false"),
+    "neox": (lambda v: isinstance(v, bool), "true or false"),
+    "eps": (lambda v: _is_num(v) and 0 < float(v) < 1, "a finite float in (0, 1)"),
+    "scale": (_is_num, "a finite number"),
+    "bias": (_is_num, "a finite number"),
+    "value": (_is_num, "a finite number"),
+    "base": (lambda v: _is_num(v) and float(v) > 1, "a finite number > 1"),
+    "k": (lambda v: _is_int(v) and 1 <= v <= 1 << 20, "an integer in 1..2^20"),
+    "stride": (lambda v: _is_int(v) and 1 <= v <= 1 << 16, "an integer in 1..65536"),
+    "dilation": (lambda v: _is_int(v) and 1 <= v <= 1 << 16, "an integer in 1..65536"),
+    "padding": (lambda v: _is_int(v) and 0 <= v <= 1 << 16, "an integer in 0..65536"),
+    "offset": (lambda v: _is_int(v) and 0 <= v < 1 << 40, "a non-negative integer"),
+    "start": (lambda v: v is None or _is_int(v), "an integer or null"),
+    "stop": (lambda v: v is None or _is_int(v), "an integer or null"),
+    "step": (lambda v: _is_int(v) and 1 <= v, "a positive integer"),
+    "shape": (lambda v: _int_list(v) and 1 <= len(v) <= 4 and all(d >= -1 for d in v),
+              "a list of 1..4 integers (>= 0, or -1 once in reshape)"),
+    "pads": (lambda v: isinstance(v, (list, tuple)) and len(v) <= 4
+             and all(isinstance(p, (list, tuple)) and len(p) == 2 and all(_is_int(d) and 0 <= d < 1 << 30 for d in p)
+                     for p in v), "a list of [before, after] pairs of non-negative integers"),
+    "mode": (lambda v: isinstance(v, str) and 0 < len(v) <= 32, "a short string"),
+    "dtype": (lambda v: isinstance(v, str) and 0 < len(v) <= 16, "a dtype name"),
+    "callback": (lambda v: isinstance(v, str) and 0 < len(v) <= 256, "a callback name"),
+    "args": (lambda v: isinstance(v, dict) and _json_like(v), "an object of plain JSON values"),
+}
+
+
+def check_params(op: str, node: str, params: Mapping[str, Any]) -> None:
+    """Type-check every parameter against `PARAMS` (GraphError naming the node and parameter)."""
+    for key, value in params.items():
+        rule = PARAMS.get(key)
+        if rule is None:
+            raise GraphError(f"{op}: parameter {key!r} has no schema in the op registry", node)
+        ok, what = rule
+        try:
+            good = bool(ok(value))
+        except (TypeError, ValueError, OverflowError):
+            good = False
+        if not good:
+            raise GraphError(f"{op}: parameter {key}={value!r} must be {what}", node)
 
 
 @dataclass(frozen=True)
@@ -45,7 +126,9 @@ class OpDef:
         missing = [p for p in self.required if p not in params]
         if missing:
             raise GraphError(f"{self.name}: missing params {missing}", node)
-        return {**self.defaults, **params}
+        merged = {**self.defaults, **params}
+        check_params(self.name, node, merged)
+        return merged
 
     def check(self, node: str, srcs: Sequence[Any], params: Mapping[str, Any]):
         """Validate arity and rule; returns (shape, dtype). Raises naming `node`."""

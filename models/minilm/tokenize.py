@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -45,7 +45,45 @@ def encode(sentences: Sequence[str], max_length: int = 256) -> list[list[int]]:
     """Token ids per sentence, with [CLS] ... [SEP], truncated at max_length."""
     if isinstance(sentences, str):
         raise TypeError("encode() takes a sequence of sentences, not one string")
-    return [e.ids for e in tokenizer(None, max_length).encode_batch(list(sentences))]
+    return [e.ids for e in tokenizer(None, max_length).encode_batch(check_text(sentences))]
+
+
+MAX_SENTENCES = 4096
+MAX_CHARS = 1 << 20
+
+
+def check_text(sentences: Sequence[Any]) -> list[str]:
+    """Sentences as valid Unicode strings, or an InputError naming the sentence and the byte.
+
+    Decision: text that is not UTF-8 is refused, not decoded with replacement characters —
+    an embedding of guessed text would look valid and mean something else. Bytes are
+    decoded as strict UTF-8; strings from a command line that held invalid bytes carry
+    them as lone surrogates (Python's surrogateescape) and are refused the same way."""
+    from flare.errors import InputError
+
+    sentences = list(sentences)
+    if len(sentences) > MAX_SENTENCES:
+        raise InputError(f"{len(sentences)} sentences; at most {MAX_SENTENCES} per call")
+    out = []
+    for i, s in enumerate(sentences, 1):
+        if isinstance(s, (bytes, bytearray)):
+            try:
+                s = bytes(s).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"sentence {i}: not UTF-8 (byte 0x{s[exc.start]:02x} at offset {exc.start})") from None
+        if not isinstance(s, str):
+            raise InputError(f"sentence {i}: expected text, got {type(s).__name__}")
+        if len(s) > MAX_CHARS:
+            raise InputError(f"sentence {i}: {len(s)} characters; at most {MAX_CHARS}")
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = s[exc.start]
+            byte = ord(bad) - 0xDC00 if 0xDC80 <= ord(bad) <= 0xDCFF else None
+            what = f"byte 0x{byte:02x}" if byte is not None else f"lone surrogate U+{ord(bad):04X}"
+            raise InputError(f"sentence {i}: not UTF-8 ({what} at character {exc.start})") from None
+        out.append(s)
+    return out
 
 
 def pad_batch(token_ids: Sequence[Sequence[int]], length: int | None = None) -> Batch:

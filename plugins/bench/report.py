@@ -17,6 +17,7 @@ from .harness import BenchResult
 
 SCHEMA = "flare-bench/1"
 MiB = 1024 * 1024
+NOT_MEASURED = "not measured"
 
 
 def _mib(n: float) -> str:
@@ -127,12 +128,18 @@ def print_report(result: BenchResult, console: Any = None) -> None:
                   _num(b.latency_median_s / a.latency_median_s, 3) + "x" if a.latency_median_s else "-")
     table.add_row("latency p90 (ms)", _num(a.latency_p90_s * 1e3), _num(b.latency_p90_s * 1e3),
                   _num(b.latency_p90_s / a.latency_p90_s, 3) + "x" if a.latency_p90_s else "-")
+    def ledger(side: Any, dev: str | None) -> str:
+        # a peer (onnxruntime, NumPy) allocates outside Flare's ledger: nothing was measured, not 0 bytes
+        if not side.ledger_peak_bytes:
+            return NOT_MEASURED
+        return _mib(side.ledger_peak_bytes.get(dev, 0) if dev else sum(side.ledger_peak_bytes.values()))
+
     for dev in sorted(set(a.ledger_peak_bytes) | set(b.ledger_peak_bytes)):
-        table.add_row(f"ledger peak {dev} (MiB)", _mib(a.ledger_peak_bytes.get(dev, 0)),
-                      _mib(b.ledger_peak_bytes.get(dev, 0)), "")
+        table.add_row(f"ledger peak {dev} (MiB)", ledger(a, dev), ledger(b, dev), "")
     if a.ledger_peak_bytes or b.ledger_peak_bytes:
-        table.add_row("ledger peak, total (MiB)", _mib(sum(a.ledger_peak_bytes.values())),
-                      _mib(sum(b.ledger_peak_bytes.values())), _ratio(result.ratio("ledger_peak")))
+        both = a.ledger_peak_bytes and b.ledger_peak_bytes
+        table.add_row("ledger peak, total (MiB)", ledger(a, None), ledger(b, None),
+                      _ratio(result.ratio("ledger_peak")) if both else "-")
     scope = {r.memory.rss_scope for r in result.runs}
     table.add_row(f"peak RSS (MiB, {'per run' if scope == {'run'} else 'process so far'})", _mib(a.peak_rss_bytes),
                   _mib(b.peak_rss_bytes), "")

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import struct
 import tempfile
 from pathlib import Path, PurePosixPath
@@ -37,7 +38,7 @@ ST_DTYPES = {"F32": "f32", "F16": "f16", "I32": "i32", "I64": "i64"}
 def sha256_file(path: str | os.PathLike) -> str:
     """Hex sha256 of a file, read in chunks (weights can be large)."""
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_regular(Path(path), str(path)) as fh:
         for block in iter(lambda: fh.read(CHUNK), b""):
             h.update(block)
     return h.hexdigest()
@@ -59,14 +60,33 @@ def inside(root: Path, rel: Any, field: str) -> Path:
     return path
 
 
-def read_json(path: Path, field: str, limit: int = 64 << 20) -> Any:
-    """Parse a JSON file (bounded size); any failure is a CoreFormatError naming `field`."""
+def open_regular(path: Path, field: str):
+    """Open `path` for reading only if it is a regular file (checked on the open descriptor, so a
+    symlink to /dev/zero or a FIFO swapped in is refused, and opening a FIFO never blocks)."""
     try:
-        size = path.stat().st_size
-        if size > limit:
-            raise CoreFormatError(f"{path.name} is {size} bytes, more than the {limit}-byte limit", field)
-        with open(path, "rb") as fh:
-            return json.loads(fh.read().decode("utf-8"))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise CoreFormatError(f"file {path.name!r} is missing", field) from None
+    except OSError as exc:
+        raise CoreFormatError(f"cannot open {path.name!r}: {exc.strerror or exc}", field) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CoreFormatError(f"{path.name!r} is not a regular file (a device, FIFO, socket or directory)", field)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_json(path: Path, field: str, limit: int = 64 << 20) -> Any:
+    """Parse a JSON file (regular files only, at most `limit` bytes read); any failure is a
+    CoreFormatError naming `field`."""
+    try:
+        with open_regular(path, field) as fh:
+            data = fh.read(limit + 1)
+        if len(data) > limit:
+            raise CoreFormatError(f"{path.name} is more than the {limit}-byte limit", field)
+        return json.loads(data.decode("utf-8"))
     except CoreFormatError:
         raise
     except FileNotFoundError:
@@ -79,8 +99,8 @@ def safetensors_header(path: Path, field: str) -> dict[str, dict[str, Any]]:
     """name -> {dtype (flare name), shape, offset (absolute), nbytes} of a safetensors file, bounds-checked
     against the file size. Parses the JSON header only; no tensor data is read."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
+        with open_regular(path, field) as fh:
+            size = os.fstat(fh.fileno()).st_size
             head = fh.read(8)
             if len(head) < 8:
                 raise CoreFormatError(f"{size} bytes is too short for a safetensors header", field)
