@@ -135,6 +135,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     runner = pm.hook.flare_run_target(target=args.model)
     if runner is not None:
         return int(runner(list(args.args)) or 0)
+    if args.model not in pm.models() and (os.sep in args.model or args.model.endswith(".core")):
+        raise InputError(f"{args.model}: no such core directory (nor a model of that name; see `flare models`)")
     spec = pm.model(args.model)
     if spec.run is not None:
         return int(spec.run(list(args.args)) or 0)
