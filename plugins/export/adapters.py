@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from flare.errors import FlareError
+from flare.errors import InputError
 from flare.graph import GraphBuilder
 
 from .schema import Serving
@@ -135,5 +135,5 @@ def get_adapter(name: str, options: Mapping[str, Any] | None = None) -> ExportAd
 
     adapters = get_plugin_manager().collect("flare_export_adapters", AdapterSpec)
     if name not in adapters:
-        raise FlareError(f"model {name!r} cannot be exported; exportable: {', '.join(sorted(adapters)) or 'none'}")
+        raise InputError(f"model {name!r} cannot be exported; exportable: {', '.join(sorted(adapters)) or 'none'}")
     return adapters[name].factory(**dict(options or {}))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from flare import __version__
-from flare.errors import FlareError
+from flare.errors import InputError
 from flare.graph import Graph, GraphBuilder
 from flare.ops import OPS
 from flare.serialize import graph_to_dict
@@ -95,14 +95,14 @@ def export_core(
     program checks per sequence.
     """
     if tuning not in tuning_mod.MODES:
-        raise FlareError(f"--tuning must be one of {', '.join(tuning_mod.MODES)}, not {tuning!r}")
+        raise InputError(f"--tuning must be one of {', '.join(tuning_mod.MODES)}, not {tuning!r}")
     adapter = model if isinstance(model, ExportAdapter) else get_adapter(model, options)
     supported, why = adapter.mixed_support()
     if mixed and not supported:
-        raise FlareError(f"cannot export mixed programs for {adapter.name}: {why}")
+        raise InputError(f"cannot export mixed programs for {adapter.name}: {why}")
     with_mixed = supported if mixed is None else bool(mixed)
     if mixed_default and not with_mixed:
-        raise FlareError("mixed prefill cannot be the default of a core without mixed programs")
+        raise InputError("mixed prefill cannot be the default of a core without mixed programs")
     default = with_mixed if mixed_default is None else bool(mixed_default)
     backends = list(dict.fromkeys([*backends, "cpu"]))
     serving = adapter.serving()

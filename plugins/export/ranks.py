@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
-from flare.errors import CoreFormatError, FlareError
+from flare.errors import CoreFormatError, FlareError, InputError
 
 T = TypeVar("T")
 MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
@@ -125,7 +125,7 @@ def mpirun_command(n: int, argv: Sequence[str]) -> list[str]:
 def spawn(n: int, argv: Sequence[str]) -> int:
     """Re-run `flare ARGV` on `n` ranks; returns mpirun's exit status."""
     if n < 1:
-        raise FlareError(f"--ranks must be >= 1, got {n}")
+        raise InputError(f"--ranks must be >= 1, got {n}")
     env = dict(os.environ)
     env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
     return subprocess.call(mpirun_command(n, argv), env=env)
