@@ -148,7 +148,7 @@ def _run_graph(model: str, argv: list[str]) -> int:
     placement honoured) and execute every entry on zeros or given .npy inputs."""
     import numpy as np
 
-    from .session import Session, device_list
+    from .session import Session
 
     p = argparse.ArgumentParser(prog=f"flare run {model}",
                                 description=f"Prepare {model}'s graph on the given devices and execute its entries.")
@@ -200,7 +200,7 @@ def _run_graph(model: str, argv: list[str]) -> int:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    from .session import Session, device_list
+    from .session import Session
 
     get_plugin_manager().model(args.model)      # unknown model: a clear error before opening devices
     options = _model_options(args.option)
