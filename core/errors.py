@@ -5,9 +5,9 @@ assert the precise kind. Messages name the node, tensor, backend or file.
 
 Each class carries the exit code every `flare` command uses for it (one
 convention, see `flare.cli`): USAGE (2) when the user's input or options are
-wrong — the input, a file, an option value, a core, a backend that cannot run
-here —, RUN_FAILED (1) when the run itself failed (out of memory, a device
-error, a broken plugin, a model's weights missing).
+wrong — the input, a file, an option value, a core, a model's configuration or
+weights, a backend that cannot run here —, RUN_FAILED (1) when the run itself
+failed (out of memory, a device error, a broken plugin, a released graph).
 """
 from __future__ import annotations
 
@@ -85,13 +85,16 @@ class PluginError(FlareError):
 
 
 class ModelError(FlareError):
-    """A model's weights or configuration are missing or malformed. Names the tensor/file."""
+    """A model's weights or configuration are missing or malformed. Names the tensor/file.
+
+    Exit code 2: the model's options, configuration and weight files are its input
+    (an expert cache too small for the options given, a weight file of the wrong shape)."""
+
+    exit_code = USAGE
 
 
 class UnknownModelError(ModelError):
-    """No model of that name is registered (a usage error: the command line named it)."""
-
-    exit_code = USAGE
+    """No model of that name is registered (the command line named it)."""
 
 
 class CoreFormatError(FlareError):

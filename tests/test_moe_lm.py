@@ -170,7 +170,7 @@ def test_cli_streams_tokens(monkeypatch, tmp_path):
     assert rc == 0, err.getvalue()
     assert len(chunks) >= 2 and '"experts": "offload"' in err.getvalue()
     rc = run(["--prompt", "Hi", "--experts", "offload", "--expert-cache-mb", "0.05"], stdout=out, stderr=err)
-    assert rc == 1 and "ExpertCacheError" in err.getvalue() and "MiB" in err.getvalue()
+    assert rc == 2 and "ExpertCacheError" in err.getvalue() and "MiB" in err.getvalue()  # an option too small
 
 
 def test_plugin_registers_model_spec(monkeypatch, tmp_path):
