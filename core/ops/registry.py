@@ -34,9 +34,13 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
+F32_MAX = float(np.finfo(np.float32).max)
+
+
 def _is_num(v: Any) -> bool:
+    """A number the f32 kernels can hold: finite, and finite once cast to float32."""
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) \
-        and math.isfinite(float(v))
+        and math.isfinite(float(v)) and abs(float(v)) <= F32_MAX
 
 
 def _int_list(v: Any) -> bool:
@@ -65,10 +69,10 @@ PARAMS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "transpose_b": (lambda v: isinstance(v, bool), "true or false"),
     "neox": (lambda v: isinstance(v, bool), "true or false"),
     "eps": (lambda v: _is_num(v) and 0 < float(v) < 1, "a finite float in (0, 1)"),
-    "scale": (_is_num, "a finite number"),
-    "bias": (_is_num, "a finite number"),
-    "value": (_is_num, "a finite number"),
-    "base": (lambda v: _is_num(v) and float(v) > 1, "a finite number > 1"),
+    "scale": (_is_num, "a number finite in float32"),
+    "bias": (_is_num, "a number finite in float32"),
+    "value": (_is_num, "a number finite in float32"),
+    "base": (lambda v: _is_num(v) and 1 < float(v) <= 1e9, "a number in (1, 1e9]"),
     "k": (lambda v: _is_int(v) and 1 <= v <= 1 << 20, "an integer in 1..2^20"),
     "stride": (lambda v: _is_int(v) and 1 <= v <= 1 << 16, "an integer in 1..65536"),
     "dilation": (lambda v: _is_int(v) and 1 <= v <= 1 << 16, "an integer in 1..65536"),
