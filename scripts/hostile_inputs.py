@@ -110,7 +110,11 @@ def option_cases() -> list[Case]:
         Case("unknown subcommand", ["frobnicate"], 2),
         Case("bench with one config", ["bench", "a.toml"], 2),
         Case("bench --blocks 0", ["bench", "a.toml", "b.toml", "--blocks", "0"], 2),
-        Case("moe-lm --max-new-tokens -1", ["run", "moe-lm", "--max-new-tokens", "-1"], 2),
+        Case("moe-lm --max-new-tokens -1", ["run", "moe-lm", "--prompt", "Hi", "--max-new-tokens", "-1"], 2),
+        Case("moe-lm --temperature nan", ["run", "moe-lm", "--prompt", "Hi", "--temperature", "nan"], 2),
+        Case("moe-lm --top-p 7", ["run", "moe-lm", "--prompt", "Hi", "--top-p", "7"], 2),
+        Case("moe-lm --expert-cache-mb nan", ["run", "moe-lm", "--prompt", "Hi", "--experts", "offload",
+                                              "--expert-cache-mb", "nan"], 2),
     ]
 
 

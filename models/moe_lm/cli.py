@@ -53,6 +53,29 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check(args: argparse.Namespace) -> None:
+    """Option values argparse's types cannot judge: InputError naming the option."""
+    import math
+
+    def bad(option: str, value: object, want: str) -> InputError:
+        return InputError(f"{option} {value!r}: must be {want}")
+
+    if not 1 <= args.max_new_tokens <= 1 << 20:
+        raise bad("--max-new-tokens", args.max_new_tokens, "an integer in 1..1048576")
+    if not (math.isfinite(args.temperature) and 0 < args.temperature <= 100):
+        raise bad("--temperature", args.temperature, "a number in (0, 100]")
+    if args.top_k is not None and args.top_k < 1:
+        raise bad("--top-k", args.top_k, "a positive integer")
+    if args.top_p is not None and not (math.isfinite(args.top_p) and 0 < args.top_p <= 1):
+        raise bad("--top-p", args.top_p, "in (0, 1]")
+    if args.expert_cache_mb is not None and not (math.isfinite(args.expert_cache_mb) and args.expert_cache_mb > 0):
+        raise bad("--expert-cache-mb", args.expert_cache_mb, "a positive number")
+    if args.prefetch < 0:
+        raise bad("--prefetch", args.prefetch, "0 or more")
+    if args.prefill_chunk is not None and (args.prefill_chunk < 1 or args.prefill_chunk & (args.prefill_chunk - 1)):
+        raise bad("--prefill-chunk", args.prefill_chunk, "a power of two")
+
+
 def _devices(backend: str) -> list[str]:
     from flare.session import device_list
 
@@ -69,6 +92,10 @@ def run(argv: Sequence[str], stdout: TextIO | None = None, stderr: TextIO | None
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     args = parser().parse_args(list(argv))
+    try:
+        _check(args)
+    except InputError as exc:
+        return report_error(exc, err)
     try:
         expert_all = [e for e in args.expert_device if "=" not in e]
         expert_layers = parse_layer_map([e for e in args.expert_device if "=" in e])
