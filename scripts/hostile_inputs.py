@@ -113,6 +113,9 @@ def option_cases() -> list[Case]:
         Case("moe-lm --max-new-tokens -1", ["run", "moe-lm", "--prompt", "Hi", "--max-new-tokens", "-1"], 2),
         Case("moe-lm --temperature nan", ["run", "moe-lm", "--prompt", "Hi", "--temperature", "nan"], 2),
         Case("moe-lm --top-p 7", ["run", "moe-lm", "--prompt", "Hi", "--top-p", "7"], 2),
+        Case("moe-lm --seed -1", ["run", "moe-lm", "--prompt", "Hi", "--seed", "-1"], 2),
+        Case("export --seed -5", ["export", "moe-lm", "-o", "never.core", "--seed", "-5"], 2),
+        Case("export --prefill-chunk 3", ["export", "moe-lm", "-o", "never.core", "--prefill-chunk", "3"], 2),
         Case("moe-lm --expert-cache-mb nan", ["run", "moe-lm", "--prompt", "Hi", "--experts", "offload",
                                               "--expert-cache-mb", "nan"], 2),
     ]

@@ -70,6 +70,9 @@ def _check(args: argparse.Namespace) -> None:
         raise bad("--top-p", args.top_p, "in (0, 1]")
     if args.expert_cache_mb is not None and not (math.isfinite(args.expert_cache_mb) and args.expert_cache_mb > 0):
         raise bad("--expert-cache-mb", args.expert_cache_mb, "a positive number")
+    for option, value in (("--seed", args.seed), ("--weights-seed", args.weights_seed)):
+        if not 0 <= value < 2**63:
+            raise bad(option, value, "an integer in 0..2^63-1")
     if args.prefetch < 0:
         raise bad("--prefetch", args.prefetch, "0 or more")
     if args.prefill_chunk is not None and (args.prefill_chunk < 1 or args.prefill_chunk & (args.prefill_chunk - 1)):

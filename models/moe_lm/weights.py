@@ -94,6 +94,8 @@ def default_path(cfg: MoeConfig, seed: int = 0, folder: str | os.PathLike | None
 
 def ensure(cfg: MoeConfig, seed: int = 0, folder: str | os.PathLike | None = None) -> Path:
     """The weights file of (cfg, seed), generated on first use into the cache dir."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ModelError(f"moe-lm: weights seed {seed!r} must be an integer in 0..2^63-1")
     path = default_path(cfg, seed, folder)
     if not path.exists():
         write(cfg, path, seed)
