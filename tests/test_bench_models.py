@@ -50,6 +50,17 @@ def test_silero_peers_agree_with_flare(peer):
     result = run_bench(a, b, blocks=1, requests=1, warmup=0)   # one request: the shipped 18 s sample
     assert result.outputs.within_tolerance, result.outputs.summary()
     assert result.summaries["B"].memory_plan is None and not result.summaries["B"].ledger_peak_bytes
+    if peer == "numpy":   # the table says a peer's ledger peak was not measured, not "0.0 MiB"
+        import io
+
+        from rich.console import Console
+
+        from flare.plugins.bench.report import print_report
+
+        out = io.StringIO()
+        print_report(result, Console(file=out, width=200))
+        row = next(line for line in out.getvalue().splitlines() if "ledger peak cpu:0" in line)
+        assert "not measured" in row and row.count("0.0") == 0, row
 
 
 def test_minilm_numpy_peer_agrees_with_flare():
