@@ -191,3 +191,21 @@ def test_failed_growth_leaves_everything_as_it_was():
         assert LEDGER.snapshot().live == before.live and ws.generation == gen
         x = RNG.uniform(-1, 1, (4, 32)).astype(np.float32)
         np.testing.assert_allclose(small.execute("full", x=x)["y"], ref_decoder(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_tensor_too_large_reports_the_device_real_free_bytes():
+    """The planner knows sizes, not memory: the AllocationError must carry the device's free
+    bytes (limit minus what is live), not the largest buffer size."""
+    limit = 64 << 10
+    with Session(["cpu"], config={"cpu": {"memory_limit": limit}}) as sess:
+        keep = sess.devices[0].alloc(10_000, tag="held")
+
+        def big(b, shapes):
+            x = b.input("x", shapes["x"])
+            b.output("y", b.relu(b.matmul(x, b.weight("w", np.ones((32, 1024), np.float32)))))
+
+        with pytest.raises(AllocationError) as err:
+            sess.prepare({"full": big}, {"full": {"x": (32, 32)}})
+        assert err.value.free == limit - 10_000, str(err.value)
+        assert f"{limit - 10_000} bytes free" in str(err.value)
+        keep.release()
