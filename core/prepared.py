@@ -267,9 +267,9 @@ class PreparedGraph:
 
     def read_rows(self, name: str, row: int, rows: int) -> np.ndarray:
         """Rows [row, row+rows) of a state/cache tensor, read back to the host (KV reuse, tests)."""
-        self._check_alive()
-        dev, binding = self._row_binding(name, row, rows)
-        return self.devices[dev].read(binding)
+        with self._callback_guard():
+            dev, binding = self._row_binding(name, row, rows)
+            return self.devices[dev].read(binding)
 
     def write_rows(self, name: str, row: int, array: np.ndarray) -> None:
         """Write `array` into rows [row, row+len) of a state/cache tensor (host callbacks use it)."""

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flare.errors import FlareError
+from flare.errors import FlareError, InputError
 
 
 HELP = "serve an exported core over an OpenAI-compatible HTTP API"
@@ -83,9 +83,9 @@ def run(args: argparse.Namespace) -> int:
 
     if under_mpirun():
         return _main_rank(args)
+    _check(args)
     if args.ranks is not None and args.ranks > 1:
         return _spawn(args.ranks, ["serve", *_argv(args)])
-    _check(args)
     from flare.plugins.export.loader import load_core
 
     core = load_core(args.core, load_options(args))
@@ -93,12 +93,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> None:
+    """Option values argparse's types cannot judge: a one-line InputError (exit 2) naming the option."""
+    import math
+
     if args.speculative is not None and args.speculative < 0:
-        raise FlareError(f"--speculative K needs K >= 1, got {args.speculative}")
+        raise InputError(f"--speculative K needs K >= 1, got {args.speculative}")
     if args.max_queue < 1:
-        raise FlareError(f"--max-queue must be >= 1, got {args.max_queue}")
-    if args.prefix_block < 1 or args.prefix_cache_mib < 0:
-        raise FlareError("--prefix-block must be >= 1 and --prefix-cache-mib >= 0")
+        raise InputError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if args.prefix_block < 1 or not (math.isfinite(args.prefix_cache_mib) and args.prefix_cache_mib >= 0):
+        raise InputError("--prefix-block must be >= 1 and --prefix-cache-mib a number >= 0")
+    if not 0 <= args.port <= 65535:
+        raise InputError(f"--port {args.port}: must be 0..65535")
+    if args.ranks is not None and not 1 <= args.ranks <= 1024:
+        raise InputError(f"--ranks {args.ranks}: must be between 1 and 1024")
+    if not (math.isfinite(args.graceful_seconds) and args.graceful_seconds >= 0):
+        raise InputError(f"--graceful-seconds {args.graceful_seconds}: must be a number >= 0")
+    if args.backend is not None and ("," in args.backend or not args.backend.strip()):
+        raise InputError(f"--backend {args.backend!r}: expected one backend name (e.g. cpu)")
 
 
 def build(core: Any, args: argparse.Namespace, comm: Any = None, rank: int = 0, size: int = 1) -> Any:
