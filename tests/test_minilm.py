@@ -134,3 +134,16 @@ def test_plugin_registered_and_cli(capsys):
     np.testing.assert_allclose(out["similarity"], EXPECTED, atol=5e-5)
     assert spec.run(["Hello there", "General Kenobi"]) == 0
     assert "Cosine similarity" in capsys.readouterr().out
+
+
+def test_text_that_is_not_utf8_is_refused_not_replaced():
+    """The decision (docs/design.md, "Input boundaries"): invalid bytes are an InputError
+    naming the sentence and byte, from bytes and from surrogate-escaped command-line text."""
+    from flare.errors import InputError
+    from flare.models.minilm.tokenize import check_text
+
+    assert check_text(["ok", b"caf\xc3\xa9"]) == ["ok", "café"]
+    with pytest.raises(InputError, match=r"sentence 2: not UTF-8 \(byte 0xe9 at offset 3\)"):
+        check_text(["ok", b"caf\xe9"])
+    with pytest.raises(InputError, match=r"sentence 1: not UTF-8 \(byte 0xff at character 1\)"):
+        check_text([b"x\xff".decode("utf-8", "surrogateescape")])
