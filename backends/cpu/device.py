@@ -14,11 +14,13 @@ import numpy as np
 
 from flare.backend import (Backend, Binding, BufferType, Device, MemoryInfo, PreparedSplit, ProbeResult,
                            SplitProgram, numpy_view)
+from .native.compile import compile_native
 from flare.errors import AllocationError, BackendUnavailable
 from flare.graph import Tensor
 from flare.ledger import LEDGER
 from flare.ops import OPS
 
+from . import native as native_mod
 from .kernels import KERNELS, VARIANTS
 
 ALIGNMENT = 64
@@ -71,10 +73,14 @@ class CpuSplit(PreparedSplit):
 class CpuDevice(Device):
     backend = "cpu"
 
-    def __init__(self, name: str, memory_limit: int | None = None, max_buffer: int | None = None):
+    def __init__(self, name: str, memory_limit: int | None = None, max_buffer: int | None = None,
+                 native: bool = True, threads: int | None = None):
         super().__init__(name, priority=0)
         self.memory_limit = memory_limit
         self.max_buffer = max_buffer
+        self.native = native_mod.load() if native else None
+        self.native_reason = native_mod.REASON if native else "disabled by the device config (native = false)"
+        self.threads = threads
 
     def buffer_type(self) -> BufferType:
         limit = self.max_buffer or self.memory_limit or (1 << 62)
@@ -116,22 +122,30 @@ class CpuDevice(Device):
     def kernel_variants(self, op: str) -> tuple[str, ...]:
         return tuple(VARIANTS.get(op, ()))
 
-    def compile(self, program: SplitProgram) -> CpuSplit:
-        """Bind each node's kernel (or the tuned variant `program.tuning[op]`) to arena views."""
+    def compile(self, program: SplitProgram) -> PreparedSplit:
+        """The native command list when the C executor is loaded, else NumPy closures."""
+        if self.native is not None:
+            return compile_native(self, self.native, program)
+        return self.compile_numpy(program)
+
+    def numpy_step(self, program: SplitProgram, node: Tensor, owned: list[Any]) -> Callable[[], None]:
+        """Bind a node's NumPy kernel (or the tuned variant `program.tuning[op]`) to arena views."""
+        kern = KERNELS[node.op]
+        out = self.host_view(program.binding(node))
+        srcs = [self.host_view(program.binding(s)) for s in node.srcs]
+        variant = program.tuning.get(node.op)
+        if variant is not None and variant in VARIANTS.get(node.op, {}):
+            kern = VARIANTS[node.op][variant]
+            if variant == "packed":
+                srcs = self._pack(node, srcs, owned)
+        return _bind(kern, out, srcs, node.params)
+
+    def compile_numpy(self, program: SplitProgram) -> CpuSplit:
         steps, owned = [], []
         try:
             for node in program.nodes:
-                if OPS[node.op].view is not None:
-                    continue  # views alias their source: nothing to run
-                kern = KERNELS[node.op]
-                out = self.host_view(program.binding(node))
-                srcs = [self.host_view(program.binding(s)) for s in node.srcs]
-                variant = program.tuning.get(node.op)
-                if variant is not None and variant in VARIANTS.get(node.op, {}):
-                    kern = VARIANTS[node.op][variant]
-                    if variant == "packed":
-                        srcs = self._pack(node, srcs, owned)
-                steps.append(_bind(kern, out, srcs, node.params))
+                if OPS[node.op].view is None:  # views alias their source: nothing to run
+                    steps.append(self.numpy_step(program, node, owned))
         except BaseException:
             for buf in owned:
                 buf.release()
@@ -151,12 +165,31 @@ class CpuDevice(Device):
         return [srcs[0], view]
 
 
+def default_threads() -> int | None:
+    """One thread per core, unless the environment already pins the BLAS (OPENBLAS_NUM_THREADS...)."""
+    if any(os.environ.get(v) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")):
+        return None
+    return os.cpu_count() or 1
+
+
+def apply_threads(threads: int | None) -> None:
+    """Set the BLAS thread count (process-wide: NumPy and the C kernels share the library)."""
+    from .native.blas import find_blas
+    n = threads if threads is not None else default_threads()
+    if n is None:
+        return
+    blas = native_mod.load().blas if native_mod.load() is not None else find_blas()
+    if blas is not None:
+        blas.set_threads(n)
+
+
 def _bind(kern, out, srcs, params) -> Callable[[], None]:
     return lambda: kern(out, srcs, params)
 
 
 class CpuBackend(Backend):
-    """Always usable. Config: `count` logical devices, `memory_limit`, `max_buffer`.
+    """Always usable. Config: `count` logical devices, `memory_limit`, `max_buffer`,
+    `native` (default true: the C executor where it builds), `threads` (BLAS threads).
 
     Environment: FLARE_CPU_MEMORY_LIMIT (e.g. 256MiB) applies to every CPU device.
     """
@@ -166,7 +199,9 @@ class CpuBackend(Backend):
     @classmethod
     def probe(cls) -> ProbeResult:
         from .erf import BACKEND
-        return ProbeResult(True, f"NumPy {np.__version__}, erf via {BACKEND}", ("cpu:0",))
+        native_mod.load()
+        return ProbeResult(True, f"NumPy {np.__version__}, erf via {BACKEND}; native executor: {native_mod.REASON}",
+                           ("cpu:0",))
 
     @classmethod
     def open_devices(cls, config: Mapping[str, Any] | None = None) -> list[CpuDevice]:
@@ -178,4 +213,11 @@ class CpuBackend(Backend):
         limit = parse_bytes(limit) if limit not in (None, "") else None
         max_buffer = config.get("max_buffer")
         max_buffer = parse_bytes(max_buffer) if max_buffer else None
-        return [CpuDevice(f"cpu:{i}", limit, max_buffer) for i in range(count)]
+        native = str(config.get("native", "1")).strip().lower() not in ("0", "false", "no", "off")
+        threads = config.get("threads", os.environ.get("FLARE_CPU_THREADS"))
+        threads = int(threads) if threads not in (None, "") else None
+        if threads is not None and threads < 1:
+            raise BackendUnavailable(f"cpu: threads must be >= 1, got {threads}")
+        devices = [CpuDevice(f"cpu:{i}", limit, max_buffer, native, threads) for i in range(count)]
+        apply_threads(threads)
+        return devices
