@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from flare.backends.cpu import native
-from flare.conformance.cases import CASES
+from flare.plugins.testing.conformance.cases import CASES
 from flare.graph import GraphBuilder
 from flare.ledger import LEDGER
 from flare.reference import evaluate
