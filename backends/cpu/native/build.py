@@ -17,7 +17,7 @@ from types import ModuleType
 
 from flare.cache import cache_dir
 
-PORTABLE_FLAGS = ("-O3", "-fno-math-errno", "-fopenmp-simd", "-std=gnu11")
+PORTABLE_FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd", "-std=gnu11")
 
 
 def build(prefix: str, source: str, cdef: str, flags: tuple[str, ...] = PORTABLE_FLAGS,

@@ -191,7 +191,17 @@ def matmul_cmd(kind: str, node: Tensor, out: np.ndarray, a: np.ndarray, b: np.nd
     if m == 1 and ast[3] != 0:
         gemv = 1 if tb[0] == 112 else 2
     ne = pad4(oshape, 1)
+    if bst[0] == bst[1] == 0 and ta[0] == 111 and _rows_fold(ne, ast, m) and _rows_fold(ne, ost, m):
+        # b is shared by every batch and a's rows follow one another: one GEMM with more rows
+        m = ne[0] * ne[1] * m
+        ne = [1, 1, m, n]
+        gemv = 0
     return cmd(kind, out, [a, b], ne, ost, [ast, bst], ip=(m, n, k, ta[0], ta[1], tb[0], tb[1], gemv))
+
+
+def _rows_fold(ne: list[int], st: list[int], m: int) -> bool:
+    """Whether batch dims (ne[0], ne[1]) continue the row stride st[2] (so rows can be merged)."""
+    return ((ne[1] == 1 or st[1] == m * st[2]) and (ne[0] == 1 or st[0] == ne[1] * m * st[2]))
 
 
 @translator("matmul")
