@@ -71,3 +71,35 @@ def test_native_index_error_names_node():
         with pytest.raises(IndexError, match="lookup"):
             pg.execute("full", i=np.array([1, 9], np.int32))
         pg.release()
+
+
+# Shapes past the small-matmul kernel, so each BLAS route of k_matmul is taken:
+# gemv of a stored-transposed and a plain weight, (W a^T)^T for few rows, plain GEMM,
+# batch folded into rows (shared weight), per-batch GEMMs, and a transposed view of a.
+MATMULS = {
+    "gemv_wT": ((1, 96), (80, 96), True),
+    "gemv_w": ((1, 96), (96, 80), False),
+    "few_rows_wT": ((12, 96), (80, 96), True),
+    "many_rows_wT": ((100, 96), (80, 96), True),
+    "folded_batch": ((3, 20, 48), (64, 48), True),
+    "per_batch": ((2, 3, 20, 48), (2, 3, 30, 48), True),
+    "plain": ((40, 48), (48, 64), False),
+}
+
+
+@pytest.mark.parametrize("native_on", [pytest.param(True, marks=needs_native), False], ids=["native", "numpy"])
+@pytest.mark.parametrize("name", sorted(MATMULS))
+def test_matmul_routes(name, native_on):
+    sa, sb, tb = MATMULS[name]
+    rng = np.random.default_rng(7)
+    a, w = rng.uniform(-1, 1, sa).astype(np.float32), rng.uniform(-1, 1, sb).astype(np.float32)
+
+    def entry(b, shapes):
+        b.output("y", b.matmul(b.input("a", sa), b.weight("w", w), transpose_b=tb))
+
+    with Session(["cpu"], config={"cpu": {"native": native_on}}) as sess:
+        pg = sess.prepare({"full": entry}, {"full": {"a": sa}})
+        got = pg.execute("full", a=a)["y"]
+        pg.release()
+    want = np.matmul(a.astype(np.float64), np.swapaxes(w, -1, -2) if tb else w)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

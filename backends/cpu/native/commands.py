@@ -22,6 +22,8 @@ KINDS = ("copy4 copy2 copy8 add sub mul div scale relu sigmoid silu gelu tanh ex
          "set_rows cast_f32_i32 cast_i32_f32 cast_f16_f32 linear norm_affine lstm_cell attention").split()
 K = {name: i for i, name in enumerate(KINDS)}
 ACTIVATIONS = {"none": 0, "gelu": 1, "relu": 2}
+SMALL_GEMM = 4096      # M*N*K at or below which kernels.c multiplies itself (g_small_gemm)
+SWAP_MAX_ROWS = 64     # a [M, K] @ W^T with M up to this runs as (W a^T)^T (see k_matmul)
 
 Cmd = dict  # kind, out, src (list of arrays or None), ne, os, ss, ip, fp, flags, scratch (floats needed)
 Translator = Callable[[Tensor, np.ndarray, Sequence[np.ndarray]], "list[Cmd] | None"]
@@ -196,7 +198,9 @@ def matmul_cmd(kind: str, node: Tensor, out: np.ndarray, a: np.ndarray, b: np.nd
         m = ne[0] * ne[1] * m
         ne = [1, 1, m, n]
         gemv = 0
-    return cmd(kind, out, [a, b], ne, ost, [ast, bst], ip=(m, n, k, ta[0], ta[1], tb[0], tb[1], gemv))
+    swap = ta[0] == 111 and tb[0] == 112 and 1 < m <= SWAP_MAX_ROWS and not gemv and m * n * k > SMALL_GEMM
+    return cmd(kind, out, [a, b], ne, ost, [ast, bst], ip=(m, n, k, ta[0], ta[1], tb[0], tb[1], gemv),
+               scratch=m * n * 4 if swap else 0)
 
 
 def _rows_fold(ne: list[int], st: list[int], m: int) -> bool:
