@@ -30,6 +30,7 @@ import numpy as np
 from .backend import Binding, Buffer, Device, PreparedSplit, SplitProgram
 from .dtypes import to_numpy
 from .errors import GraphError, InputError, ReleasedError
+from .fusion import fuse, fusion_enabled
 from .graph import INPUT, PERSISTENT, STATE, WEIGHT, Graph, GraphBuilder, Tensor
 from .ops import OPS
 from .planner import DevicePlan, plan_schedule
@@ -193,8 +194,10 @@ class PreparedGraph:
             info["arena"] = {d: {"planned": p.total, "lower_bound": p.lower_bound, "naive": p.naive,
                                  "chunks": p.chunks, "inplace": p.inplace} for d, p in plan.device_plans.items()}
             info["split_list"] = [{"device": s.device, "nodes": len(s.nodes), "host": s.host,
-                                   "copies": [f"{c.src.name} {c.src_device}->{c.dst_device} ({c.nbytes} B)" for c in s.copies]}
-                                  for s in plan.schedule.splits]
+                                   "copies": [f"{c.src.name} {c.src_device}->{c.dst_device} ({c.nbytes} B)" for c in s.copies],
+                                   **(prog.describe() if prog is not None else {})}
+                                  for s, prog in zip(plan.schedule.splits, plan.programs or [None] * len(plan.schedule.splits))]
+            info["fusions"] = [str(f) for f in plan.graph.fusions]
             out["entries"][entry] = info
         return out
 
@@ -273,6 +276,8 @@ class PreparedGraph:
         self.entries[entry](b, shapes)
         graph = b.build()
         graph.validate()
+        if fusion_enabled():
+            graph.fusions = fuse(graph, lambda n: all(d.supports(n) for d in self.devices.values()))
         pinned = {name: dev for name, (dev, _, _) in self._states.items()}
         pinned.update({name: dev for (name, dev) in self._weights})
         sched = schedule(graph, list(self.devices.values()), self.placement, pinned, self.strict)

@@ -19,6 +19,7 @@ from flare.errors import AllocationError, BackendUnavailable
 from flare.graph import Tensor
 from flare.ledger import LEDGER
 from flare.ops import OPS
+from flare.ops.fused import FUSED_OPS
 
 from . import native as native_mod
 from .kernels import KERNELS, VARIANTS
@@ -62,6 +63,9 @@ class CpuSplit(PreparedSplit):
     def run(self) -> None:
         for step in self._steps:
             step()
+
+    def describe(self) -> dict[str, Any]:
+        return {"executor": "numpy", "numpy_nodes": len(self._steps)}
 
     def release(self) -> None:
         self._steps = []
@@ -117,10 +121,20 @@ class CpuDevice(Device):
         self.host_view(binding).fill(0)
 
     def supports(self, node: Tensor) -> bool:
+        if node.op in FUSED_OPS:  # only the native executor has fused kernels worth fusing for
+            return self.native is not None and all(s.dtype == "f32" for s in node.srcs)
         return node.op in KERNELS
 
     def kernel_variants(self, op: str) -> tuple[str, ...]:
         return tuple(VARIANTS.get(op, ()))
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info["executor"] = "native" if self.native is not None else f"numpy ({self.native_reason})"
+        if self.native is not None:
+            info["blas"] = self.native.blas.path
+            info["blas_threads"] = self.native.blas.threads()
+        return info
 
     def compile(self, program: SplitProgram) -> PreparedSplit:
         """The native command list when the C executor is loaded, else NumPy closures."""

@@ -21,7 +21,7 @@ KINDS = ("copy4 copy2 copy8 add sub mul div scale relu sigmoid silu gelu tanh ex
          "layer_norm rms_norm softmax get_rows rope conv1d pad sum mean max argmax top_k gather mul_mat_id "
          "set_rows cast_f32_i32 cast_i32_f32 cast_f16_f32 linear norm_affine lstm_cell attention").split()
 K = {name: i for i, name in enumerate(KINDS)}
-ACTIVATIONS = {"none": 0, "gelu": 1, "relu": 2}
+ACTIVATIONS = {"none": 0, "gelu": 1, "relu": 2, "sigmoid": 3}
 SMALL_GEMM = 4096      # M*N*K at or below which kernels.c multiplies itself (g_small_gemm)
 SWAP_MAX_ROWS = 64     # a [M, K] @ W^T with M up to this runs as (W a^T)^T (see k_matmul)
 
@@ -171,7 +171,8 @@ def gemm_operand(rows: int, cols: int, s_rows: int, s_cols: int) -> tuple[int, i
     return None
 
 
-def matmul_cmd(kind: str, node: Tensor, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> Cmd | None:
+def matmul_cmd(kind: str, node: Tensor, out: np.ndarray, a: np.ndarray, b: np.ndarray,
+               rows: Sequence[np.ndarray] = ()) -> Cmd | None:
     """K_MATMUL (or K_LINEAR) operands: out [.., M, N] = a [.., M, K] @ b, b logical [.., K, N]."""
     if not _f32(out, a, b) or out.ndim < 2 or out.strides[-1] != out.itemsize or out.ndim > 4:
         return None
@@ -193,7 +194,8 @@ def matmul_cmd(kind: str, node: Tensor, out: np.ndarray, a: np.ndarray, b: np.nd
     if m == 1 and ast[3] != 0:
         gemv = 1 if tb[0] == 112 else 2
     ne = pad4(oshape, 1)
-    if bst[0] == bst[1] == 0 and ta[0] == 111 and _rows_fold(ne, ast, m) and _rows_fold(ne, ost, m):
+    if (bst[0] == bst[1] == 0 and ta[0] == 111 and _rows_fold(ne, ast, m) and _rows_fold(ne, ost, m)
+            and all(_rows_fold(ne, bcast4(r, oshape), m) for r in rows)):
         # b is shared by every batch and a's rows follow one another: one GEMM with more rows
         m = ne[0] * ne[1] * m
         ne = [1, 1, m, n]
@@ -214,6 +216,23 @@ def _matmul(node, out, srcs):
     return [c] if c else None
 
 
+@translator("linear")
+def _linear(node, out, srcs):
+    p = node.params
+    bias = srcs[2] if p["has_bias"] else None
+    res = srcs[-1] if p["has_residual"] else None
+    if not _f32(*[s for s in (bias, res) if s is not None]):
+        return None
+    c = matmul_cmd("linear", node, out, srcs[0], srcs[1], rows=[res] if res is not None else [])
+    if c is None:
+        return None
+    c["src"] += [bias, res]
+    c["ss"] += [bcast4(bias, out.shape) if bias is not None else [0] * 4,
+                bcast4(res, out.shape) if res is not None else [0] * 4]
+    c["flags"] = ACTIVATIONS[p["act"]]
+    return [c]
+
+
 # -- rows -----------------------------------------------------------------------------
 def rows_cmd(kind: str, out: np.ndarray, srcs: Sequence[np.ndarray | None], fp=(), flags=0) -> Cmd:
     return cmd(kind, out, srcs, pad4(out.shape, 1), pad4(estrides(out), 0),
@@ -223,6 +242,15 @@ def rows_cmd(kind: str, out: np.ndarray, srcs: Sequence[np.ndarray | None], fp=(
 @translator("layer_norm", "rms_norm")
 def _norm(node, out, srcs):
     return [rows_cmd(node.op, out, srcs, fp=(node.params["eps"],))] if _f32(out, *srcs) else None
+
+
+@translator("norm_affine")
+def _norm_affine(node, out, srcs):
+    if not _f32(out, *srcs):
+        return None
+    beta = srcs[2] if node.params["has_beta"] else None
+    return [rows_cmd("norm_affine", out, [srcs[0], srcs[1], beta], fp=(node.params["eps"],),
+                     flags=int(node.params["norm"] == "layer"))]
 
 
 @translator("softmax")

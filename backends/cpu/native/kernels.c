@@ -479,14 +479,15 @@ static int k_mul_mat_id(const flare_cmd *c) {
 /* ---- fused --------------------------------------------------------------------------
  * linear: out = act(a @ b + bias) + residual: K_MATMUL's operands and params, then an epilogue
  * over each output row. src[2] bias (a row of N, stride ss[2][3]; NULL: none), src[3] residual
- * (strides ss[3], broadcast to out; NULL: none). flags & 3: 0 none, 1 gelu, 2 relu. */
-static void epilogue_rows(float *o, int64_t rows, int64_t n, int64_t ldo, const float *bias, int64_t bs,
+ * (strides ss[3], broadcast to out; NULL: none). flags & 3: 0 none, 1 gelu, 2 relu, 3 sigmoid. */
+HOT static void epilogue_rows(float *o, int64_t rows, int64_t n, int64_t ldo, const float *bias, int64_t bs,
                           const float *res, int64_t res_row, int64_t res_col, int act) {
     for (int64_t r = 0; r < rows; ++r) {
         float *orow = o + r * ldo;
         if (bias) for (int64_t j = 0; j < n; ++j) orow[j] += bias[j * bs];
         if (act == 1) for (int64_t j = 0; j < n; ++j) orow[j] = gelu_f(orow[j]);
         else if (act == 2) for (int64_t j = 0; j < n; ++j) orow[j] = orow[j] > 0.0f ? orow[j] : 0.0f;
+        else if (act == 3) for (int64_t j = 0; j < n; ++j) orow[j] = sigmoid_f(orow[j]);
         if (res) { const float *rr = res + r * res_row; for (int64_t j = 0; j < n; ++j) orow[j] += rr[j * res_col]; }
     }
 }

@@ -147,6 +147,21 @@ def _cases() -> list[Case]:
     cases.append(simple("cast_f32_i32", "cast", EXACT, lambda b, r, i: b.cast(_in(b, i, "x", f32(r, 3, 8, lo=-9, hi=9)), dtype="i32")))
     cases.append(simple("cast_i32_f32", "cast", EXACT, lambda b, r, i: b.cast(
         _in(b, i, "x", r.integers(-50, 50, (4, 4)).astype(np.int32)), dtype="f32")))
+    # fused ops (flare.ops.fused): what the fusion pass makes of matmul epilogues and norm tails
+    cases.append(simple("linear_bias_gelu_residual", "linear", ACCUM, lambda b, r, i: b.linear(
+        _in(b, i, "a", f32(r, 2, 5, 16)), b.weight("w", f32(r, 12, 16)), b.weight("bias", f32(r, 12)),
+        _in(b, i, "res", f32(r, 2, 5, 12)), transpose_b=True, act="gelu", has_bias=True, has_residual=True)))
+    cases.append(simple("linear_residual_only", "linear", ACCUM, lambda b, r, i: b.linear(
+        _in(b, i, "a", f32(r, 7, 40)), b.weight("w", f32(r, 40, 130)), _in(b, i, "res", f32(r, 7, 130)),
+        has_residual=True)))
+    cases.append(simple("linear_bias_sigmoid", "linear", ACCUM, lambda b, r, i: b.linear(
+        _in(b, i, "a", f32(r, 1, 96)), b.weight("w", f32(r, 1, 96)), b.weight("bias", f32(r, 1)),
+        transpose_b=True, act="sigmoid", has_bias=True)))
+    cases.append(simple("norm_affine_layer", "norm_affine", ACCUM, lambda b, r, i: b.norm_affine(
+        _in(b, i, "x", f32(r, 3, 4, 32)), b.weight("g", f32(r, 32)), b.weight("beta", f32(r, 32)),
+        norm="layer", eps=1e-5, has_beta=True)))
+    cases.append(simple("norm_affine_rms", "norm_affine", ACCUM, lambda b, r, i: b.norm_affine(
+        _in(b, i, "x", f32(r, 6, 24)), b.weight("g", f32(r, 24)), norm="rms", eps=1e-6)))
     return cases
 
 
