@@ -6,11 +6,13 @@ affine tail are cheapest done while the row is still in cache.
 
 The pass rewrites a freshly built graph in place. A chain qualifies when each
 of its intermediate tensors has exactly one reader, is no graph output and is
-not viewed; the chain's last node becomes the fused node (it keeps its name,
-id and readers) and the others leave the graph. A chain is fused only when
-`accept(candidate)` says so: the runtime passes "every device of the session
-supports this node", so a backend without the fused op simply gets the
-original nodes and the scheduler never sees a node it cannot place.
+not viewed; the chain's last node becomes the fused node (it keeps its id and
+readers, and takes the name of the chain's first node, the matmul or the norm,
+which is what placement callbacks route by) and the others leave the graph. A
+chain is fused only when `accept(candidate, chain)` says so: the runtime fuses
+after partitioning, only chains whose nodes all landed on one device that
+`supports` the fused node, and then partitions again with those nodes pinned
+there; so a backend without the fused op simply keeps the original nodes.
 
 Chains:
 - matmul -> [add a row of N (bias)] -> [gelu | relu | sigmoid] -> [add a tensor of
@@ -25,7 +27,7 @@ from typing import Callable
 
 from .graph import Graph, Tensor
 
-Accept = Callable[[Tensor], bool]
+Accept = Callable[[Tensor, list[Tensor]], bool]  # (candidate fused node, the chain it replaces)
 _ACTS = ("gelu", "relu", "sigmoid")
 
 
@@ -137,14 +139,17 @@ def fuse(graph: Graph, accept: Accept) -> list[Fusion]:
             continue
         chain, srcs, params = found
         last = chain[-1]
-        candidate = Tensor(last.id, last.name, last.shape, last.dtype, last.role, op, tuple(srcs), params,
+        candidate = Tensor(last.id, chain[0].name, last.shape, last.dtype, last.role, op, tuple(srcs), params,
                            last.strides, last.offset, None, last.is_output)
-        if not accept(candidate):
+        if not accept(candidate, chain):
             continue
+        replaced_last = last.name
         last.op, last.srcs, last.params = op, tuple(srcs), params
+        last.name = chain[0].name  # the chain's principal op names it (placement callbacks route by name)
         removed.update(t.id for t in chain[:-1])
         detail = params.get("act", params.get("norm", ""))
-        done.append(Fusion(last.name, op, tuple(t.name for t in chain), "" if detail == "none" else detail))
+        done.append(Fusion(last.name, op, tuple([last.name] + [t.name for t in chain[1:-1]] + [replaced_last]),
+                           "" if detail == "none" else detail))
     if removed:
         graph.tensors = [t for t in graph.tensors if t.id not in removed]
     return done

@@ -276,11 +276,11 @@ class PreparedGraph:
         self.entries[entry](b, shapes)
         graph = b.build()
         graph.validate()
-        if fusion_enabled():
-            graph.fusions = fuse(graph, lambda n: all(d.supports(n) for d in self.devices.values()))
         pinned = {name: dev for name, (dev, _, _) in self._states.items()}
         pinned.update({name: dev for (name, dev) in self._weights})
         sched = schedule(graph, list(self.devices.values()), self.placement, pinned, self.strict)
+        if fusion_enabled():
+            sched = self._fuse(graph, sched, pinned)
         plans = self._plan_memory(sched)
         plan = EntryPlan(entry, shapes, graph, sched, plans)
         self._bind(plan, fresh=True)
@@ -318,6 +318,21 @@ class PreparedGraph:
             raise first_error
 
     # ---------------------------------------------------------------- internals
+    def _fuse(self, graph: Graph, sched: Schedule, pinned: dict[str, str]) -> Schedule:
+        """Merge chains that sit on one device supporting the fused op (flare.fusion), then
+        partition the rewritten graph with each fused node pinned where its chain was."""
+        where = sched.device_of
+
+        def accept(candidate: Tensor, chain: list[Tensor]) -> bool:
+            devs = {where.get(t.id) for t in chain}
+            return len(devs) == 1 and None not in devs and self.devices[devs.pop()].supports(candidate)
+
+        graph.fusions = fuse(graph, accept)
+        if not graph.fusions:
+            return sched
+        pins = {**pinned, **{t.name: where[t.id] for t in graph.nodes if t.id in where and OPS[t.op].fused}}
+        return schedule(graph, list(self.devices.values()), self.placement, pins, self.strict)
+
     def _plan_for_inputs(self, entry: str, inputs: Mapping[str, np.ndarray]) -> EntryPlan:
         if entry not in self.entries:
             raise InputError(f"unknown entry point {entry!r}; {self.name} has {sorted(self.entries)}")

@@ -107,19 +107,19 @@ def _graph(shared: bool, output: bool):
 @pytest.mark.parametrize("shared,output", [(True, False), (False, True)])
 def test_intermediates_read_elsewhere_are_not_fused(shared, output):
     graph = _graph(shared, output)
-    assert fuse(graph, lambda n: True) == []
+    assert fuse(graph, lambda n, chain: True) == []
     assert [n.op for n in graph.nodes].count("matmul") == 1
 
 
 def test_unsupported_fused_op_keeps_the_chain():
     graph = _graph(False, False)
     seen = []
-    assert fuse(graph, lambda n: seen.append(n.op) or False) == []
+    assert fuse(graph, lambda n, chain: seen.append(n.op) or False) == []
     assert seen == ["linear"] and [n.op for n in graph.nodes] == ["matmul", "add"]
 
 
 def test_fused_node_keeps_name_and_readers():
     graph = _graph(False, False)
-    [f] = fuse(graph, lambda n: True)
+    [f] = fuse(graph, lambda n, chain: True)
     assert [n.op for n in graph.nodes] == ["linear"] and graph.outputs["y"].op == "linear"
     assert f.node == graph.outputs["y"].name and len(f.replaced) == 2

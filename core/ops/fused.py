@@ -60,7 +60,7 @@ def _linear_ref(x, p):
 
 register(OpDef("linear", (2, 4), _linear_infer, _linear_ref,
                defaults={"transpose_b": False, "act": "none", "has_bias": False, "has_residual": False},
-               doc="act(a @ w + bias) + residual (fused matmul epilogue)"))
+               doc="act(a @ w + bias) + residual (fused matmul epilogue)", fused=True))
 
 
 def _norm_affine_infer(node, srcs, params):
@@ -85,7 +85,7 @@ def _norm_affine_ref(x, p):
 
 register(OpDef("norm_affine", (2, 3), _norm_affine_infer, _norm_affine_ref,
                defaults={"norm": "layer", "eps": 1e-5, "has_beta": False},
-               doc="layer or RMS norm, times gamma, plus beta, in one pass"))
+               doc="layer or RMS norm, times gamma, plus beta, in one pass", fused=True))
 
-FUSED_OPS = ("linear", "norm_affine")
+FUSED_OPS = tuple(name for name, op in OPS.items() if op.fused)
 __all__ = ["ACTIVATIONS", "FUSED_OPS"]

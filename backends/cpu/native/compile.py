@@ -1,4 +1,9 @@
-"""CpuDevice.compile for the native executor: nodes -> command lists (+ NumPy steps)."""
+"""CpuDevice.compile for the native executor: nodes -> command lists (+ NumPy steps).
+
+Tuning (an exported core's per-program kernel choices) was measured on the NumPy
+kernels; of its choices the native path keeps the one that is a data layout
+(`packed`: the matmul weight stored transposed in a split-owned buffer) and runs
+its own C kernel where the choice is only another NumPy implementation."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
@@ -31,7 +36,12 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
                 continue
             out = device.host_view(program.binding(node))
             srcs = [device.host_view(program.binding(s)) for s in node.srcs]
-            cmds = translate(node, out, srcs)
+            if node.op == "matmul" and program.tuning.get("matmul") == "packed":
+                # a layout choice the C kernels honour: the weight stored [K, N] once, in the split
+                srcs = device._pack(node, srcs, owned)
+                cmds = translate(_Untransposed(node), out, srcs)
+            else:
+                cmds = translate(node, out, srcs)
             if cmds is None:
                 if pending:
                     runs.append(pending)
@@ -65,3 +75,11 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
     info = {"executor": "native", "native_nodes": native_nodes, "numpy_nodes": fallback,
             "calls_into_c": sum(1 for s in steps if isinstance(s, CommandList))}
     return NativeSplit(steps, owned, info)
+
+
+class _Untransposed:
+    """A matmul node seen with `transpose_b` off (its right operand was already transposed)."""
+
+    def __init__(self, node: Any):
+        self.op, self.name = node.op, node.name
+        self.params = {**node.params, "transpose_b": False}
