@@ -77,12 +77,14 @@ def test_native_index_error_names_node():
 
 
 # Shapes past the small-matmul kernel, so each BLAS route of k_matmul is taken:
-# gemv of a stored-transposed and a plain weight, (W a^T)^T for few rows, plain GEMM,
+# gemv of a stored-transposed and a plain weight, the streaming kernel (wdot, up to 16 rows,
+# with a row tail), (W a^T)^T for up to 64 rows, plain GEMM,
 # batch folded into rows (shared weight), per-batch GEMMs, and a transposed view of a.
 MATMULS = {
     "gemv_wT": ((1, 96), (80, 96), True),
     "gemv_w": ((1, 96), (96, 80), False),
-    "few_rows_wT": ((12, 96), (80, 96), True),
+    "wdot_wT": ((14, 96), (83, 96), True),
+    "swap_wT": ((40, 96), (80, 96), True),
     "many_rows_wT": ((100, 96), (80, 96), True),
     "folded_batch": ((3, 20, 48), (64, 48), True),
     "per_batch": ((2, 3, 20, 48), (2, 3, 30, 48), True),

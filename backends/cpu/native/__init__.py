@@ -22,7 +22,6 @@ typedef struct {
 void flare_set_blas(void *sgemm, void *sgemv, int ilp64);
 int64_t flare_run(const flare_cmd *cmds, int64_t n, int32_t *err);
 int32_t flare_kind_count(void);
-void flare_set_small_gemm(int64_t limit);
 """
 
 

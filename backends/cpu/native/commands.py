@@ -22,8 +22,9 @@ KINDS = ("copy4 copy2 copy8 add sub mul div scale relu sigmoid silu gelu tanh ex
          "set_rows cast_f32_i32 cast_i32_f32 cast_f16_f32 linear norm_affine lstm_cell attention").split()
 K = {name: i for i, name in enumerate(KINDS)}
 ACTIVATIONS = {"none": 0, "gelu": 1, "relu": 2, "sigmoid": 3}
-SMALL_GEMM = 4096      # M*N*K at or below which kernels.c multiplies itself (g_small_gemm)
-SWAP_MAX_ROWS = 64     # a [M, K] @ W^T with M up to this runs as (W a^T)^T (see k_matmul)
+SMALL_GEMM = 4096      # M*N*K at or below which the plain C loop beats BLAS's dispatch
+WDOT_MAX_ROWS = 16     # a [M, K] @ W^T (W stored [N, K]) streams W once up to this many rows
+SWAP_MAX_ROWS = 64     # ... and runs as OpenBLAS (W a^T)^T up to this many
 
 Cmd = dict  # kind, out, src (list of arrays or None), ne, os, ss, ip, fp, flags, scratch (floats needed)
 Translator = Callable[[Tensor, np.ndarray, Sequence[np.ndarray]], "list[Cmd] | None"]
@@ -190,19 +191,33 @@ def matmul_cmd(kind: str, node: Tensor, out: np.ndarray, a: np.ndarray, b: np.nd
     tb = gemm_operand(k, n, bst[2], bst[3])
     if ta is None or tb is None:
         return None
-    gemv = 0
-    if m == 1 and ast[3] != 0:
-        gemv = 1 if tb[0] == 112 else 2
     ne = pad4(oshape, 1)
     if (bst[0] == bst[1] == 0 and ta[0] == 111 and _rows_fold(ne, ast, m) and _rows_fold(ne, ost, m)
             and all(_rows_fold(ne, bcast4(r, oshape), m) for r in rows)):
         # b is shared by every batch and a's rows follow one another: one GEMM with more rows
         m = ne[0] * ne[1] * m
         ne = [1, 1, m, n]
-        gemv = 0
-    swap = ta[0] == 111 and tb[0] == 112 and 1 < m <= SWAP_MAX_ROWS and not gemv and m * n * k > SMALL_GEMM
-    return cmd(kind, out, [a, b], ne, ost, [ast, bst], ip=(m, n, k, ta[0], ta[1], tb[0], tb[1], gemv),
-               scratch=m * n * 4 if swap else 0)
+    route = _route(m, n, k, ta, tb, ast, bst)
+    return cmd(kind, out, [a, b], ne, ost, [ast, bst], ip=(m, n, k, ta[0], ta[1], tb[0], tb[1], route),
+               scratch=m * n * 4 if route == R_SWAP else 0)
+
+
+R_GEMM, R_GEMV_T, R_GEMV_N, R_WDOT, R_SWAP, R_SMALL = range(6)  # the route enum of kernels.c
+
+
+def _route(m: int, n: int, k: int, ta, tb, ast, bst) -> int:
+    """Which matmul kernel (measured on this project's shapes; see kernels.c)."""
+    weight_t = tb[0] == 112 and bst[2] == 1          # b stored [N, K] with unit k stride
+    if m * n * k <= SMALL_GEMM and (bst[3] == 1 or bst[2] == 1):
+        return R_SMALL
+    if m == 1 and ast[3] != 0:
+        return R_GEMV_T if tb[0] == 112 else R_GEMV_N
+    if ta[0] == 111 and ast[3] == 1 and weight_t:
+        if m <= WDOT_MAX_ROWS:
+            return R_WDOT
+        if m <= SWAP_MAX_ROWS:
+            return R_SWAP
+    return R_GEMM
 
 
 def _rows_fold(ne: list[int], st: list[int], m: int) -> bool:

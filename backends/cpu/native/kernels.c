@@ -176,8 +176,8 @@ COPY(k_cast_f16_f32, float, _Float16, TO_F32)
 
 /* ---- matmul ------------------------------------------------------------------
  * out [ne0, ne1, M, N] contiguous rows; a strides ss[0] (batch0, batch1, m, k);
- * b strides ss[1] as the logical [batch0, batch1, k, n]. ip: M, N, K, ta, lda, tb, ldb.
- * M == 1 goes to gemv: ip[7] = 1 when b is stored [N, K] (transposed), 2 when stored [K, N]. */
+ * b strides ss[1] as the logical [batch0, batch1, k, n]. ip: M, N, K, ta, lda, tb, ldb, route
+ * (which of the kernels below; commands.py picks it from the shapes and layouts). */
 /* Small products skip BLAS's dispatch: out = a @ b with b rows of unit stride (sbn == 1)
  * or b columns of unit stride (sbk == 1, a weight stored [N, K]). */
 HOT static void small_gemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t sam, int64_t sak,
@@ -208,36 +208,83 @@ HOT static void small_gemm(int64_t M, int64_t N, int64_t K, const float *a, int6
     }
 }
 
-static int64_t g_small_gemm = 4096;   /* largest M*N*K done by small_gemm (flare_set_small_gemm) */
-void flare_set_small_gemm(int64_t limit) { g_small_gemm = limit; }
+/* a [M, K] (unit k stride, rows lda apart) times w stored [N, K] (rows ldw apart), transposed:
+ * each block of 4 weight rows is read from memory once and met by 4 rows of a at a time, so a
+ * batch-1 layer streams its weight once instead of BLAS's pack-then-multiply (which reads it twice
+ * and writes a copy). Measured faster than OpenBLAS up to 16 rows (bench in the commit message). */
+HOT static void wdot(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *w, int64_t ldw,
+                     float *o, int64_t ldo) {
+    int64_t n = 0;
+    for (; n + 4 <= N; n += 4) {
+        const float *w0 = w + n * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+        int64_t m = 0;
+        for (; m + 4 <= M; m += 4) {
+            const float *a0 = a + m * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+            float s00 = 0, s01 = 0, s02 = 0, s03 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0;
+            float s20 = 0, s21 = 0, s22 = 0, s23 = 0, s30 = 0, s31 = 0, s32 = 0, s33 = 0;
+#pragma omp simd reduction(+:s00,s01,s02,s03,s10,s11,s12,s13,s20,s21,s22,s23,s30,s31,s32,s33)
+            for (int64_t k = 0; k < K; ++k) {
+                const float x0 = a0[k], x1 = a1[k], x2 = a2[k], x3 = a3[k], y0 = w0[k], y1 = w1[k], y2 = w2[k], y3 = w3[k];
+                s00 += x0 * y0; s01 += x0 * y1; s02 += x0 * y2; s03 += x0 * y3;
+                s10 += x1 * y0; s11 += x1 * y1; s12 += x1 * y2; s13 += x1 * y3;
+                s20 += x2 * y0; s21 += x2 * y1; s22 += x2 * y2; s23 += x2 * y3;
+                s30 += x3 * y0; s31 += x3 * y1; s32 += x3 * y2; s33 += x3 * y3;
+            }
+            float *o0 = o + m * ldo + n, *o1 = o0 + ldo, *o2 = o1 + ldo, *o3 = o2 + ldo;
+            o0[0] = s00; o0[1] = s01; o0[2] = s02; o0[3] = s03;
+            o1[0] = s10; o1[1] = s11; o1[2] = s12; o1[3] = s13;
+            o2[0] = s20; o2[1] = s21; o2[2] = s22; o2[3] = s23;
+            o3[0] = s30; o3[1] = s31; o3[2] = s32; o3[3] = s33;
+        }
+        for (; m < M; ++m) {
+            const float *ar = a + m * lda;
+            float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+:s0,s1,s2,s3)
+            for (int64_t k = 0; k < K; ++k) { const float x = ar[k]; s0 += x * w0[k]; s1 += x * w1[k]; s2 += x * w2[k]; s3 += x * w3[k]; }
+            float *orow = o + m * ldo + n;
+            orow[0] = s0; orow[1] = s1; orow[2] = s2; orow[3] = s3;
+        }
+    }
+    for (; n < N; ++n)
+        for (int64_t m = 0; m < M; ++m) {
+            const float *ar = a + m * lda, *wr = w + n * ldw;
+            float acc = 0;
+#pragma omp simd reduction(+:acc)
+            for (int64_t k = 0; k < K; ++k) acc += ar[k] * wr[k];
+            o[m * ldo + n] = acc;
+        }
+}
+
+/* Routes (ip[7], chosen by commands.py): */
+enum { R_GEMM = 0, R_GEMV_T = 1, R_GEMV_N = 2, R_WDOT = 3, R_SWAP = 4, R_SMALL = 5 };
 
 static int k_matmul(const flare_cmd *c) {
     const int64_t M = c->ip[0], N = c->ip[1], K = c->ip[2];
-    if (M * N * K <= g_small_gemm && (c->ss[1][3] == 1 || c->ss[1][2] == 1)) {
-        for (int64_t i0 = 0; i0 < c->ne[0]; ++i0)
-            for (int64_t i1 = 0; i1 < c->ne[1]; ++i1)
-                small_gemm(M, N, K, (const float *)c->src[0] + i0 * c->ss[0][0] + i1 * c->ss[0][1], c->ss[0][2], c->ss[0][3],
-                           (const float *)c->src[1] + i0 * c->ss[1][0] + i1 * c->ss[1][1], c->ss[1][2],
-                           c->ss[1][3] == 1 ? 1 : c->ss[1][3], (float *)c->out + i0 * c->os[0] + i1 * c->os[1], c->os[2]);
-        return 0;
-    }
-    if (!g_sgemm) return ERR_NOBLAS;
+    const int route = (int)c->ip[7];
+    if (route != R_SMALL && route != R_WDOT && !g_sgemm) return ERR_NOBLAS;
     for (int64_t i0 = 0; i0 < c->ne[0]; ++i0)
         for (int64_t i1 = 0; i1 < c->ne[1]; ++i1) {
             const float *a = (const float *)c->src[0] + i0 * c->ss[0][0] + i1 * c->ss[0][1];
             const float *b = (const float *)c->src[1] + i0 * c->ss[1][0] + i1 * c->ss[1][1];
             float *o = (float *)c->out + i0 * c->os[0] + i1 * c->os[1];
-            if (c->ip[7] == 1) gemv(NT, N, K, b, c->ip[6], a, c->ss[0][3], 0.0f, o, 1);
-            else if (c->ip[7] == 2) gemv(TR, K, N, b, c->ip[6], a, c->ss[0][3], 0.0f, o, 1);
-            else if (c->scratch) {
-                /* few rows times a weight stored [N, K]: OpenBLAS is 2-3x faster computing
-                 * (W a^T)^T than a W^T at these shapes (bench: 16x384x384); transpose back */
+            switch (route) {
+            case R_GEMV_T: gemv(NT, N, K, b, c->ip[6], a, c->ss[0][3], 0.0f, o, 1); break;
+            case R_GEMV_N: gemv(TR, K, N, b, c->ip[6], a, c->ss[0][3], 0.0f, o, 1); break;
+            case R_WDOT: wdot(M, N, K, a, c->ip[4], b, c->ip[6], o, c->os[2]); break;
+            case R_SMALL:
+                small_gemm(M, N, K, a, c->ss[0][2], c->ss[0][3], b, c->ss[1][2], c->ss[1][3] == 1 ? 1 : c->ss[1][3], o, c->os[2]);
+                break;
+            case R_SWAP: {
+                /* 16-64 rows times a weight stored [N, K]: OpenBLAS computes (W a^T)^T 1.2-3x faster
+                 * than a W^T at these shapes (16x384x384 .. 64x1536x384); transpose back */
                 float *t = (float *)c->scratch;
                 gemm(NT, TR, N, M, K, b, c->ip[6], a, c->ip[4], 0.0f, t, M);
                 for (int64_t m = 0; m < M; ++m)
                     for (int64_t n = 0; n < N; ++n) o[m * c->os[2] + n] = t[n * M + m];
+                break;
             }
-            else gemm((int)c->ip[3], (int)c->ip[5], M, N, K, a, c->ip[4], b, c->ip[6], 0.0f, o, c->os[2]);
+            default: gemm((int)c->ip[3], (int)c->ip[5], M, N, K, a, c->ip[4], b, c->ip[6], 0.0f, o, c->os[2]);
+            }
         }
     return 0;
 }
