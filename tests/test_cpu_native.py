@@ -108,3 +108,22 @@ def test_matmul_routes(name, native_on):
         pg.release()
     want = np.matmul(a.astype(np.float64), np.swapaxes(w, -1, -2) if tb else w)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@needs_native
+def test_threads_config_sets_the_blas():
+    blas = native.load().blas
+    before = blas.threads()
+    try:
+        for n in (1, 2):
+            with Session(["cpu"], config={"cpu": {"threads": n}}) as sess:
+                assert sess.devices[0].describe()["blas_threads"] == n
+    finally:
+        blas.set_threads(before)
+
+
+def test_threads_must_be_positive():
+    from flare.errors import BackendUnavailable
+
+    with pytest.raises(BackendUnavailable, match="threads"):
+        Session(["cpu"], config={"cpu": {"threads": 0}})

@@ -85,6 +85,7 @@ class CpuDevice(Device):
         self.native = native_mod.load() if native else None
         self.native_reason = native_mod.REASON if native else "disabled by the device config (native = false)"
         self.threads = threads
+        self._views: dict[int, dict[tuple, np.ndarray]] = {}  # id(buffer handle) -> binding key -> view
 
     def buffer_type(self) -> BufferType:
         limit = self.max_buffer or self.memory_limit or (1 << 62)
@@ -106,10 +107,20 @@ class CpuDevice(Device):
         return raw[start: start + nbytes]
 
     def _free_raw(self, handle: Any) -> None:
-        pass  # the array is dropped with the Buffer's reference
+        self._views.pop(id(handle), None)  # the array itself is dropped with the Buffer's reference
 
     def host_view(self, binding: Binding) -> np.ndarray:
-        return numpy_view(binding.buffer.handle, binding)
+        """A cached strided view: execute writes inputs and reads outputs through the same
+        bindings every call, and building an as_strided view costs more than the copy."""
+        handle = binding.buffer.handle
+        views = self._views.get(id(handle))
+        if views is None:
+            views = self._views.setdefault(id(handle), {})
+        key = (binding.offset, binding.shape, binding.strides, binding.dtype)
+        view = views.get(key)
+        if view is None:
+            view = views[key] = numpy_view(handle, binding)
+        return view
 
     def write(self, binding: Binding, array: np.ndarray) -> None:
         np.copyto(self.host_view(binding), array, casting="same_kind")
