@@ -6,17 +6,13 @@ native path really covers each op instead of silently falling back.
 """
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
 
 from flare.backends.cpu import native
-from flare.plugins.testing.conformance.cases import CASES
-from flare.graph import GraphBuilder
+from flare.plugins.testing.conformance.cases import CASES, case_entry, case_expected
 from flare.ledger import LEDGER
 from flare.ops.fused import FUSED_OPS
-from flare.reference import evaluate
 from flare.session import Session
 
 # cases the native path hands to NumPy on purpose (f16 operands of BLAS calls, f32 -> f16 casts)
@@ -25,20 +21,13 @@ needs_native = pytest.mark.skipif(native.load() is None, reason=f"native CPU exe
 
 
 def _run(case, native_on: bool):
-    def entry(b, shapes):
-        out, _ = case.build(b, np.random.default_rng(zlib.crc32(case.id.encode())))
-        b.output("out", out)
-
-    b = GraphBuilder()
-    out, inputs = case.build(b, np.random.default_rng(zlib.crc32(case.id.encode())))
-    b.output("out", out)
-    want, _ = evaluate(b.build(), inputs)
+    inputs, want = case_expected(case)
     with Session(["cpu"], config={"cpu": {"native": native_on}}) as sess:
-        pg = sess.prepare({"full": entry}, {"full": {k: v.shape for k, v in inputs.items()}})
+        pg = sess.prepare({"full": case_entry(case)}, {"full": {k: v.shape for k, v in inputs.items()}})
         got = pg.execute("full", **inputs)["out"]
         programs = [p for p in pg.current_plan("full").programs if p is not None]
         pg.release()
-    return got, want["out"], programs
+    return got, want, programs
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -166,4 +166,26 @@ def _cases() -> list[Case]:
 
 
 CASES = _cases()
+
+
+def case_entry(case: Case):
+    """The case as an entry builder (same seed every time, so it rebuilds the same graph)."""
+    import zlib
+
+    def entry(b: GraphBuilder, shapes) -> None:
+        out, _ = case.build(b, np.random.default_rng(zlib.crc32(case.id.encode())))
+        b.output("out", out)
+    return entry
+
+
+def case_expected(case: Case) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(inputs, the reference output) of the case."""
+    import zlib
+
+    from flare.reference import evaluate
+
+    b = GraphBuilder()
+    out, inputs = case.build(b, np.random.default_rng(zlib.crc32(case.id.encode())))
+    b.output("out", out)
+    return inputs, evaluate(b.build(), inputs)[0]["out"]
 OPS_COVERED = sorted({c.op for c in CASES})
