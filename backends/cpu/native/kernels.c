@@ -290,40 +290,65 @@ static int k_matmul(const flare_cmd *c) {
 }
 
 /* ---- rows: norms, softmax ------------------------------------------------------ */
-static void k_norm(const flare_cmd *c, int center) {
-    const int64_t n = c->ne[3], os = c->os[3], as = c->ss[0][3];
-    const double eps = c->fp[0];
-    OUTER3(c) {
-        float *o = (float *)c->out + OFF(c->os, c);
-        const float *a = (const float *)c->src[0] + OFF(c->ss[0], c);
-        double mean = 0.0, ss = 0.0;
+/* One row: mean (when centering) and mean square in double, then one scaling pass. */
+HOT static void norm_row(float *o, int64_t os, const float *a, int64_t as, int64_t n, int center, double eps) {
+    double mean = 0.0, ss = 0.0;
+    if (as == 1) {
+        if (center) {
+#pragma omp simd reduction(+:mean)
+            for (int64_t j = 0; j < n; ++j) mean += a[j];
+            mean /= (double)n;
+        }
+        const float mu = (float)mean;
+#pragma omp simd reduction(+:ss)
+        for (int64_t j = 0; j < n; ++j) { const double d = (double)(a[j] - mu); ss += d * d; }
+    } else {
         if (center) { for (int64_t j = 0; j < n; ++j) mean += a[j * as]; mean /= (double)n; }
-        for (int64_t j = 0; j < n; ++j) { double d = a[j * as] - mean; ss += d * d; }
-        const float inv = (float)(1.0 / sqrt(ss / (double)n + eps)), mu = (float)mean;
-        for (int64_t j = 0; j < n; ++j) o[j * os] = (a[j * as] - mu) * inv;
+        const float mu = (float)mean;
+        for (int64_t j = 0; j < n; ++j) { const double d = (double)(a[j * as] - mu); ss += d * d; }
     }
+    const float inv = (float)(1.0 / sqrt(ss / (double)n + eps)), mu = (float)mean;
+    if (as == 1 && os == 1) for (int64_t j = 0; j < n; ++j) o[j] = (a[j] - mu) * inv;
+    else for (int64_t j = 0; j < n; ++j) o[j * os] = (a[j * as] - mu) * inv;
 }
 
-/* softmax(x * scale + mask) over the last axis; src[1] may be NULL */
-static void k_softmax(const flare_cmd *c) {
-    const int64_t n = c->ne[3], os = c->os[3], as = c->ss[0][3], ms = c->ss[1][3];
-    const float scale = (float)c->fp[0];
-    OUTER3(c) {
-        float *o = (float *)c->out + OFF(c->os, c);
-        const float *a = (const float *)c->src[0] + OFF(c->ss[0], c);
-        const float *m = c->src[1] ? (const float *)c->src[1] + OFF(c->ss[1], c) : 0;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) {
-            float v = a[j * as] * scale;
-            if (m) v += m[j * ms];
-            o[j * os] = v;
-            mx = v > mx ? v : mx;
-        }
-        double sum = 0.0;
-        for (int64_t j = 0; j < n; ++j) { float e = vexp(o[j * os] - mx); o[j * os] = e; sum += e; }
-        const float inv = (float)(1.0 / sum);
-        for (int64_t j = 0; j < n; ++j) o[j * os] *= inv;
+static void k_norm(const flare_cmd *c, int center) {
+    OUTER3(c) norm_row((float *)c->out + OFF(c->os, c), c->os[3], (const float *)c->src[0] + OFF(c->ss[0], c),
+                       c->ss[0][3], c->ne[3], center, c->fp[0]);
+}
+
+/* softmax(x * scale + mask) over one row; m may be NULL */
+HOT static void softmax_row(float *o, int64_t os, const float *a, int64_t as, const float *m, int64_t ms,
+                            int64_t n, float scale) {
+    float mx = -INFINITY;
+    if (os == 1 && as == 1 && (!m || ms == 1)) {
+        if (m) for (int64_t j = 0; j < n; ++j) o[j] = a[j] * scale + m[j];
+        else for (int64_t j = 0; j < n; ++j) o[j] = a[j] * scale;
+#pragma omp simd reduction(max:mx)
+        for (int64_t j = 0; j < n; ++j) mx = o[j] > mx ? o[j] : mx;
+        float sum = 0.0f;
+#pragma omp simd reduction(+:sum)
+        for (int64_t j = 0; j < n; ++j) { const float e = vexp(o[j] - mx); o[j] = e; sum += e; }
+        const float inv = 1.0f / sum;
+        for (int64_t j = 0; j < n; ++j) o[j] *= inv;
+        return;
     }
+    for (int64_t j = 0; j < n; ++j) {
+        float v = a[j * as] * scale;
+        if (m) v += m[j * ms];
+        o[j * os] = v;
+        mx = v > mx ? v : mx;
+    }
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) { const float e = vexp(o[j * os] - mx); o[j * os] = e; sum += e; }
+    const float inv = (float)(1.0 / sum);
+    for (int64_t j = 0; j < n; ++j) o[j * os] *= inv;
+}
+
+static void k_softmax(const flare_cmd *c) {
+    OUTER3(c) softmax_row((float *)c->out + OFF(c->os, c), c->os[3], (const float *)c->src[0] + OFF(c->ss[0], c),
+                          c->ss[0][3], c->src[1] ? (const float *)c->src[1] + OFF(c->ss[1], c) : 0, c->ss[1][3],
+                          c->ne[3], (float)c->fp[0]);
 }
 
 /* ---- indexing ------------------------------------------------------------------- */
