@@ -18,6 +18,7 @@ Chains:
 - matmul -> [add a row of N (bias)] -> [gelu | relu | sigmoid] -> [add a tensor of
   the output's shape (residual)]: `linear`, when at least one step follows the matmul.
 - layer_norm | rms_norm -> mul by a row of the last axis -> [add such a row]: `norm_affine`.
+- matmul(q, k, transpose_b) -> softmax(scale[, mask]) -> matmul(., v): `attention`.
 """
 from __future__ import annotations
 
@@ -113,6 +114,25 @@ def _norm_affine(norm: Tensor, chains: _Chains) -> tuple[list[Tensor], list[Tens
     return chain, srcs, params
 
 
+def _attention(scores: Tensor, chains: _Chains) -> tuple[list[Tensor], list[Tensor], dict] | None:
+    if not scores.params["transpose_b"] or len(scores.shape) < 3:
+        return None
+    soft = chains.sole_reader(scores)
+    if soft is None or soft.op != "softmax" or soft.srcs[0] is not scores:
+        return None
+    ctx = chains.sole_reader(soft)
+    if ctx is None or ctx.op != "matmul" or ctx.srcs[0] is not soft or ctx.params["transpose_b"]:
+        return None
+    srcs = [scores.srcs[0], scores.srcs[1], ctx.srcs[1], *soft.srcs[1:]]
+    return [scores, soft, ctx], srcs, {"scale": soft.params["scale"], "has_mask": len(soft.srcs) == 2}
+
+
+def _matmul_chain(mm: Tensor, chains: _Chains):
+    """A matmul starts an attention chain (q k^T -> softmax -> . v) or a linear one."""
+    found = _attention(mm, chains)
+    return ("attention", found) if found is not None else ("linear", _linear(mm, chains))
+
+
 _PATTERNS = {"matmul": ("linear", _linear), "layer_norm": ("norm_affine", _norm_affine),
              "rms_norm": ("norm_affine", _norm_affine)}
 
@@ -134,7 +154,10 @@ def fuse(graph: Graph, accept: Accept) -> list[Fusion]:
         if node.id in removed or node.op not in _PATTERNS:
             continue
         op, match = _PATTERNS[node.op]
-        found = match(node, chains)
+        if node.op == "matmul":
+            op, found = _matmul_chain(node, chains)
+        else:
+            found = match(node, chains)
         if found is None:
             continue
         chain, srcs, params = found

@@ -302,3 +302,11 @@ def _norm_affine(out, x, p):
     np.multiply(out, x[1], out=out)
     if p["has_beta"]:
         np.add(out, x[2], out=out)
+
+
+@kernel("attention")
+def _attention(out, x, p):
+    q, k, v = x[:3]
+    scores = np.matmul(q, np.swapaxes(k, -1, -2))
+    _softmax(scores, [scores, x[3]] if p["has_mask"] else [scores], p)
+    np.matmul(scores, v, out=out)

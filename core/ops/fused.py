@@ -11,6 +11,8 @@ never sees one: the pass fuses only where every device of the session says
   output's shape.
 - `norm_affine(x, gamma[, beta])`: layer_norm or rms_norm over the last axis,
   times gamma, plus beta (rows of the last axis' size).
+- `attention(q, k, v[, mask])`: matmul(q, k, transpose_b) -> softmax(scale,
+  mask) -> matmul(., v), one head's scores kept in a row buffer.
 """
 from __future__ import annotations
 
@@ -86,6 +88,33 @@ def _norm_affine_ref(x, p):
 register(OpDef("norm_affine", (2, 3), _norm_affine_infer, _norm_affine_ref,
                defaults={"norm": "layer", "eps": 1e-5, "has_beta": False},
                doc="layer or RMS norm, times gamma, plus beta, in one pass", fused=True))
+
+def _attention_infer(node, srcs, params):
+    q, k, v = srcs[:3]
+    scores, _ = OPS["matmul"].infer(node, [q, k], {"transpose_b": True})
+    if len(srcs) != 3 + int(params["has_mask"]):
+        raise ShapeError(f"attention with has_mask={params['has_mask']} takes {3 + int(params['has_mask'])} inputs", node)
+    if params["has_mask"]:
+        OPS["softmax"].infer(node, [_Shaped(scores), srcs[3]], {"scale": params["scale"]})
+    return OPS["matmul"].infer(node, [_Shaped(scores), v], {"transpose_b": False})
+
+
+class _Shaped:
+    """A stand-in tensor of a given shape (f32) for reusing other ops' shape rules."""
+
+    def __init__(self, shape):
+        self.shape, self.dtype, self.name = tuple(shape), "f32", "scores"
+
+
+def _attention_ref(x, p):
+    s = OPS["matmul"].reference(x[:2], {"transpose_b": True})
+    probs = OPS["softmax"].reference([s, x[3]] if p["has_mask"] else [s], {"scale": p["scale"]})
+    return OPS["matmul"].reference([probs, x[2]], {"transpose_b": False})
+
+
+register(OpDef("attention", (3, 4), _attention_infer, _attention_ref,
+               defaults={"scale": 1.0, "has_mask": False},
+               doc="softmax(q k^T * scale + mask) v per head, the scores never leaving cache", fused=True))
 
 FUSED_OPS = tuple(name for name, op in OPS.items() if op.fused)
 __all__ = ["ACTIVATIONS", "FUSED_OPS"]

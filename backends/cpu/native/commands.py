@@ -248,6 +248,20 @@ def _linear(node, out, srcs):
     return [c]
 
 
+@translator("attention")
+def _attention(node, out, srcs):
+    q, k, v = srcs[:3]
+    mask = srcs[3] if node.params["has_mask"] else None
+    if not _f32(out, q, k, v, *([mask] if mask is not None else [])) or out.ndim > 4:
+        return None
+    batch = out.shape[:-2]
+    length, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    ss = [bcast4(q, (*batch, length, d)), bcast4(k, (*batch, lk, d)), bcast4(v, (*batch, lk, out.shape[-1])),
+          bcast4(mask, (*batch, length, lk)) if mask is not None else [0] * 4]
+    return [cmd("attention", out, [q, k, v, mask], pad4(out.shape, 1), pad4(estrides(out), 0), ss,
+                ip=(d, lk), fp=(node.params["scale"],), scratch=lk * 4)]
+
+
 # -- rows -----------------------------------------------------------------------------
 def rows_cmd(kind: str, out: np.ndarray, srcs: Sequence[np.ndarray | None], fp=(), flags=0) -> Cmd:
     return cmd(kind, out, srcs, pad4(out.shape, 1), pad4(estrides(out), 0),

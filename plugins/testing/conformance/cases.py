@@ -162,6 +162,12 @@ def _cases() -> list[Case]:
         norm="layer", eps=1e-5, has_beta=True)))
     cases.append(simple("norm_affine_rms", "norm_affine", ACCUM, lambda b, r, i: b.norm_affine(
         _in(b, i, "x", f32(r, 6, 24)), b.weight("g", f32(r, 24)), norm="rms", eps=1e-6)))
+    cases.append(simple("attention_mask", "attention", ACCUM, lambda b, r, i: b.attention(
+        _in(b, i, "q", f32(r, 2, 3, 5, 8)), _in(b, i, "k", f32(r, 2, 3, 7, 8)), _in(b, i, "v", f32(r, 2, 3, 7, 6)),
+        _in(b, i, "m", np.where(r.random((2, 1, 1, 7)) < 0.3, -1e9, 0.0).astype(np.float32)), scale=0.35, has_mask=True)))
+    cases.append(simple("attention_heads_of_views", "attention", ACCUM, lambda b, r, i: b.attention(
+        b.permute(_in(b, i, "q", f32(r, 4, 2, 8)), axes=(1, 0, 2)), b.permute(_in(b, i, "k", f32(r, 9, 2, 8)), axes=(1, 0, 2)),
+        b.permute(_in(b, i, "v", f32(r, 9, 2, 8)), axes=(1, 0, 2)), scale=0.5)))
     return cases
 
 
