@@ -19,7 +19,7 @@ from flare.graph import Tensor
 # kernel ids: the order of the enum in kernels.c
 KINDS = ("copy4 copy2 copy8 add sub mul div scale relu sigmoid silu gelu tanh exp sqrt neg sqr matmul "
          "layer_norm rms_norm softmax get_rows rope conv1d pad sum mean max argmax top_k gather mul_mat_id "
-         "set_rows cast_f32_i32 cast_i32_f32 cast_f16_f32 linear norm_affine lstm_cell attention").split()
+         "set_rows cast_f32_i32 cast_i32_f32 cast_f16_f32 linear norm_affine attention").split()
 K = {name: i for i, name in enumerate(KINDS)}
 ACTIVATIONS = {"none": 0, "gelu": 1, "relu": 2, "sigmoid": 3}
 SMALL_GEMM = 4096      # M*N*K at or below which the plain C loop beats BLAS's dispatch

@@ -40,7 +40,7 @@ enum {
     K_SUM, K_MEAN, K_MAX, K_ARGMAX, K_TOP_K, K_GATHER, K_MUL_MAT_ID, K_SET_ROWS,
     K_CAST_F32_I32, K_CAST_I32_F32, K_CAST_F16_F32,
     /* fused */
-    K_LINEAR, K_NORM_AFFINE, K_LSTM_CELL, K_ATTENTION,
+    K_LINEAR, K_NORM_AFFINE, K_ATTENTION,
     K_COUNT
 };
 
@@ -593,26 +593,6 @@ static void k_norm_affine(const flare_cmd *c) {
     }
 }
 
-/* LSTM cell from gates [1.., 4H] in order (i, f, o, g): c' = f*c + i*g, h' = o*tanh(c').
- * src[0] gates (row stride ss[0][2]), src[1] c; out = h' [rows, H], scratch = c' [rows, H].
- * ne = {1, 1, rows, H}. */
-static void k_lstm_cell(const flare_cmd *c) {
-    const int64_t rows = c->ne[2], H = c->ne[3];
-    for (int64_t r = 0; r < rows; ++r) {
-        const float *g = (const float *)c->src[0] + r * c->ss[0][2];
-        const float *cc = (const float *)c->src[1] + r * c->ss[1][2];
-        float *h = (float *)c->out + r * c->os[2];
-        float *cn = (float *)c->scratch + r * H;
-        for (int64_t j = 0; j < H; ++j) {
-            const float i = sigmoid_f(g[j]), f = sigmoid_f(g[H + j]), o = sigmoid_f(g[2 * H + j]);
-            const float gg = vtanh(g[3 * H + j]);
-            const float cv = f * cc[j * c->ss[1][3]] + i * gg;
-            cn[j] = cv;
-            h[j] = o * vtanh(cv);
-        }
-    }
-}
-
 /* attention per head: out[i, :] = softmax(q[i] . k^T * scale + mask[i]) v, one row of scores in scratch.
  * ne = {b0, b1, L, Dv}; ss[0] q [b0, b1, L, D], ss[1] k [b0, b1, Lk, D], ss[2] v [b0, b1, Lk, Dv],
  * ss[3] mask [b0, b1, L, Lk] (src[3] may be NULL); ip: D, Lk; fp0 scale. */
@@ -691,7 +671,6 @@ static int run_one(const flare_cmd *c) {
     case K_CAST_F16_F32: k_cast_f16_f32(c); return 0;
     case K_LINEAR: return k_linear(c);
     case K_NORM_AFFINE: k_norm_affine(c); return 0;
-    case K_LSTM_CELL: k_lstm_cell(c); return 0;
     case K_ATTENTION: k_attention(c); return 0;
     default: return ERR_KIND;
     }
