@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from flare.backends.cpu import native
-from flare.plugins.testing.conformance.cases import CASES, case_entry, case_expected
+from flare.plugins.testing.conformance.cases import CASES, FUSED_CASES, case_entry, case_expected
 from flare.ledger import LEDGER
-from flare.ops.fused import FUSED_OPS
 from flare.session import Session
 
 # cases the native path hands to NumPy on purpose (f16 operands of BLAS calls, f32 -> f16 casts)
@@ -25,28 +24,33 @@ def _run(case, native_on: bool):
     with Session(["cpu"], config={"cpu": {"native": native_on}}) as sess:
         pg = sess.prepare({"full": case_entry(case)}, {"full": {k: v.shape for k, v in inputs.items()}})
         got = pg.execute("full", **inputs)["out"]
-        programs = [p for p in pg.current_plan("full").programs if p is not None]
+        splits = [p.describe() for p in pg.current_plan("full").programs if p is not None]
         pg.release()
-    return got, want, programs
+    return got, want, splits
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_numpy_path_matches_reference(case):
-    if case.op in FUSED_OPS:
-        pytest.skip("fused ops exist for the native executor; the NumPy path runs the unfused chain")
     before = LEDGER.snapshot().count()
-    got, want, programs = _run(case, native_on=False)
-    assert all(not hasattr(p, "info") for p in programs)
+    got, want, splits = _run(case, native_on=False)
+    assert all(d["executor"] == "numpy" for d in splits)
     np.testing.assert_allclose(got, want, rtol=case.tol[0], atol=case.tol[1])
     assert LEDGER.snapshot().count() == before
 
 
-@needs_native
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_native_path_covers_op(case):
-    got, want, programs = _run(case, native_on=True)
+@pytest.mark.parametrize("case", FUSED_CASES, ids=[c.id for c in FUSED_CASES])
+def test_numpy_path_runs_chains_unfused(case):
+    got, want, splits = _run(case, native_on=False)
     np.testing.assert_allclose(got, want, rtol=case.tol[0], atol=case.tol[1])
-    fallback = [n for p in programs for n in p.describe()["numpy_nodes"]]
+    assert sum(d["numpy_nodes"] for d in splits) > 1
+
+
+@needs_native
+@pytest.mark.parametrize("case", CASES + FUSED_CASES, ids=[c.id for c in CASES + FUSED_CASES])
+def test_native_path_covers_op(case):
+    got, want, splits = _run(case, native_on=True)
+    np.testing.assert_allclose(got, want, rtol=case.tol[0], atol=case.tol[1])
+    fallback = [n for d in splits for n in d["numpy_nodes"]]
     if case.id in NUMPY_BY_DESIGN:
         assert fallback, "expected the NumPy fallback for this case"
     else:
