@@ -461,10 +461,10 @@ static void k_top_k(const flare_cmd *c) {
  * x [B, Cin, L] (strides ss[0][1..3]); w [Cout, Cin*K] contiguous; out [B, Cout, Lout] contiguous.
  * ne = {1, B, Cout, Lout}; ip: stride, pad, dil, Cin, K, L */
 static int k_conv1d(const flare_cmd *c) {
-    if (!g_sgemm) return ERR_NOBLAS;
     const int64_t B = c->ne[1], Co = c->ne[2], Lo = c->ne[3];
     const int64_t s = c->ip[0], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
     const int64_t ck = Ci * K;
+    if (B * Lo > 16 && !g_sgemm) return ERR_NOBLAS;
     float *cols = (float *)c->scratch, *res = cols + B * Lo * ck;
     const float *x = (const float *)c->src[0];
     for (int64_t b = 0; b < B; ++b)
@@ -479,8 +479,8 @@ static int k_conv1d(const flare_cmd *c) {
             }
         }
     float *o = (float *)c->out;
-    if (B == 1) { gemm(NT, TR, Co, Lo, ck, (const float *)c->src[1], ck, cols, ck, 0.0f, o, Lo); return 0; }
-    gemm(NT, TR, B * Lo, Co, ck, cols, ck, (const float *)c->src[1], ck, 0.0f, res, Co);
+    if (B * Lo <= 16) wdot(B * Lo, Co, ck, cols, ck, (const float *)c->src[1], ck, res, Co);  /* streaming chunks */
+    else gemm(NT, TR, B * Lo, Co, ck, cols, ck, (const float *)c->src[1], ck, 0.0f, res, Co);
     for (int64_t b = 0; b < B; ++b)
         for (int64_t co = 0; co < Co; ++co)
             for (int64_t l = 0; l < Lo; ++l) o[(b * Co + co) * Lo + l] = res[(b * Lo + l) * Co + co];
