@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -34,9 +35,12 @@ def build(prefix: str, source: str, cdef: str, flags: tuple[str, ...] = PORTABLE
         ffi.cdef(cdef)
         ffi.set_source(name, source, libraries=list(libraries), extra_compile_args=list(flags))
         tmp = folder / f"build-{name}-{os.getpid()}"
-        path = ffi.compile(tmpdir=str(tmp), verbose=False)
-        final = folder / Path(path).name
-        os.replace(path, final)  # atomic: a concurrent builder replaces an identical file
+        try:
+            path = ffi.compile(tmpdir=str(tmp), verbose=False)
+            final = folder / Path(path).name
+            os.replace(path, final)  # atomic: a concurrent builder replaces an identical file
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         built = [final]
     spec = importlib.util.spec_from_file_location(name, built[0])
     module = importlib.util.module_from_spec(spec)
