@@ -19,7 +19,7 @@ from flare.graph import Tensor
 # kernel ids: the order of the enum in kernels.c
 KINDS = ("copy4 copy2 copy8 add sub mul div scale relu sigmoid silu gelu tanh exp sqrt neg sqr matmul "
          "layer_norm rms_norm softmax get_rows rope conv1d pad sum mean max argmax top_k gather mul_mat_id "
-         "set_rows cast_f32_i32 cast_i32_f32 cast_f16_f32 linear norm_affine attention").split()
+         "set_rows cast_f32_i32 cast_i32_f32 cast_f16_f32 linear norm_affine").split()
 K = {name: i for i, name in enumerate(KINDS)}
 ACTIVATIONS = {"none": 0, "gelu": 1, "relu": 2, "sigmoid": 3}
 SMALL_GEMM = 4096      # M*N*K at or below which the plain C loop beats BLAS's dispatch
@@ -246,20 +246,6 @@ def _linear(node, out, srcs):
                 bcast4(res, out.shape) if res is not None else [0] * 4]
     c["flags"] = ACTIVATIONS[p["act"]]
     return [c]
-
-
-@translator("attention")
-def _attention(node, out, srcs):
-    q, k, v = srcs[:3]
-    mask = srcs[3] if node.params["has_mask"] else None
-    if not _f32(out, q, k, v, *([mask] if mask is not None else [])) or out.ndim > 4:
-        return None
-    batch = out.shape[:-2]
-    length, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    ss = [bcast4(q, (*batch, length, d)), bcast4(k, (*batch, lk, d)), bcast4(v, (*batch, lk, out.shape[-1])),
-          bcast4(mask, (*batch, length, lk)) if mask is not None else [0] * 4]
-    return [cmd("attention", out, [q, k, v, mask], pad4(out.shape, 1), pad4(estrides(out), 0), ss,
-                ip=(d, lk), fp=(node.params["scale"],), scratch=lk * 4)]
 
 
 # -- rows -----------------------------------------------------------------------------

@@ -40,7 +40,7 @@ enum {
     K_SUM, K_MEAN, K_MAX, K_ARGMAX, K_TOP_K, K_GATHER, K_MUL_MAT_ID, K_SET_ROWS,
     K_CAST_F32_I32, K_CAST_I32_F32, K_CAST_F16_F32,
     /* fused */
-    K_LINEAR, K_NORM_AFFINE, K_ATTENTION,
+    K_LINEAR, K_NORM_AFFINE,
     K_COUNT
 };
 
@@ -593,46 +593,6 @@ static void k_norm_affine(const flare_cmd *c) {
     }
 }
 
-/* attention per head: out[i, :] = softmax(q[i] . k^T * scale + mask[i]) v, one row of scores in scratch.
- * ne = {b0, b1, L, Dv}; ss[0] q [b0, b1, L, D], ss[1] k [b0, b1, Lk, D], ss[2] v [b0, b1, Lk, Dv],
- * ss[3] mask [b0, b1, L, Lk] (src[3] may be NULL); ip: D, Lk; fp0 scale. */
-HOT static void k_attention(const flare_cmd *c) {
-    const int64_t L = c->ne[2], Dv = c->ne[3], D = c->ip[0], Lk = c->ip[1];
-    const int64_t qd = c->ss[0][3], kd = c->ss[1][3], vd = c->ss[2][3], od = c->os[3];
-    float *srow = (float *)c->scratch;
-    for (int64_t i0 = 0; i0 < c->ne[0]; ++i0)
-        for (int64_t i1 = 0; i1 < c->ne[1]; ++i1) {
-            const float *q = (const float *)c->src[0] + i0 * c->ss[0][0] + i1 * c->ss[0][1];
-            const float *k = (const float *)c->src[1] + i0 * c->ss[1][0] + i1 * c->ss[1][1];
-            const float *v = (const float *)c->src[2] + i0 * c->ss[2][0] + i1 * c->ss[2][1];
-            const float *m = c->src[3] ? (const float *)c->src[3] + i0 * c->ss[3][0] + i1 * c->ss[3][1] : 0;
-            float *o = (float *)c->out + i0 * c->os[0] + i1 * c->os[1];
-            for (int64_t i = 0; i < L; ++i) {
-                const float *qi = q + i * c->ss[0][2];
-                for (int64_t j = 0; j < Lk; ++j) {
-                    const float *kj = k + j * c->ss[1][2];
-                    float acc = 0.0f;
-                    if (qd == 1 && kd == 1) {
-#pragma omp simd reduction(+:acc)
-                        for (int64_t d = 0; d < D; ++d) acc += qi[d] * kj[d];
-                    } else {
-                        for (int64_t d = 0; d < D; ++d) acc += qi[d * qd] * kj[d * kd];
-                    }
-                    srow[j] = acc;
-                }
-                softmax_row(srow, 1, srow, 1, m ? m + i * c->ss[3][2] : 0, c->ss[3][3], Lk, (float)c->fp[0]);
-                float *oi = o + i * c->os[2];
-                for (int64_t d = 0; d < Dv; ++d) oi[d * od] = 0.0f;
-                for (int64_t j = 0; j < Lk; ++j) {
-                    const float p = srow[j];
-                    const float *vj = v + j * c->ss[2][2];
-                    if (od == 1 && vd == 1) { for (int64_t d = 0; d < Dv; ++d) oi[d] += p * vj[d]; }
-                    else { for (int64_t d = 0; d < Dv; ++d) oi[d * od] += p * vj[d * vd]; }
-                }
-            }
-        }
-}
-
 /* ---- the loop ------------------------------------------------------------------------ */
 static int run_one(const flare_cmd *c) {
     switch (c->kind) {
@@ -671,7 +631,6 @@ static int run_one(const flare_cmd *c) {
     case K_CAST_F16_F32: k_cast_f16_f32(c); return 0;
     case K_LINEAR: return k_linear(c);
     case K_NORM_AFFINE: k_norm_affine(c); return 0;
-    case K_ATTENTION: k_attention(c); return 0;
     default: return ERR_KIND;
     }
 }
