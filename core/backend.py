@@ -126,6 +126,10 @@ class PreparedSplit(abc.ABC):
     def release(self) -> None:
         """Destroy captures (command buffers, CUDA graphs); idempotent."""
 
+    def describe(self) -> dict[str, Any]:
+        """What the capture is made of (executor, nodes run natively...), for PreparedGraph.describe."""
+        return {}
+
     def rebind(self, program: "SplitProgram") -> bool:
         """Point the capture at new bindings of the *same* nodes (workspace growth,
         grown inputs) without re-capturing. Return False when that is not possible;

@@ -116,6 +116,7 @@ class Graph:
         self.inputs = {t.name: t for t in self.tensors if t.role == INPUT}
         self.weights = {t.name: t for t in self.tensors if t.role == WEIGHT}
         self.states = {t.name: t for t in self.tensors if t.role in PERSISTENT}
+        self.fusions: list = []  # what flare.fusion merged at prepare time (for describe())
 
     @property
     def nodes(self) -> list[Tensor]:

@@ -44,6 +44,7 @@ import numpy as np
 from .backend import Binding, Buffer, Device, PreparedSplit, SplitProgram
 from .dtypes import to_numpy
 from .errors import GraphError, InputError, ReleasedError
+from .fusion import fuse, fusion_enabled
 from .graph import INPUT, PERSISTENT, STATE, WEIGHT, Graph, GraphBuilder, Tensor, integer_shape
 from .ops import OPS
 from .planner import DevicePlan, plan_schedule
@@ -233,8 +234,10 @@ class PreparedGraph:
             info["arena"] = {d: {"planned": p.total, "lower_bound": p.lower_bound, "naive": p.naive,
                                  "chunks": p.chunks, "inplace": p.inplace} for d, p in plan.device_plans.items()}
             info["split_list"] = [{"device": s.device, "nodes": len(s.nodes), "host": s.host,
-                                   "copies": [f"{c.src.name} {c.src_device}->{c.dst_device} ({c.nbytes} B)" for c in s.copies]}
-                                  for s in plan.schedule.splits]
+                                   "copies": [f"{c.src.name} {c.src_device}->{c.dst_device} ({c.nbytes} B)" for c in s.copies],
+                                   **(prog.describe() if prog is not None else {})}
+                                  for s, prog in zip(plan.schedule.splits, plan.programs or [None] * len(plan.schedule.splits))]
+            info["fusions"] = [str(f) for f in plan.graph.fusions]
             out["entries"][entry] = info
         return out
 
@@ -341,6 +344,8 @@ class PreparedGraph:
         pinned = {name: dev for name, (dev, _, _) in self._states.items()}
         pinned.update({name: dev for (name, dev) in self._weights})
         sched = schedule(graph, list(self.devices.values()), self.placement, pinned, self.strict)
+        if fusion_enabled():
+            sched = self._fuse(graph, sched, pinned)
         plans = self._plan_memory(sched)
         plan = EntryPlan(entry, shapes, graph, sched, plans)
         self._bind(plan, fresh=True)
@@ -364,6 +369,21 @@ class PreparedGraph:
             self.session._forget(self)
 
     # ---------------------------------------------------------------- internals
+    def _fuse(self, graph: Graph, sched: Schedule, pinned: dict[str, str]) -> Schedule:
+        """Merge chains that sit on one device supporting the fused op (flare.fusion), then
+        partition the rewritten graph with each fused node pinned where its chain was."""
+        where = sched.device_of
+
+        def accept(candidate: Tensor, chain: list[Tensor]) -> bool:
+            devs = {where.get(t.id) for t in chain}
+            return len(devs) == 1 and None not in devs and self.devices[devs.pop()].supports(candidate)
+
+        graph.fusions = fuse(graph, accept)
+        if not graph.fusions:
+            return sched
+        pins = {**pinned, **{t.name: where[t.id] for t in graph.nodes if t.id in where and OPS[t.op].fused}}
+        return schedule(graph, list(self.devices.values()), self.placement, pins, self.strict)
+
     def _plan_for_inputs(self, entry: str, inputs: Mapping[str, np.ndarray]) -> EntryPlan:
         if entry not in self.entries:
             raise InputError(f"unknown entry point {entry!r}; {self.name} has {sorted(self.entries)}")

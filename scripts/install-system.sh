@@ -4,6 +4,8 @@
 #   glslc                             compiles the GLSL compute shaders to SPIR-V (stale-.spv check)
 #   openmpi-bin + libopenmpi-dev      MPI ranks (mpirun) for multi-rank runs
 #   espeak-ng                         regenerates the shipped speech sample (optional)
+#   gcc + libc6-dev + python3-dev     build the CPU backend's C kernels (cffi API mode; without
+#                                     them the CPU backend runs its NumPy kernels instead)
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
@@ -11,5 +13,5 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
     libvulkan1 mesa-vulkan-drivers glslc vulkan-tools \
-    openmpi-bin libopenmpi-dev espeak-ng >/dev/null
+    openmpi-bin libopenmpi-dev espeak-ng gcc libc6-dev python3-dev >/dev/null
 echo "system packages installed"

@@ -11,6 +11,13 @@ from flare.ledger import LEDGER
 from flare.reference import evaluate
 from flare.session import Session
 
+
+@pytest.fixture(autouse=True)
+def _unfused(monkeypatch):
+    """These tests name the nodes of each split: they partition the graph as built
+    (fusion, which merges mm1 + act1, has its own tests in test_fusion.py)."""
+    monkeypatch.setenv("FLARE_FUSION", "0")
+
 RNG = np.random.default_rng(11)
 W1 = RNG.uniform(-1, 1, (24, 16)).astype(np.float32)
 W2 = RNG.uniform(-1, 1, (16, 24)).astype(np.float32)

@@ -7,15 +7,11 @@ checked against `math.erf` by the conformance tests of `gelu`.
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
 
-from flare.cache import cache_dir
+from .native.build import build
 
 _C_SOURCE = """
 #include <math.h>
@@ -33,28 +29,9 @@ def _load_c() -> None:
     if os.environ.get("FLARE_CPU_NO_CFFI"):
         return
     try:
-        import cffi
-    except ImportError:
-        return
-    tag = hashlib.sha256((_C_SOURCE + sys.version).encode()).hexdigest()[:12]
-    name = f"_flare_erf_{tag}"
-    folder = cache_dir("cffi")
-    try:
-        built = list(folder.glob(f"{name}*.so"))
-        if not built:
-            ffi = cffi.FFI()
-            ffi.cdef(_CDEF)
-            ffi.set_source(name, _C_SOURCE, libraries=["m"])
-            tmp = folder / f"build-{os.getpid()}"
-            path = ffi.compile(tmpdir=str(tmp), verbose=False)
-            final = folder / Path(path).name
-            os.replace(path, final)
-            built = [final]
-        spec = importlib.util.spec_from_file_location(name, built[0])
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = build("_flare_erf", _C_SOURCE, _CDEF)
         _lib, _ffi, BACKEND = module.lib, module.ffi, "cffi"
-    except Exception:  # no compiler, read-only cache...: the NumPy path still works
+    except Exception:  # no cffi, no compiler, read-only cache...: the NumPy path still works
         _lib = _ffi = None
 
 

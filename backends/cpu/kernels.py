@@ -280,3 +280,33 @@ def _cast(out, x, p):
     if np.issubdtype(out.dtype, np.integer) and np.issubdtype(v.dtype, np.floating):
         v = np.trunc(v)
     out[...] = v
+
+
+# -- fused ops: the NumPy fallback when a fused node's layout is one the C executor declines
+
+
+@kernel("linear")
+def _linear(out, x, p):
+    _matmul(out, x[:2], p)
+    if p["has_bias"]:
+        np.add(out, x[2], out=out)
+    if p["act"] != "none":
+        KERNELS[p["act"]](out, [out], {})
+    if p["has_residual"]:
+        np.add(out, x[-1], out=out)
+
+
+@kernel("norm_affine")
+def _norm_affine(out, x, p):
+    KERNELS[f"{p['norm']}_norm"](out, x[:1], p)
+    np.multiply(out, x[1], out=out)
+    if p["has_beta"]:
+        np.add(out, x[2], out=out)
+
+
+@kernel("attention")
+def _attention(out, x, p):
+    q, k, v = x[:3]
+    scores = np.matmul(q, np.swapaxes(k, -1, -2))
+    _softmax(scores, [scores, x[3]] if p["has_mask"] else [scores], p)
+    np.matmul(scores, v, out=out)

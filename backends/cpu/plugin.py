@@ -11,4 +11,4 @@ from .device import CpuBackend
 @hookimpl
 def flare_backends() -> list[BackendSpec]:
     return [BackendSpec(name="cpu", backend=CpuBackend, version=__version__, priority=0,
-                        description="NumPy kernels over planned arenas (built in)")]
+                        description="C command-list executor (NumPy kernels where it does not build) over planned arenas (built in)")]

@@ -122,6 +122,7 @@ class OpDef:
     view: ViewFn | None = None
     writes_src0: bool = False
     doc: str = ""
+    fused: bool = False  # made by the fusion pass from a chain; a backend may leave it unsupported
 
     def with_defaults(self, node: str, params: Mapping[str, Any]) -> dict[str, Any]:
         unknown = set(params) - set(self.defaults) - set(self.required)

@@ -6,8 +6,9 @@ tokenized inside the timing as a user's call would be. The metric is
 throughput in sentences per second.
 
 Peers: `flare` (MiniLM on the configured devices), `numpy` (the hand-written
-float32 forward in flare.models.minilm.bench_numpy_peer), `torch` (the same forward
-in PyTorch, when torch is importable). Outputs agree within 1e-4 per
+float32 forward in flare.models.minilm.bench_numpy_peer), `onnxruntime` (an ONNX
+graph of the same weights, flare.models.minilm.bench_onnx_peer), `torch` (the same
+forward in PyTorch, when torch is importable). Outputs agree within 1e-4 per
 embedding component.
 """
 from __future__ import annotations
@@ -72,6 +73,7 @@ class MiniLMWorkload(Workload):
         "sentences": Option("paths", ("builtin",), "text files with one sentence per line (relative to the "
                             "TOML), or \"builtin\" for the built-in pool", shapes_requests=True, keywords=("builtin",)),
         "max_length": Option(int, 256, "tokens per sentence before truncation", minimum=2, shapes_requests=True),
+        "threads": Option(int, 1, "onnxruntime: intra-op threads", minimum=1),
     }
 
     def validate(self, config: BenchConfig) -> None:

@@ -68,6 +68,7 @@ def flare_bench_workloads() -> list:
 @hookimpl(optionalhook=True)   # declared by an application plugin, which may be absent
 def flare_bench_peers() -> list:
     from .bench_numpy_peer import PEER as NUMPY
+    from .bench_onnx_peer import PEER as ONNXRUNTIME
     from .bench_torch_peer import PEER as TORCH
 
-    return [NUMPY, TORCH]
+    return [NUMPY, ONNXRUNTIME, TORCH]

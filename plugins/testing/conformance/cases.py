@@ -151,4 +151,71 @@ def _cases() -> list[Case]:
 
 
 CASES = _cases()
-OPS_COVERED = sorted({c.op for c in CASES})
+
+
+def _fused_cases() -> list[Case]:
+    """Chains the fusion pass merges into a fused op (flare.ops.fused), written unfused: a
+    backend that supports the fused op must run them fused, one that does not must run
+    them as built; either way they give the reference of the unfused graph."""
+    def linear_chain(b, r, i):
+        y = b.matmul(_in(b, i, "a", f32(r, 2, 5, 16)), b.weight("w", f32(r, 12, 16)), transpose_b=True)
+        y = b.gelu(b.add(y, b.weight("bias", f32(r, 12))))
+        return b.add(_in(b, i, "res", f32(r, 2, 5, 12)), y)
+
+    def residual_chain(b, r, i):
+        return b.add(b.matmul(_in(b, i, "a", f32(r, 7, 40)), b.weight("w", f32(r, 40, 130))),
+                     _in(b, i, "res", f32(r, 7, 130)))
+
+    def head_chain(b, r, i):
+        y = b.matmul(_in(b, i, "a", f32(r, 1, 96)), b.weight("w", f32(r, 1, 96)), transpose_b=True)
+        return b.sigmoid(b.add(y, b.weight("bias", f32(r, 1))))
+
+    def layer_norm_chain(b, r, i):
+        y = b.mul(b.layer_norm(_in(b, i, "x", f32(r, 3, 4, 32)), eps=1e-5), b.weight("g", f32(r, 32)))
+        return b.add(y, b.weight("beta", f32(r, 32)))
+
+    def rms_norm_chain(b, r, i):
+        return b.mul(b.rms_norm(_in(b, i, "x", f32(r, 6, 24)), eps=1e-6), b.weight("g", f32(r, 24)))
+
+    def attention_chain(b, r, i):
+        s = b.matmul(_in(b, i, "q", f32(r, 2, 3, 5, 8)), _in(b, i, "k", f32(r, 2, 3, 7, 8)), transpose_b=True)
+        p = b.softmax(s, _in(b, i, "m", np.where(r.random((2, 1, 1, 7)) < 0.3, -1e9, 0.0).astype(np.float32)), scale=0.35)
+        return b.matmul(p, _in(b, i, "v", f32(r, 2, 3, 7, 6)))
+
+    def attention_of_views(b, r, i):
+        heads = [b.permute(_in(b, i, n, f32(r, 4 if n == "q" else 9, 2, 8)), axes=(1, 0, 2)) for n in ("q", "k", "v")]
+        return b.matmul(b.softmax(b.matmul(heads[0], heads[1], transpose_b=True), scale=0.5), heads[2])
+
+    return [simple("linear_bias_gelu_residual", "linear", ACCUM, linear_chain),
+            simple("linear_residual_only", "linear", ACCUM, residual_chain),
+            simple("linear_bias_sigmoid", "linear", ACCUM, head_chain),
+            simple("norm_affine_layer", "norm_affine", ACCUM, layer_norm_chain),
+            simple("norm_affine_rms", "norm_affine", ACCUM, rms_norm_chain),
+            simple("attention_mask", "attention", ACCUM, attention_chain),
+            simple("attention_heads_of_views", "attention", ACCUM, attention_of_views)]
+
+
+FUSED_CASES = _fused_cases()
+
+
+def case_entry(case: Case):
+    """The case as an entry builder (same seed every time, so it rebuilds the same graph)."""
+    import zlib
+
+    def entry(b: GraphBuilder, shapes) -> None:
+        out, _ = case.build(b, np.random.default_rng(zlib.crc32(case.id.encode())))
+        b.output("out", out)
+    return entry
+
+
+def case_expected(case: Case) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(inputs, the reference output) of the case."""
+    import zlib
+
+    from flare.reference import evaluate
+
+    b = GraphBuilder()
+    out, inputs = case.build(b, np.random.default_rng(zlib.crc32(case.id.encode())))
+    b.output("out", out)
+    return inputs, evaluate(b.build(), inputs)[0]["out"]
+OPS_COVERED = sorted({c.op for c in CASES + FUSED_CASES})

@@ -6,7 +6,7 @@ import zlib
 import numpy as np
 import pytest
 
-from flare.plugins.testing.conformance.cases import CASES, Case
+from flare.plugins.testing.conformance.cases import CASES, FUSED_CASES, Case, case_entry
 from flare.graph import GraphBuilder
 from flare.ledger import LEDGER
 from flare.ops import OPS
@@ -26,6 +26,7 @@ def test_every_registry_op_has_a_case():
     for case in CASES:
         graph, _ = _build(case)
         used |= {n.op for n in graph.nodes}
+    used |= {c.op for c in FUSED_CASES}  # fused ops: made from chains by the fusion pass
     missing = sorted(set(OPS) - used - {"host"})  # host nodes run Python on the host, not a kernel
     assert not missing, f"ops without a conformance case: {missing}"
 
@@ -57,3 +58,24 @@ def test_op_matches_reference(backend, backend_session, case: Case):
     else:
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
     np.testing.assert_array_equal(got, again)  # replaying the capture is deterministic
+
+
+@pytest.mark.parametrize("case", FUSED_CASES, ids=[c.id for c in FUSED_CASES])
+def test_fused_chain_matches_reference(backend, backend_session, case: Case):
+    """A chain the fusion pass can merge: fused exactly when the backend supports the fused
+    op (else it runs as built), and the reference of the unfused graph either way."""
+    from flare.fusion import fuse
+
+    graph, inputs = _build(case)
+    expected, _ = evaluate(graph, inputs)
+    device = backend_session.devices[0]
+    candidates: list = []
+    fuse(graph, lambda node, chain: candidates.append(node) or False)
+    assert [c.op for c in candidates] == [case.op]
+    supported = device.supports(candidates[0])
+    shapes = {k: v.shape for k, v in inputs.items()}
+    with backend_session.prepare({"full": case_entry(case)}, {"full": shapes}, name=case.id) as pg:
+        got = pg.execute("full", **inputs)["out"]
+        fusions = pg.describe()["entries"]["full"]["fusions"]
+    assert len(fusions) == int(supported), fusions
+    np.testing.assert_allclose(got, expected["out"], rtol=case.tol[0], atol=case.tol[1])
