@@ -22,6 +22,8 @@ import numpy as np
 from flare.backend import Binding, SplitProgram
 from flare.graph import Tensor, contiguous_strides
 
+from . import variants
+
 DT = {"f32": 0, "f16": 1, "i32": 2, "i64": 3}
 FLOAT_IN = ("f32", "f16", "i32")  # dtypes a float-computing shader may read
 INDEX = ("i32", "i64")
@@ -32,6 +34,7 @@ BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3}
 REDUCE = {"sum": 0, "mean": 1, "max": 2, "argmax": 3}
 ELT_WG = 256
 MAX_ELEMENTS = 1 << 31
+SUBGROUP_ARITHMETIC = 0x4  # VK_SUBGROUP_FEATURE_ARITHMETIC_BIT: matvec and row reductions need it
 
 
 def f32_bits(value: float) -> int:
@@ -103,6 +106,12 @@ def elem_offset(b: Binding) -> int:
 def arg(b: Binding, shape: Sequence[int] | None = None, strides: Sequence[int] | None = None, extra: int = 0) -> TensorArg:
     return TensorArg(b, tuple(b.shape if shape is None else shape), tuple(b.strides if strides is None else strides),
                      elem_offset(b) + extra)
+
+
+def arg4(b: Binding) -> TensorArg:
+    """`b` as the shader sees it: right-aligned to rank 4 (leading dims 1, stride 0)."""
+    pad = 4 - len(b.shape)
+    return arg(b, (1,) * pad + tuple(b.shape), (0,) * pad + tuple(b.strides))
 
 
 def broadcast_to(b: Binding, shape: Sequence[int]) -> TensorArg:
@@ -232,6 +241,74 @@ def _pad(node, program, device):
                      elementwise_grid(_numel(out.shape), device), writes=[2])]
 
 
+MATVEC_MAX_ROWS = 4  # at most this many rows on one side: the matvec kernel, not a tile
+
+
+def _vec_ok(t: TensorArg, k_axis: int) -> bool:
+    """4-element loads along `k_axis` of a [B0, B1, R, K]-shaped descriptor: f32/f16, unit
+    stride along k, K a multiple of 4 and every other start 4-aligned (so loads never straddle)."""
+    if t.binding.dtype not in ("f32", "f16") or t.strides[k_axis] != 1 or t.shape[k_axis] % 4:
+        return False
+    return t.elem_offset % 4 == 0 and all(s % 4 == 0 for i, s in enumerate(t.strides) if i != k_axis)
+
+
+def _rows_view(t: TensorArg, rows_axis: int, k_axis: int) -> TensorArg:
+    """The [B0, B1, rows, K] view of a [B0, B1, *, *] descriptor."""
+    order = (0, 1, rows_axis, k_axis)
+    return TensorArg(t.binding, tuple(t.shape[i] for i in order), tuple(t.strides[i] for i in order), t.elem_offset)
+
+
+def _stacks_rows(ta: TensorArg, tb: TensorArg) -> bool:
+    """b is shared by every batch (stride 0) and a's batches are rows stacked at a's row stride."""
+    (b0, b1, m, _), (s0, s1, rs, _) = ta.shape, ta.strides
+    if b0 * b1 == 1 or any(s for d, s in zip(tb.shape[:2], tb.strides[:2]) if d > 1):
+        return False
+    return (b1 == 1 or s1 == m * rs) and (b0 == 1 or s0 == b1 * m * rs)
+
+
+def _matvec(name: str, x: TensorArg, y: TensorArg, out: TensorArg, ids: TensorArg | None, program: SplitProgram,
+            device: Any, op: str) -> Dispatch:
+    """out[b, i, j] = sum_k x[b, i, k] * y[b, j, k] (or y = w[ids[i]] with ids)."""
+    rows = variants.pick(op, program.tuning, device.info, family="matvec")
+    mode = (1 if _vec_ok(x, 3) else 0) | (2 if _vec_ok(y, 3) else 0) | (4 if ids is not None else 0)
+    I = x.shape[1] * x.shape[2] if ids is not None else x.shape[2]
+    J = out.shape[3]
+    batch = 1 if ids is not None else out.shape[0] * out.shape[1]
+    groups = (-(-J // rows.nr), I, batch)
+    _check_grid(groups, device)
+    dts = (x.binding.dtype, y.binding.dtype, (ids or x).binding.dtype, out.binding.dtype)
+    return Dispatch(name, "matvec", _spec(mode, *dts) + rows.spec(), [x, y, ids or x, out], [], groups, writes=[3])
+
+
+def _check_grid(groups: tuple[int, int, int], device: Any) -> None:
+    if any(g > m for g, m in zip(groups, device.info.max_workgroup_count)):
+        raise Unsupported(f"grid {groups} exceeds the device's {device.info.max_workgroup_count}")
+
+
+def _tiled(name: str, ta: TensorArg, tb: TensorArg, to: TensorArg, program: SplitProgram, device: Any, op: str, *,
+           conv: list[int] | None = None) -> Dispatch:
+    """matmul.comp with the tile the tuning (or the device default) names; matmul_generic.comp
+    when no tile fits the device."""
+    M = ta.shape[2]
+    if conv is not None:
+        N, batch = to.shape[1] * to.shape[3], 1
+        mode = (1 if _vec_ok(ta, 3) else 0) | 4
+    else:
+        N, batch = to.shape[3], to.shape[0] * to.shape[1]
+        mode = (1 if _vec_ok(ta, 3) else 0) | (2 if _vec_ok(tb, 2) else 0)
+    tile = variants.pick(op, program.tuning, device.info, shape=(M, N))
+    dts = (ta.binding.dtype, tb.binding.dtype, to.binding.dtype)
+    if not variants.fits(tile, device.info):
+        if conv is not None:
+            raise Unsupported("no matmul tile fits this device")
+        groups = (-(-N // 16), -(-M // 16), batch)
+        _check_grid(groups, device)
+        return Dispatch(name, "matmul_generic", _spec(0, *dts), [ta, tb, to], [], groups, writes=[2])
+    groups = (-(-N // tile.bn), -(-M // tile.bm), batch)
+    _check_grid(groups, device)
+    return Dispatch(name, "matmul", _spec(mode, *dts) + tile.spec(), [ta, tb, to], list(conv or []), groups, writes=[2])
+
+
 @lowering("matmul")
 def _matmul(node, program, device):
     a, b = (_b(program, s) for s in node.srcs)
@@ -252,12 +329,21 @@ def _matmul(node, program, device):
         tb = batched(b, K, N, b.strides[-1], b.strides[-2])
     else:
         tb = batched(b, K, N, b.strides[-2], b.strides[-1])
-    to = arg(out, batch + (M, N), contiguous_strides(batch + (M, N)))
-    max_x, max_y, max_z = device.info.max_workgroup_count
-    gx, gy, gz = -(-N // 16), -(-M // 16), batch[0] * batch[1]
-    if gx > max_x or gy > max_y or gz > max_z:
-        raise Unsupported(f"matmul grid {gx}x{gy}x{gz} exceeds the device's")
-    return [Dispatch(node.name, "matmul", _spec(0, a.dtype, b.dtype, out.dtype), [ta, tb, to], [], (gx, gy, gz), writes=[2])]
+    ostrides = contiguous_strides(batch + (M, N))
+    to = arg(out, batch + (M, N), ostrides)
+    if _stacks_rows(ta, tb):  # a linear layer over a batch: one [B*M, K] x [K, N] product fills tiles better
+        rows = batch[0] * batch[1] * M
+        ta = TensorArg(ta.binding, (1, 1, rows, K), (0, 0) + ta.strides[2:], ta.elem_offset)
+        tb = TensorArg(tb.binding, (1, 1, K, N), (0, 0) + tb.strides[2:], tb.elem_offset)
+        to = TensorArg(to.binding, (1, 1, rows, N), (0, 0, N, 1), to.elem_offset)
+        batch, M = (1, 1), rows
+        ostrides = (0, 0, N, 1)
+    if M <= MATVEC_MAX_ROWS and M <= N:   # few rows of a: rows of b^T as y
+        return [_matvec(node.name, ta, _rows_view(tb, 3, 2), to, None, program, device, "matmul")]
+    if N <= MATVEC_MAX_ROWS:              # few columns of b: swap, out^T[n, m] = b^T[n, :] . a[m, :]
+        to_t = arg(out, batch + (N, M), ostrides[:2] + (ostrides[3], ostrides[2]))
+        return [_matvec(node.name, _rows_view(tb, 3, 2), ta, to_t, None, program, device, "matmul")]
+    return [_tiled(node.name, ta, tb, to, program, device, "matmul")]
 
 
 @lowering("layer_norm", "rms_norm", "softmax")
@@ -345,9 +431,17 @@ def _rope(node, program, device):
 def _conv1d(node, program, device):
     x, w = (_b(program, s) for s in node.srcs)
     out = _b(program, node)
-    params = [int(node.params.get("stride", 1)), int(node.params.get("padding", 0)), int(node.params.get("dilation", 1))]
-    return [Dispatch(node.name, "conv1d", _spec(0, x.dtype, w.dtype, out.dtype), [arg(x), arg(w), arg(out)], params,
-                     elementwise_grid(_numel(out.shape), device), writes=[2])]
+    stride, padding, dilation = (int(node.params.get(k, d)) for k, d in (("stride", 1), ("padding", 0), ("dilation", 1)))
+    cout, cin, ks = w.shape
+    if w.strides[1] == ks * w.strides[2]:  # (cin, k) folds into one K axis: an implicit-im2col matmul
+        ta = arg(w, (1, 1, cout, cin * ks), (0, 0, w.strides[0], w.strides[2]))
+        try:
+            return [_tiled(node.name, ta, arg4(x), arg4(out), program, device, "conv1d",
+                           conv=[ks, stride, padding, dilation])]
+        except Unsupported:
+            pass
+    return [Dispatch(node.name, "conv1d", _spec(0, x.dtype, w.dtype, out.dtype), [arg(x), arg(w), arg(out)],
+                     [stride, padding, dilation], elementwise_grid(_numel(out.shape), device), writes=[2])]
 
 
 @lowering("mul_mat_id")
@@ -357,11 +451,10 @@ def _mul_mat_id(node, program, device):
     T, k, N = out.shape
     K = w.shape[-1]
     if len(x.shape) == 2:
-        tx = arg(x, (T, k, K), (x.strides[0], 0, x.strides[1]))
+        tx = arg(x, (1, T, k, K), (0, x.strides[0], 0, x.strides[1]))
     else:
-        tx = arg(x)
-    return [Dispatch(node.name, "mul_mat_id", _spec(0, w.dtype, x.dtype, ids.dtype, out.dtype),
-                     [arg(w), tx, arg(ids), arg(out)], [], elementwise_grid(_numel(out.shape), device), writes=[3])]
+        tx = arg(x, (1, T, k, K), (0,) + tuple(x.strides))
+    return [_matvec(node.name, tx, arg4(w), arg4(out), arg4(ids), program, device, "mul_mat_id")]
 
 
 # -- supports -------------------------------------------------------------------------------
@@ -393,19 +486,22 @@ def supports(node: Tensor, device: Any) -> bool:
     for t in (node, *node.srcs):
         if t.size >= MAX_ELEMENTS or (t.dtype == "i64" and t.size >= MAX_ELEMENTS // 2):
             return False
-    n_buffers = {"mul_mat_id": 4, "reduce": 2, "top_k": 2}.get(node.op, 3)
+    n_buffers = {"mul_mat_id": 4, "matmul": 4, "reduce": 2, "top_k": 2}.get(node.op, 3)
     if n_buffers + 1 > device.info.max_storage_buffers_per_stage:
         return False
     if node.op == "rope" and node.srcs[0].shape[-1] % 2:
         return False
     if node.op == "pad" and node.params.get("mode", "constant") not in ("constant", "reflect"):
         return False
-    if node.op == "matmul":
+    if node.op in ("matmul", "mul_mat_id"):
         out = node.shape
-        batch = _numel(out[:-2])
+        batch = _numel(out[:-2]) if node.op == "matmul" else 1
+        rows = out[-2] if node.op == "matmul" else out[0] * out[1]
         mx, my, mz = device.info.max_workgroup_count
-        if -(-out[-1] // 16) > mx or -(-out[-2] // 16) > my or batch > mz:
+        if -(-out[-1] // 16) > mx or rows > my or batch > mz:  # the smallest tile / one matvec row per group
             return False
+    if node.op in ("matmul", "mul_mat_id") and not device.info.subgroup_ops & SUBGROUP_ARITHMETIC:
+        return node.op == "matmul" and min(node.shape[-2], node.shape[-1]) > MATVEC_MAX_ROWS
     return True
 
 

@@ -1,43 +1,153 @@
 #version 450
-// out[b0,b1,m,n] = sum_k a[b0,b1,m,k] * b[b0,b1,k,n]; a and b are strided descriptors
-// (transpose_b and batch broadcasting are stride tricks done on the host), so the same
-// kernel serves every layout. 16x16 output tiles, K in steps of 16 through shared memory;
-// the sum runs in k order, in f32.
+// Tiled matmul: out[b0,b1,m,n] = sum_k a[b0,b1,m,k] * b[b0,b1,k,n], in f32.
+//
+// A workgroup of WG invocations computes a BM x BN output tile. K advances BK at a time:
+// the A and B tiles are staged in shared memory, k-major (As[k][m], Bs[k][n], padded by
+// one float against bank conflicts), then each invocation accumulates a TM x TN register
+// tile from them. Invocation (tr, tc) owns rows tr + i*(BM/TM) and columns tc + j*(BN/TN):
+// neighbouring invocations read neighbouring shared words and store neighbouring outputs.
+// Padding beyond M, N, K is zero, so every k step runs the full BK (the extra terms add
+// exact zeros; sums stay in k order).
+//
+// Specialization constants: the dtypes (common.glsl), the tile (WG, BM, BN, BK, TM, TN,
+// chosen on the host as a tuning variant) and MODE bits for the layout:
+//   1  A_VEC: a is contiguous along k with 4-aligned row starts -> 4-element loads
+//   2  B_VEC: b is contiguous along k (a transposed weight)      -> 4-element loads
+//   4  CONV:  b is the implicit im2col of conv1d's input x [1, B, Cin, Lin] (params:
+//             kernel size, stride, padding, dilation); a is the weight [1, 1, Cout, Cin*KS];
+//             n runs over (batch, output position) and out is [1, B, Cout, Lout].
+// Anything else is a plain strided load, so batched, broadcast (stride 0) and transposed
+// operands all work; batches are the z grid.
 #define NT 3u
-#define TILE 16u
-layout(local_size_x = 16, local_size_y = 16) in;
-layout(std430, set = 0, binding = 1) buffer BufA { uint a[]; };
-layout(std430, set = 0, binding = 2) buffer BufB { uint b[]; };
+layout(local_size_x_id = 5) in;
+layout(std430, set = 0, binding = 1) readonly buffer BufA { uint a[]; };
+layout(std430, set = 0, binding = 1) readonly buffer BufA2 { uvec2 a2[]; };
+layout(std430, set = 0, binding = 1) readonly buffer BufA4 { uvec4 a4[]; };
+layout(std430, set = 0, binding = 2) readonly buffer BufB { uint b[]; };
+layout(std430, set = 0, binding = 2) readonly buffer BufB2 { uvec2 b2[]; };
+layout(std430, set = 0, binding = 2) readonly buffer BufB4 { uvec4 b4[]; };
 layout(std430, set = 0, binding = 3) buffer BufO { uint o[]; };
 #include "common.glsl"
 
-shared float As[TILE][TILE];
-shared float Bs[TILE][TILE];
+layout(constant_id = 5) const uint WG = 64;
+layout(constant_id = 6) const uint BM = 32;
+layout(constant_id = 7) const uint BN = 32;
+layout(constant_id = 8) const uint BK = 16;
+layout(constant_id = 9) const uint TM = 4;
+layout(constant_id = 10) const uint TN = 4;
+
+const bool A_VEC = (MODE & 1u) != 0u;
+const bool B_VEC = (MODE & 2u) != 0u;
+const bool CONV = (MODE & 4u) != 0u;
+const uint SA = BM + 1u;  // shared row pitches
+const uint SB = BN + 1u;
+
+shared float As[BK * SA];
+shared float Bs[BK * SB];
 
 void main() {
     Tensor ta = tensor_desc(0u);  // [B0, B1, M, K]
-    Tensor tb = tensor_desc(1u);  // [B0, B1, K, N]
-    Tensor to = tensor_desc(2u);  // [B0, B1, M, N]
-    uint M = to.ne[2], N = to.ne[3], K = ta.ne[3];
-    uint batch = gl_WorkGroupID.z;
-    uint b0 = batch / to.ne[1], b1 = batch % to.ne[1];
-    uint tx = gl_LocalInvocationID.x, ty = gl_LocalInvocationID.y;
-    uint m = gl_WorkGroupID.y * TILE + ty;
-    uint n = gl_WorkGroupID.x * TILE + tx;
-    int abase = int(ta.off) + int(b0) * ta.nb[0] + int(b1) * ta.nb[1];
-    int bbase = int(tb.off) + int(b0) * tb.nb[0] + int(b1) * tb.nb[1];
-    float acc = 0.0;
-    for (uint k0 = 0u; k0 < K; k0 += TILE) {
-        uint ka = k0 + tx;   // column of A loaded by this invocation
-        uint kb = k0 + ty;   // row of B loaded by this invocation
-        As[ty][tx] = (m < M && ka < K) ? LOADF(a, DT0, uint(abase + int(m) * ta.nb[2] + int(ka) * ta.nb[3])) : 0.0;
-        Bs[ty][tx] = (kb < K && n < N) ? LOADF(b, DT1, uint(bbase + int(kb) * tb.nb[2] + int(n) * tb.nb[3])) : 0.0;
+    Tensor tb = tensor_desc(1u);  // [B0, B1, K, N], or x [1, B, Cin, Lin] (CONV)
+    Tensor to = tensor_desc(2u);  // [B0, B1, M, N], or [1, B, Cout, Lout] (CONV)
+    const uint M = ta.ne[2], K = ta.ne[3];
+    const uint N = CONV ? to.ne[1] * to.ne[3] : to.ne[3];
+    const uint lid = gl_LocalInvocationID.x;
+    const uint z = gl_WorkGroupID.z;
+    const uint b0 = CONV ? 0u : z / to.ne[1], b1 = CONV ? 0u : z % to.ne[1];
+    const int abase = int(ta.off) + int(b0) * ta.nb[0] + int(b1) * ta.nb[1];
+    const int bbase = int(tb.off) + int(b0) * tb.nb[0] + int(b1) * tb.nb[1];
+    const uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
+    // conv parameters (unused otherwise)
+    const uint KS = CONV ? param_u(0u) : 1u;
+    const int cstride = CONV ? param_i(1u) : 1, cpad = CONV ? param_i(2u) : 0, cdil = CONV ? param_i(3u) : 1;
+    const uint Lout = to.ne[3];
+    const int Lin = int(tb.ne[3]);
+
+    const uint CT = BN / TN, RT = BM / TM;
+    const uint tc = lid % CT, tr = lid / CT;
+    float acc[TM * TN];
+    [[unroll]] for (uint i = 0u; i < TM * TN; i++) acc[i] = 0.0;
+
+    for (uint k0 = 0u; k0 < K; k0 += BK) {
+        // ---- stage A: BM rows x BK k
+        if (A_VEC) {
+            const uint KV = BK / 4u;
+            for (uint idx = lid; idx < BM * KV; idx += WG) {
+                uint r = idx / KV, kv = idx % KV;
+                uint m = m0 + r, k = k0 + 4u * kv;
+                vec4 v = vec4(0.0);
+                if (m < M && k < K) {
+                    uint e = uint(abase + int(m) * ta.nb[2] + int(k));
+                    if (DT0 == DT_F16) { uvec2 w = a2[e >> 2]; v = vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y)); }
+                    else v = uintBitsToFloat(a4[e >> 2]);
+                }
+                uint s = 4u * kv * SA + r;
+                As[s] = v.x; As[s + SA] = v.y; As[s + 2u * SA] = v.z; As[s + 3u * SA] = v.w;
+            }
+        } else {
+            for (uint idx = lid; idx < BM * BK; idx += WG) {
+                uint r = idx / BK, kk = idx % BK;
+                uint m = m0 + r, k = k0 + kk;
+                As[kk * SA + r] = (m < M && k < K) ? LOADF(a, DT0, uint(abase + int(m) * ta.nb[2] + int(k) * ta.nb[3])) : 0.0;
+            }
+        }
+        // ---- stage B: BK k x BN columns
+        if (B_VEC) {
+            const uint KV = BK / 4u;
+            for (uint idx = lid; idx < BN * KV; idx += WG) {
+                uint c = idx / KV, kv = idx % KV;
+                uint n = n0 + c, k = k0 + 4u * kv;
+                vec4 v = vec4(0.0);
+                if (n < N && k < K) {
+                    uint e = uint(bbase + int(n) * tb.nb[3] + int(k));
+                    if (DT1 == DT_F16) { uvec2 w = b2[e >> 2]; v = vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y)); }
+                    else v = uintBitsToFloat(b4[e >> 2]);
+                }
+                uint s = 4u * kv * SB + c;
+                Bs[s] = v.x; Bs[s + SB] = v.y; Bs[s + 2u * SB] = v.z; Bs[s + 3u * SB] = v.w;
+            }
+        } else if (CONV) {
+            for (uint idx = lid; idx < BN * BK; idx += WG) {
+                uint kk = idx / BN, c = idx % BN;  // neighbours along n: neighbouring x positions
+                uint n = n0 + c, k = k0 + kk;
+                float v = 0.0;
+                if (n < N && k < K) {
+                    uint ci = k / KS, q = k % KS, bb = n / Lout, l = n % Lout;
+                    int pos = int(l) * cstride + int(q) * cdil - cpad;
+                    if (pos >= 0 && pos < Lin) v = LOADF(b, DT1, offset_at(tb, uvec4(0u, bb, ci, uint(pos))));
+                }
+                Bs[kk * SB + c] = v;
+            }
+        } else {
+            for (uint idx = lid; idx < BN * BK; idx += WG) {
+                uint kk = idx / BN, c = idx % BN;
+                uint n = n0 + c, k = k0 + kk;
+                Bs[kk * SB + c] = (n < N && k < K) ? LOADF(b, DT1, uint(bbase + int(k) * tb.nb[2] + int(n) * tb.nb[3])) : 0.0;
+            }
+        }
         barrier();
-        uint kend = min(TILE, K - k0);
-        for (uint k = 0u; k < kend; k++) acc += As[ty][k] * Bs[k][tx];
+        // ---- TM x TN register tile
+        [[unroll]] for (uint kk = 0u; kk < BK; kk++) {
+            float av[TM], bv[TN];
+            [[unroll]] for (uint i = 0u; i < TM; i++) av[i] = As[kk * SA + tr + i * RT];
+            [[unroll]] for (uint j = 0u; j < TN; j++) bv[j] = Bs[kk * SB + tc + j * CT];
+            [[unroll]] for (uint i = 0u; i < TM; i++) {
+                [[unroll]] for (uint j = 0u; j < TN; j++) acc[i * TN + j] = fma(av[i], bv[j], acc[i * TN + j]);
+            }
+        }
         barrier();
     }
-    if (m < M && n < N) {
-        STOREF(o, DT2, to.off + ((b0 * to.ne[1] + b1) * M + m) * N + n, acc)
+
+    [[unroll]] for (uint i = 0u; i < TM; i++) {
+        uint m = m0 + tr + i * RT;
+        if (m >= M) continue;
+        [[unroll]] for (uint j = 0u; j < TN; j++) {
+            uint n = n0 + tc + j * CT;
+            if (n >= N) continue;
+            uint oe;
+            if (CONV) oe = offset_at(to, uvec4(0u, n / Lout, m, n % Lout));
+            else oe = offset_at(to, uvec4(b0, b1, m, n));
+            STOREF(o, DT2, oe, acc[i * TN + j])
+        }
     }
 }
