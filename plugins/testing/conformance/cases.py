@@ -147,7 +147,37 @@ def _cases() -> list[Case]:
     cases.append(simple("cast_f32_i32", "cast", EXACT, lambda b, r, i: b.cast(_in(b, i, "x", f32(r, 3, 8, lo=-9, hi=9)), dtype="i32")))
     cases.append(simple("cast_i32_f32", "cast", EXACT, lambda b, r, i: b.cast(
         _in(b, i, "x", r.integers(-50, 50, (4, 4)).astype(np.int32)), dtype="f32")))
+    cases += _gpu_kernel_cases()
     return cases
+
+
+def _gpu_kernel_cases() -> list[Case]:
+    """Shapes that reach every path of the GPU kernels (issue 16): tiles crossed by odd sizes
+    (not multiples of 16, 32 or 64), k not a multiple of 4 (no vector loads), transposed,
+    batched and broadcast operands, few rows on either side (matrix-vector), conv1d as a
+    matmul, mul_mat_id with vector loads. Sizes stay small: lavapipe is slow."""
+    mm = lambda cid, a, w, **kw: simple(cid, "matmul", ACCUM, lambda b, r, i: b.matmul(  # noqa: E731
+        _in(b, i, "a", f32(r, *a)), _in(b, i, "w", f32(r, *w)), **kw))
+    return [
+        mm("matmul_tiled_odd_tb", (67, 40), (45, 40), transpose_b=True),      # vector loads, crosses 64-tiles
+        mm("matmul_tiled_odd_k", (37, 19), (19, 70)),                          # scalar loads, k = 19
+        mm("matmul_tiled_batched", (2, 3, 33, 20), (2, 3, 20, 34)),
+        mm("matmul_tiled_batched_tb_bcast", (2, 1, 35, 12), (3, 33, 12), transpose_b=True),
+        simple("matmul_stacked_rows_f16", "matmul", ACCUM, lambda b, r, i: b.matmul(
+            _in(b, i, "a", f32(r, 3, 23, 32)), b.weight("w", f32(r, 40, 32).astype(np.float16)), transpose_b=True)),
+        mm("matvec_rows_tb", (3, 36), (50, 36), transpose_b=True),             # few rows of a
+        mm("matvec_rows_strided", (2, 13), (13, 9)),                           # few rows, b not k-contiguous
+        mm("matvec_cols", (2, 40, 12), (2, 12, 3)),                            # few columns: operands swapped
+        simple("matvec_f16_one_row", "matmul", ACCUM, lambda b, r, i: b.matmul(
+            _in(b, i, "a", f32(r, 1, 24)), b.weight("w", f32(r, 9, 24).astype(np.float16)), transpose_b=True)),
+        simple("conv1d_tiled_odd", "conv1d", ACCUM, lambda b, r, i: b.conv1d(
+            _in(b, i, "x", f32(r, 3, 5, 37)), b.weight("w", f32(r, 70, 5, 3)), padding=1)),
+        simple("conv1d_tiled_stride_vec", "conv1d", ACCUM, lambda b, r, i: b.conv1d(
+            _in(b, i, "x", f32(r, 2, 4, 50)), b.weight("w", f32(r, 6, 4, 4)), stride=3, dilation=2, padding=3)),
+        simple("mul_mat_id_vec", "mul_mat_id", ACCUM, lambda b, r, i: b.mul_mat_id(
+            b.weight("w", f32(r, 4, 9, 16)), _in(b, i, "x", f32(r, 3, 16)),
+            _in(b, i, "ids", np.array([[0, 3], [2, 2], [1, 0]], np.int32)))),
+    ]
 
 
 CASES = _cases()
