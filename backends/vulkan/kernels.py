@@ -32,6 +32,7 @@ VIEW_OPS = ("reshape", "permute", "transpose", "slice")
 UNARY = {"relu": 11, "gelu": 12, "silu": 13, "sigmoid": 14, "tanh": 15, "exp": 16, "sqrt": 17, "neg": 18, "sqr": 19}
 BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3}
 REDUCE = {"sum": 0, "mean": 1, "max": 2, "argmax": 3}
+ROW_OPS = ("layer_norm", "rms_norm", "softmax", "top_k", *REDUCE)  # one workgroup per row (wg_reduce.glsl)
 ELT_WG = 256
 MAX_ELEMENTS = 1 << 31
 SUBGROUP_ARITHMETIC = 0x4  # VK_SUBGROUP_FEATURE_ARITHMETIC_BIT: matvec and row reductions need it
@@ -269,7 +270,7 @@ def _stacks_rows(ta: TensorArg, tb: TensorArg) -> bool:
 def _matvec(name: str, x: TensorArg, y: TensorArg, out: TensorArg, ids: TensorArg | None, program: SplitProgram,
             device: Any, op: str) -> Dispatch:
     """out[b, i, j] = sum_k x[b, i, k] * y[b, j, k] (or y = w[ids[i]] with ids)."""
-    rows = variants.pick(op, program.tuning, device.info, family="matvec")
+    rows = variants.pick(op, program.tuning, device, family="matvec")
     mode = (1 if _vec_ok(x, 3) else 0) | (2 if _vec_ok(y, 3) else 0) | (4 if ids is not None else 0)
     I = x.shape[1] * x.shape[2] if ids is not None else x.shape[2]
     J = out.shape[3]
@@ -296,7 +297,7 @@ def _tiled(name: str, ta: TensorArg, tb: TensorArg, to: TensorArg, program: Spli
     else:
         N, batch = to.shape[3], to.shape[0] * to.shape[1]
         mode = (1 if _vec_ok(ta, 3) else 0) | (2 if _vec_ok(tb, 2) else 0)
-    tile = variants.pick(op, program.tuning, device.info, shape=(M, N))
+    tile = variants.pick(op, program.tuning, device, shape=(M, N))
     dts = (ta.binding.dtype, tb.binding.dtype, to.binding.dtype)
     if not variants.fits(tile, device.info):
         if conv is not None:
@@ -364,8 +365,13 @@ def _rownorm(node, program, device):
         tm, mdt = tx, x.dtype
         params = [f32_bits(node.params.get("eps", 1e-5 if node.op == "layer_norm" else 1e-6))]
     rows = _numel(x.shape[:-1])
-    return [Dispatch(node.name, "rownorm", _spec(mode, x.dtype, mdt, out.dtype), [tx, tm, arg(out)], params,
-                     grid(rows, device), writes=[2])]
+    return [Dispatch(node.name, "rownorm", _spec(mode, x.dtype, mdt, out.dtype) + _rows(node, program, device),
+                     [tx, tm, arg(out)], params, grid(rows, device), writes=[2])]
+
+
+def _rows(node: Tensor, program: SplitProgram, device: Any) -> tuple[int, ...]:
+    """The workgroup size of a one-workgroup-per-row kernel (tuning or device default)."""
+    return (variants.pick(node.op, program.tuning, device).wg,)
 
 
 @lowering(*REDUCE)
@@ -378,8 +384,8 @@ def _reduce(node, program, device):
     shape = tuple(x.shape[i] for i in order)
     strides = tuple(x.strides[i] for i in order)
     rows = _numel(shape[:-1])
-    return [Dispatch(node.name, "reduce", _spec(REDUCE[node.op], x.dtype, out.dtype), [arg(x, shape, strides), arg(out)],
-                     [], grid(rows, device), writes=[1])]
+    return [Dispatch(node.name, "reduce", _spec(REDUCE[node.op], x.dtype, out.dtype) + _rows(node, program, device),
+                     [arg(x, shape, strides), arg(out)], [], grid(rows, device), writes=[1])]
 
 
 @lowering("top_k")
@@ -387,8 +393,8 @@ def _top_k(node, program, device):
     x = _b(program, node.srcs[0])
     out = _b(program, node)
     rows = _numel(x.shape[:-1])
-    return [Dispatch(node.name, "top_k", _spec(0, x.dtype, out.dtype), [arg(x), arg(out)], [int(node.params["k"])],
-                     grid(rows, device), writes=[1])]
+    return [Dispatch(node.name, "top_k", _spec(0, x.dtype, out.dtype) + _rows(node, program, device), [arg(x), arg(out)],
+                     [int(node.params["k"])], grid(rows, device), writes=[1])]
 
 
 @lowering("get_rows")
@@ -500,8 +506,11 @@ def supports(node: Tensor, device: Any) -> bool:
         mx, my, mz = device.info.max_workgroup_count
         if -(-out[-1] // 16) > mx or rows > my or batch > mz:  # the smallest tile / one matvec row per group
             return False
-    if node.op in ("matmul", "mul_mat_id") and not device.info.subgroup_ops & SUBGROUP_ARITHMETIC:
-        return node.op == "matmul" and min(node.shape[-2], node.shape[-1]) > MATVEC_MAX_ROWS
+    if not device.info.subgroup_ops & SUBGROUP_ARITHMETIC:  # matvec and row kernels reduce with subgroup ops
+        if node.op in ROW_OPS or node.op == "mul_mat_id":
+            return False
+        if node.op == "matmul" and min(node.shape[-2], node.shape[-1]) <= MATVEC_MAX_ROWS:
+            return False
     return True
 
 

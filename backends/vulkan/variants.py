@@ -7,6 +7,10 @@ applies: GPUs get wide workgroups and big tiles, CPU drivers (lavapipe runs one 
 per thread, a subgroup as one SIMD register, and a barrier as a switch between
 coroutines) get workgroups of one subgroup and fewer, larger register tiles.
 
+`FLARE_VULKAN_KERNEL_PROFILE=gpu|cpu` (device config `kernel_profile`) overrides the
+device-type default, so the GPU variants (several subgroups per workgroup, shared-memory
+combination, 256-invocation tiles) run, and are tested, on lavapipe too.
+
 A variant that the device cannot run (shared memory or invocations over its limits) is
 never chosen: `pick` falls back to the default, and `fits` tells `kernels` when even that
 does not fit (the generic kernel then runs).
@@ -75,14 +79,28 @@ def _family(op: str) -> str:
     return "matmul" if table is MATMUL else "matvec" if table is MATVEC else "rows"
 
 
-def default(op: str, info: Any, shape: tuple[int, int] | None = None) -> str:
+def profile_of(info: Any, requested: str | None) -> str:
+    """'cpu' or 'gpu': the requested kernel profile, else by device type."""
+    if requested:
+        if requested not in ("cpu", "gpu"):
+            raise ValueError(f"kernel profile must be 'cpu' or 'gpu', not {requested!r}")
+        return requested
+    return "cpu" if info.type_code == CPU_TYPE else "gpu"
+
+
+def default(op: str, device: Any, shape: tuple[int, int] | None = None) -> str:
     """The variant `op` uses on this device when no tuning says otherwise (`shape`: a matmul's
     output rows and columns per batch)."""
     family = _family(op)
     if family == "matmul" and shape is not None and max(shape) <= 32:
         return SMALL_TILE
-    defaults = DEFAULT_CPU if info.type_code == CPU_TYPE else DEFAULT_GPU
-    return defaults[family]
+    defaults = DEFAULT_CPU if device.kernel_profile == "cpu" else DEFAULT_GPU
+    name = defaults[family]
+    return name if fits(TABLES[op][name], device.info) else _smallest(op)
+
+
+def _smallest(op: str) -> str:
+    return min(TABLES[op], key=lambda n: TABLES[op][n].wg)
 
 
 def fits(v: Any, info: Any) -> bool:
@@ -91,14 +109,14 @@ def fits(v: Any, info: Any) -> bool:
     return not isinstance(v, Tile) or v.shared_bytes() <= info.max_shared_memory
 
 
-def pick(op: str, tuning: Mapping[str, str], info: Any, *, family: str | None = None,
+def pick(op: str, tuning: Mapping[str, str], device: Any, *, family: str | None = None,
          shape: tuple[int, int] | None = None) -> Any:
     """The variant for `op`: the tuned one when named and runnable here, else the default."""
     table = TABLES[family or op]
     name = tuning.get(op)
-    if name in table and fits(table[name], info):
+    if name in table and fits(table[name], device.info):
         return table[name]
-    return table[default(family or op, info, shape)]
+    return table[default(family or op, device, shape)]
 
 
 def names(op: str) -> tuple[str, ...]:

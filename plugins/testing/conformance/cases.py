@@ -177,6 +177,19 @@ def _gpu_kernel_cases() -> list[Case]:
         simple("mul_mat_id_vec", "mul_mat_id", ACCUM, lambda b, r, i: b.mul_mat_id(
             b.weight("w", f32(r, 4, 9, 16)), _in(b, i, "x", f32(r, 3, 16)),
             _in(b, i, "ids", np.array([[0, 3], [2, 2], [1, 0]], np.int32)))),
+        # rows longer than any workgroup and of odd length: every invocation loops, partial subgroups
+        simple("softmax_long_mask", "softmax", ACCUM, lambda b, r, i: b.softmax(
+            _in(b, i, "x", f32(r, 3, 301)), _in(b, i, "m", np.where(r.random((1, 301)) < 0.2, -1e9, 0.0).astype(np.float32)),
+            scale=0.3)),
+        simple("layer_norm_long", "layer_norm", ACCUM, lambda b, r, i: b.layer_norm(_in(b, i, "x", f32(r, 2, 389)), eps=1e-5)),
+        simple("rms_norm_long", "rms_norm", ACCUM, lambda b, r, i: b.rms_norm(_in(b, i, "x", f32(r, 3, 517)), eps=1e-6)),
+        simple("sum_long", "sum", ACCUM, lambda b, r, i: b.op("sum", _in(b, i, "x", f32(r, 2, 3, 301)), axis=-1)),
+        simple("max_long_mid", "max", ACCUM, lambda b, r, i: b.op("max", _in(b, i, "x", f32(r, 2, 259, 3)), axis=1)),
+        simple("argmax_long_ties", "argmax", EXACT, lambda b, r, i: b.argmax(
+            _in(b, i, "x", r.integers(0, 5, (3, 263)).astype(np.float32)))),
+        simple("top_k_long", "top_k", EXACT, lambda b, r, i: b.top_k(_in(b, i, "x", f32(r, 3, 203)), k=7)),
+        simple("top_k_many_ties", "top_k", EXACT, lambda b, r, i: b.top_k(
+            _in(b, i, "x", r.integers(0, 4, (2, 50)).astype(np.float32)), k=20)),
     ]
 
 
