@@ -45,26 +45,62 @@ const uint SB = BN + 1u;
 shared float As[BK * SA];
 shared float Bs[BK * SB];
 
-void main() {
-    Tensor ta = tensor_desc(0u);  // [B0, B1, M, K]
-    Tensor tb = tensor_desc(1u);  // [B0, B1, K, N], or x [1, B, Cin, Lin] (CONV)
-    Tensor to = tensor_desc(2u);  // [B0, B1, M, N], or [1, B, Cout, Lout] (CONV)
-    const uint M = ta.ne[2], K = ta.ne[3];
-    const uint N = CONV ? to.ne[1] * to.ne[3] : to.ne[3];
-    const uint lid = gl_LocalInvocationID.x;
-    const uint z = gl_WorkGroupID.z;
-    const uint b0 = CONV ? 0u : z / to.ne[1], b1 = CONV ? 0u : z % to.ne[1];
-    const int abase = int(ta.off) + int(b0) * ta.nb[0] + int(b1) * ta.nb[1];
-    const int bbase = int(tb.off) + int(b0) * tb.nb[0] + int(b1) * tb.nb[1];
-    const uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
-    // conv parameters (unused otherwise)
-    const uint KS = CONV ? param_u(0u) : 1u;
-    const int cstride = CONV ? param_i(1u) : 1, cpad = CONV ? param_i(2u) : 0, cdil = CONV ? param_i(3u) : 1;
-    const uint Lout = to.ne[3];
-    const int Lin = int(tb.ne[3]);
+// per-dispatch values, set once by main()
+Tensor ta, tb, to;
+uint M, K;
+uint N;
+uint lid;
+uint z;
+uint b0, b1;
+int abase;
+int bbase;
+uint m0, n0;
+uint KS;
+int cstride, cpad, cdil;
+uint Lout;
+int Lin;
+uint cn;
+bool cn_ok;
+int cxbase;
+int cpos0;
+uint ck, cq, cci;
 
+void setup() {
+    ta = tensor_desc(0u);  // [B0, B1, M, K]
+    tb = tensor_desc(1u);  // [B0, B1, K, N], or x [1, B, Cin, Lin] (CONV)
+    to = tensor_desc(2u);  // [B0, B1, M, N], or [1, B, Cout, Lout] (CONV)
+    M = ta.ne[2];
+    K = ta.ne[3];
+    N = CONV ? to.ne[1] * to.ne[3] : to.ne[3];
+    lid = gl_LocalInvocationID.x;
+    z = gl_WorkGroupID.z;
+    b0 = CONV ? 0u : z / to.ne[1];
+    b1 = CONV ? 0u : z % to.ne[1];
+    abase = int(ta.off) + int(b0) * ta.nb[0] + int(b1) * ta.nb[1];
+    bbase = int(tb.off) + int(b0) * tb.nb[0] + int(b1) * tb.nb[1];
+    m0 = gl_WorkGroupID.y * BM;
+    n0 = gl_WorkGroupID.x * BN;
+    // conv parameters (unused otherwise)
+    KS = CONV ? param_u(0u) : 1u;
+    cstride = CONV ? param_i(1u) : 1;
+    cpad = CONV ? param_i(2u) : 0;
+    cdil = CONV ? param_i(3u) : 1;
+    Lout = to.ne[3];
+    Lin = int(tb.ne[3]);
+
+    // incremental im2col state of this invocation's column (CONV with WG a multiple of BN)
+    cn = n0 + lid % BN;
+    cn_ok = CONV && cn < N;
+    cxbase = int(tb.off) + (cn_ok ? int(cn / Lout) * tb.nb[1] : 0);
+    cpos0 = cn_ok ? int(cn % Lout) * cstride - cpad : 0;
+    ck = lid / BN;
+    cq = ck % KS;
+    cci = ck / KS;
+}
+
+// the K loop and the stores for the invocation at (tr, tc) of the RT x CT grid
+void tile(const uint tr, const uint tc) {
     const uint CT = BN / TN, RT = BM / TM;
-    const uint tc = lid % CT, tr = lid / CT;
     float acc[TM * TN];
     [[unroll]] for (uint i = 0u; i < TM * TN; i++) acc[i] = 0.0;
 
@@ -105,6 +141,19 @@ void main() {
                 }
                 uint s = 4u * kv * SB + c;
                 Bs[s] = v.x; Bs[s + SB] = v.y; Bs[s + 2u * SB] = v.z; Bs[s + 3u * SB] = v.w;
+            }
+        } else if (CONV && WG % BN == 0u) {
+            // each invocation keeps one column n (its batch and position decoded once) and
+            // walks k = (channel, tap) incrementally: no integer division per element
+            for (uint kk = lid / BN; kk < BK; kk += WG / BN) {
+                float v = 0.0;
+                if (cn_ok && ck < K) {
+                    int pos = cpos0 + int(cq) * cdil;
+                    if (pos >= 0 && pos < Lin) v = LOADF(b, DT1, uint(cxbase + int(cci) * tb.nb[2] + pos * tb.nb[3]));
+                }
+                Bs[kk * SB + lid % BN] = v;
+                ck += WG / BN; cq += WG / BN;
+                while (cq >= KS) { cq -= KS; cci++; }
             }
         } else if (CONV) {
             for (uint idx = lid; idx < BN * BK; idx += WG) {
@@ -150,4 +199,9 @@ void main() {
             STOREF(o, DT2, oe, acc[i * TN + j])
         }
     }
+}
+
+void main() {
+    setup();
+    tile(gl_LocalInvocationID.x / (BN / TN), gl_LocalInvocationID.x % (BN / TN));
 }
