@@ -91,6 +91,12 @@ def test_unknown_or_unrunnable_variant_falls_back_to_the_default(dev):
     assert variants.pick("softmax", {"softmax": "wg32"}, dev) == variants.ROWS["wg32"]
 
 
+def test_kernel_variants_name_the_default_first(dev):
+    assert dev.kernel_variants("matmul")[0] == variants.default("matmul", dev)
+    assert set(dev.kernel_variants("softmax")) == set(variants.ROWS)
+    assert dev.kernel_variants("add") == ()
+
+
 def test_kernel_profile_config_and_errors():
     (gpu,) = VulkanBackend.open_devices({"kernel_profile": "gpu"})
     try:

@@ -238,6 +238,16 @@ class VulkanDevice(Device):
     def supports(self, node: Tensor) -> bool:
         return kernels.supports(node, self)
 
+    def kernel_variants(self, op: str) -> tuple[str, ...]:
+        """Workgroup / tile variants of `op` that fit this device, this device's default first
+        (variants.py); an exporter times them and `SplitProgram.tuning[op]` selects one."""
+        names = variants.names(op)
+        if not names:
+            return ()
+        first = variants.default(op, self)
+        table = variants.TABLES[op]
+        return (first, *(n for n in names if n != first and variants.fits(table[n], self.info)))
+
     def compile(self, program: SplitProgram) -> PreparedSplit:
         from .split import VulkanPreparedSplit
 
