@@ -12,27 +12,21 @@ shared float wg_f[WG];
 shared uint wg_k[WG];
 shared uint wg_i[WG];
 
-float wg_sum(float v) {
-    v = subgroupAdd(v);
+// sum (is_max false) or maximum (true) over the workgroup; callers pass a constant, so
+// the selects fold away after inlining
+float wg_reduce_f(float v, const bool is_max) {
+    v = is_max ? subgroupMax(v) : subgroupAdd(v);
     if (gl_NumSubgroups == 1u) return v;
     if (subgroupElect()) wg_f[gl_SubgroupID] = v;
     barrier();
     float s = wg_f[0];
-    for (uint g = 1u; g < gl_NumSubgroups; g++) s += wg_f[g];
+    for (uint g = 1u; g < gl_NumSubgroups; g++) s = is_max ? max(s, wg_f[g]) : s + wg_f[g];
     barrier();
     return s;
 }
 
-float wg_max(float v) {
-    v = subgroupMax(v);
-    if (gl_NumSubgroups == 1u) return v;
-    if (subgroupElect()) wg_f[gl_SubgroupID] = v;
-    barrier();
-    float s = wg_f[0];
-    for (uint g = 1u; g < gl_NumSubgroups; g++) s = max(s, wg_f[g]);
-    barrier();
-    return s;
-}
+float wg_sum(float v) { return wg_reduce_f(v, false); }
+float wg_max(float v) { return wg_reduce_f(v, true); }
 
 // Order keys: a uint that sorts like the float (-0 as +0, so equal floats tie), with every
 // NaN mapped to `nan_key` (0xFFFFFFFF: NaN beats everything; 0: NaN loses to everything).
