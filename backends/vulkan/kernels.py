@@ -83,6 +83,11 @@ class Dispatch:
     params: list[int]
     groups: tuple[int, int, int]
     writes: list[int] = field(default_factory=list)  # indices into args that the shader writes
+    buffers: list[Any] | None = None  # bindings 1..n when not one per arg (eltwise_chain)
+
+    def bound(self) -> list[Any]:
+        """The flare Buffers bound to bindings 1..n."""
+        return self.buffers if self.buffers is not None else [a.binding.buffer for a in self.args]
 
     def meta_words(self) -> list[int]:
         out: list[int] = []

@@ -17,22 +17,7 @@ void main() {
     if (e >= numel(to)) return;
     uvec4 c = coords_of(e, to);
     float x = LOADF(a, DT0, offset_at(ta, c));
-    float r;
-    if (MODE < 10u) {
-        float y = LOADF(b, DT1, offset_at(tb, c));
-        if (MODE == 0u) r = x + y;
-        else if (MODE == 1u) r = x - y;
-        else if (MODE == 2u) r = x * y;
-        else r = x / y;
-    } else if (MODE == 10u) r = x * param_f(0u) + param_f(1u);
-    else if (MODE == 11u) r = max(x, 0.0);
-    else if (MODE == 12u) r = gelu_erf(x);
-    else if (MODE == 13u) r = x * sigmoid(x);
-    else if (MODE == 14u) r = sigmoid(x);
-    else if (MODE == 15u) r = tanh_acc(x);
-    else if (MODE == 16u) r = exp(x);
-    else if (MODE == 17u) r = sqrt(x);
-    else if (MODE == 18u) r = -x;
-    else r = x * x;
+    float y = MODE < 10u ? LOADF(b, DT1, offset_at(tb, c)) : 0.0;
+    float r = MODE == 10u ? eltwise_op(MODE, x, y, param_f(0u), param_f(1u)) : eltwise_op(MODE, x, y, 1.0, 0.0);
     STOREF(o, DT2, to.off + e, r)
 }
