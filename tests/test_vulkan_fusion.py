@@ -49,7 +49,7 @@ def run(dev, build, inputs, alias=None, monkeypatch=None):
         with HandBound(dev, graph, gap=1, alias=alias) as hb:
             hb.write_leaves(inputs)
             if not chained:
-                monkeypatch.setattr(fusion, "chain_elementwise", lambda d: d)
+                monkeypatch.setattr(fusion, "chain_elementwise", lambda d, limit: d)
             split = dev.compile(SplitProgram(dev, graph.nodes, hb.bindings))
             try:
                 split.run()
@@ -142,3 +142,14 @@ def test_long_chains_split_at_the_node_limit(dev, monkeypatch):
         return h
     _, n = run(dev, build, x, monkeypatch=monkeypatch)
     assert n == -(-2 * (fusion.MAX_OPS + 3) // fusion.MAX_OPS)
+
+
+def test_no_chains_on_a_device_with_few_storage_buffer_bindings(dev):
+    b = GraphBuilder()
+    b.output("out", b.tanh(b.exp(b.input("x", (2, 3)))))
+    g = b.build()
+    with HandBound(dev, g) as hb:
+        from flare.backends.vulkan import kernels
+        ds = [d for n in g.nodes for d in kernels.lower(n, SplitProgram(dev, g.nodes, hb.bindings), dev)]
+        assert len(fusion.chain_elementwise(ds, 4)) == 2
+        assert len(fusion.chain_elementwise(ds)) == 1

@@ -123,8 +123,11 @@ class _Chain:
                         buffers=self.buffers + [self.buffers[0]] * (N_BUFFERS - len(self.buffers)))
 
 
-def chain_elementwise(dispatches: list[Dispatch]) -> list[Dispatch]:
-    """The dispatches with every run of two or more chainable elementwise dispatches merged."""
+def chain_elementwise(dispatches: list[Dispatch], max_storage_buffers: int = N_BUFFERS + 1) -> list[Dispatch]:
+    """The dispatches with every run of two or more chainable elementwise dispatches merged
+    (unchanged on a device with fewer storage-buffer bindings per stage than the chain's 7)."""
+    if max_storage_buffers < N_BUFFERS + 1:
+        return list(dispatches)
     out: list[Dispatch] = []
     chain: _Chain | None = None
 

@@ -79,7 +79,7 @@ class VulkanPreparedSplit(PreparedSplit):
                     if a.binding.buffer.released:
                         raise ReleasedError(f"node {node.name!r}: a bound buffer was already released")
             out += dispatches
-        out = fusion.chain_elementwise(out)
+        out = fusion.chain_elementwise(out, self.device.info.max_storage_buffers_per_stage)
         self.stats["dispatches"] = len(out)
         return out
 
