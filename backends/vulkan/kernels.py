@@ -337,8 +337,10 @@ def _matmul(node, program, device):
         tb = batched(b, K, N, b.strides[-2], b.strides[-1])
     ostrides = contiguous_strides(batch + (M, N))
     to = arg(out, batch + (M, N), ostrides)
-    if _stacks_rows(ta, tb):  # a linear layer over a batch: one [B*M, K] x [K, N] product fills tiles better
-        rows = batch[0] * batch[1] * M
+    stacked_rows = batch[0] * batch[1] * M
+    if _stacks_rows(ta, tb) and -(-stacked_rows // 16) <= device.info.max_workgroup_count[1]:
+        # a linear layer over a batch: one [B*M, K] x [K, N] product fills tiles better
+        rows = stacked_rows
         ta = TensorArg(ta.binding, (1, 1, rows, K), (0, 0) + ta.strides[2:], ta.elem_offset)
         tb = TensorArg(tb.binding, (1, 1, K, N), (0, 0) + tb.strides[2:], tb.elem_offset)
         to = TensorArg(to.binding, (1, 1, rows, N), (0, 0, N, 1), to.elem_offset)
