@@ -190,7 +190,20 @@ def _gpu_kernel_cases() -> list[Case]:
         simple("top_k_long", "top_k", EXACT, lambda b, r, i: b.top_k(_in(b, i, "x", f32(r, 3, 203)), k=7)),
         simple("top_k_many_ties", "top_k", EXACT, lambda b, r, i: b.top_k(
             _in(b, i, "x", r.integers(0, 4, (2, 50)).astype(np.float32)), k=20)),
+        # runs of elementwise nodes (a backend may chain them into one kernel)
+        simple("eltwise_run_bias_gelu", "gelu", TRANSC, lambda b, r, i: b.mul(b.gelu(b.scale(b.add(
+            _in(b, i, "x", f32(r, 3, 5, 7)), _in(b, i, "bias", f32(r, 7))), scale=0.5, bias=0.1)), _in(b, i, "y", f32(r, 3, 5, 7)))),
+        simple("eltwise_run_lstm_cell", "tanh", TRANSC, _lstm_cell_tail),
     ]
+
+
+def _lstm_cell_tail(b, r, i):
+    """An LSTM cell after its gate matmul: slices of one gate tensor, then the cell update."""
+    g, c = _in(b, i, "g", f32(r, 2, 20)), _in(b, i, "c", f32(r, 2, 5))
+    sig = b.sigmoid(b.slice(g, axis=1, start=0, stop=15))
+    gg = b.tanh(b.slice(g, axis=1, start=15, stop=20))
+    ig, fg, og = (b.slice(sig, axis=1, start=k * 5, stop=(k + 1) * 5) for k in range(3))
+    return b.mul(og, b.tanh(b.add(b.mul(fg, c), b.mul(ig, gg))))
 
 
 CASES = _cases()
