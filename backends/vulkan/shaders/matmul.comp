@@ -59,10 +59,11 @@ uint KS;
 int cstride, cpad, cdil;
 uint Lout;
 int Lin;
-uint cn;
-bool cn_ok;
-int cxbase;
-int cpos0;
+const uint CPT = (BN + WG - 1u) / WG;  // conv columns per invocation (WG < BN)
+const uint KST = (WG + BN - 1u) / BN;  // conv k step per invocation (WG >= BN)
+bool cok[CPT];
+int cxb[CPT];
+int cp0[CPT];
 uint ck, cq, cci;
 
 void setup() {
@@ -88,11 +89,13 @@ void setup() {
     Lout = to.ne[3];
     Lin = int(tb.ne[3]);
 
-    // incremental im2col state of this invocation's column (CONV with WG a multiple of BN)
-    cn = n0 + lid % BN;
-    cn_ok = CONV && cn < N;
-    cxbase = int(tb.off) + (cn_ok ? int(cn / Lout) * tb.nb[1] : 0);
-    cpos0 = cn_ok ? int(cn % Lout) * cstride - cpad : 0;
+    // incremental im2col state of this invocation's columns (CONV, WG a multiple or divisor of BN)
+    for (uint j = 0u; j < CPT; j++) {
+        uint cn = n0 + lid % BN + j * WG;
+        cok[j] = CONV && cn < N;
+        cxb[j] = int(tb.off) + (cok[j] ? int(cn / Lout) * tb.nb[1] : 0);
+        cp0[j] = cok[j] ? int(cn % Lout) * cstride - cpad : 0;
+    }
     ck = lid / BN;
     cq = ck % KS;
     cci = ck / KS;
@@ -142,17 +145,20 @@ void tile(const uint tr, const uint tc) {
                 uint s = 4u * kv * SB + c;
                 Bs[s] = v.x; Bs[s + SB] = v.y; Bs[s + 2u * SB] = v.z; Bs[s + 3u * SB] = v.w;
             }
-        } else if (CONV && WG % BN == 0u) {
-            // each invocation keeps one column n (its batch and position decoded once) and
-            // walks k = (channel, tap) incrementally: no integer division per element
-            for (uint kk = lid / BN; kk < BK; kk += WG / BN) {
-                float v = 0.0;
-                if (cn_ok && ck < K) {
-                    int pos = cpos0 + int(cq) * cdil;
-                    if (pos >= 0 && pos < Lin) v = LOADF(b, DT1, uint(cxbase + int(cci) * tb.nb[2] + pos * tb.nb[3]));
+        } else if (CONV && (WG % BN == 0u || BN % WG == 0u)) {
+            // each invocation keeps CPT columns n (batch and position decoded once, in setup)
+            // and walks k = (channel, tap) incrementally: no integer division per element
+            for (uint kk = lid / BN; kk < BK; kk += KST) {
+                bool kin = ck < K;
+                [[unroll]] for (uint j = 0u; j < CPT; j++) {
+                    float v = 0.0;
+                    if (cok[j] && kin) {
+                        int pos = cp0[j] + int(cq) * cdil;
+                        if (pos >= 0 && pos < Lin) v = LOADF(b, DT1, uint(cxb[j] + int(cci) * tb.nb[2] + pos * tb.nb[3]));
+                    }
+                    Bs[kk * SB + lid % BN + j * WG] = v;
                 }
-                Bs[kk * SB + lid % BN] = v;
-                ck += WG / BN; cq += WG / BN;
+                ck += KST; cq += KST;
                 while (cq >= KS) { cq -= KS; cci++; }
             }
         } else if (CONV) {
