@@ -84,6 +84,27 @@ def test_variant_matches_reference(dev, op, variant):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("profile", ["cpu", "gpu"])
+def test_mul_mat_id_with_many_pairs_runs_tiled_per_expert(profile):
+    """33 tokens x 2 slots over 4 experts: the tiled kernel (z = expert), including an
+    expert nobody routes to and ids out of range (clamped), on both profiles' tiles."""
+    ids = RNG.integers(0, 3, (33, 2)).astype(np.int32)
+    ids[0, 0], ids[1, 1] = 7, -2  # clamped to the last / first expert; expert 3 otherwise unused
+    inputs = {"w": f32(4, 67, 20), "x": f32(33, 20), "ids": ids}
+    b = GraphBuilder()
+    b.output("out", b.mul_mat_id(b.input("w", (4, 67, 20)), b.input("x", (33, 20)), b.input("ids", (33, 2), "i32")))
+    graph = b.build()
+    want = np.einsum("tsnk,tk->tsn", inputs["w"].astype(np.float64)[np.clip(ids, 0, 3)], inputs["x"].astype(np.float64))
+    (device,) = VulkanBackend.open_devices({"kernel_profile": profile})
+    try:
+        with HandBound(device, graph, gap=1) as hb:
+            got = hb.run(inputs)["out"]
+            assert [d.shader for d in hb.split.dispatches] == ["matmul"]
+    finally:
+        device.close()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_unknown_or_unrunnable_variant_falls_back_to_the_default(dev):
     big = variants.Tile(4096, 64, 64, 16, 1, 1)
     assert not variants.fits(big, dev.info)

@@ -247,6 +247,7 @@ def _pad(node, program, device):
                      elementwise_grid(_numel(out.shape), device), writes=[2])]
 
 
+MMID_TILED_MIN_PAIRS = 32  # mul_mat_id with at least this many (token, slot) pairs runs tiled, per expert
 MATVEC_MAX_ROWS = 4  # at most this many rows on one side: the matvec kernel, not a tile
 
 
@@ -292,27 +293,33 @@ def _check_grid(groups: tuple[int, int, int], device: Any) -> None:
 
 
 def _tiled(name: str, ta: TensorArg, tb: TensorArg, to: TensorArg, program: SplitProgram, device: Any, op: str, *,
-           conv: list[int] | None = None) -> Dispatch:
+           conv: list[int] | None = None, ids: TensorArg | None = None) -> Dispatch:
     """matmul.comp with the tile the tuning (or the device default) names; matmul_generic.comp
     when no tile fits the device."""
     M = ta.shape[2]
     if conv is not None:
         N, batch = to.shape[1] * to.shape[3], 1
         mode = (1 if _vec_ok(ta, 3) else 0) | 4
+    elif ids is not None:  # columns: every (token, slot) pair could go to one expert; batches: experts
+        N, batch = tb.shape[1] * tb.shape[2], ta.shape[1]
+        mode = (1 if _vec_ok(ta, 3) else 0) | (2 if _vec_ok(tb, 3) else 0) | 8
     else:
         N, batch = to.shape[3], to.shape[0] * to.shape[1]
         mode = (1 if _vec_ok(ta, 3) else 0) | (2 if _vec_ok(tb, 2) else 0)
-    tile = variants.pick(op, program.tuning, device, shape=(M, N))
-    dts = (ta.binding.dtype, tb.binding.dtype, to.binding.dtype)
+    tile = variants.pick("matmul" if ids is not None else op, {} if ids is not None else program.tuning, device,
+                         shape=(M, N))
+    dts = (ta.binding.dtype, tb.binding.dtype, to.binding.dtype) + ((ids.binding.dtype,) if ids is not None else ())
     if not variants.fits(tile, device.info):
-        if conv is not None:
+        if conv is not None or ids is not None:
             raise Unsupported("no matmul tile fits this device")
         groups = (-(-N // 16), -(-M // 16), batch)
         _check_grid(groups, device)
         return Dispatch(name, "matmul_generic", _spec(0, *dts), [ta, tb, to], [], groups, writes=[2])
+    ti = ids if ids is not None else ta  # binding 4 is read only with IDS
     groups = (-(-N // tile.bn), -(-M // tile.bm), batch)
     _check_grid(groups, device)
-    return Dispatch(name, "matmul", _spec(mode, *dts) + tile.spec(), [ta, tb, to], list(conv or []), groups, writes=[2])
+    return Dispatch(name, "matmul", _spec(mode, *dts) + tile.spec(), [ta, tb, to, ti], list(conv or []), groups,
+                    writes=[2])
 
 
 @lowering("matmul")
@@ -467,6 +474,11 @@ def _mul_mat_id(node, program, device):
         tx = arg(x, (1, T, k, K), (0, x.strides[0], 0, x.strides[1]))
     else:
         tx = arg(x, (1, T, k, K), (0,) + tuple(x.strides))
+    if T * k >= MMID_TILED_MIN_PAIRS:  # many routed rows: experts' weights staged once per tile of rows
+        try:
+            return [_tiled(node.name, arg4(w), tx, arg4(out), program, device, "mul_mat_id", ids=arg4(ids))]
+        except Unsupported:
+            pass
     return [_matvec(node.name, tx, arg4(w), arg4(out), arg4(ids), program, device, "mul_mat_id")]
 
 
@@ -499,7 +511,7 @@ def supports(node: Tensor, device: Any) -> bool:
     for t in (node, *node.srcs):
         if t.size >= MAX_ELEMENTS or (t.dtype == "i64" and t.size >= MAX_ELEMENTS // 2):
             return False
-    n_buffers = {"mul_mat_id": 4, "matmul": 4, "reduce": 2, "top_k": 2}.get(node.op, 3)
+    n_buffers = {"mul_mat_id": 4, "matmul": 4, "conv1d": 4, "reduce": 2, "top_k": 2}.get(node.op, 3)
     if n_buffers + 1 > device.info.max_storage_buffers_per_stage:
         return False
     if node.op == "rope" and node.srcs[0].shape[-1] % 2:

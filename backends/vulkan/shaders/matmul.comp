@@ -13,12 +13,16 @@
 // chosen on the host as a tuning variant) and MODE bits for the layout:
 //   1  A_VEC: a is contiguous along k with 4-aligned row starts -> 4-element loads
 //   2  B_VEC: b is contiguous along k (a transposed weight)      -> 4-element loads
+//   8  IDS: mul_mat_id. The z grid is the expert e; a is w [1, E, N, K] (rows n are M here),
+//             the columns are the (token, slot) pairs routed to e (ids [1, 1, T, k], binding 4,
+//             clamped into range), found by one scan per workgroup in pair order; b is x
+//             [1, T, k, K] and out [1, T, k, N]. Workgroups past the expert's pair count exit.
 //   4  CONV:  b is the implicit im2col of conv1d's input x [1, B, Cin, Lin] (params:
 //             kernel size, stride, padding, dilation); a is the weight [1, 1, Cout, Cin*KS];
 //             n runs over (batch, output position) and out is [1, B, Cout, Lout].
 // Anything else is a plain strided load, so batched, broadcast (stride 0) and transposed
 // operands all work; batches are the z grid.
-#define NT 3u
+#define NT 4u
 layout(local_size_x_id = 5) in;
 layout(std430, set = 0, binding = 1) readonly buffer BufA { uint a[]; };
 layout(std430, set = 0, binding = 1) readonly buffer BufA2 { uvec2 a2[]; };
@@ -27,6 +31,7 @@ layout(std430, set = 0, binding = 2) readonly buffer BufB { uint b[]; };
 layout(std430, set = 0, binding = 2) readonly buffer BufB2 { uvec2 b2[]; };
 layout(std430, set = 0, binding = 2) readonly buffer BufB4 { uvec4 b4[]; };
 layout(std430, set = 0, binding = 3) buffer BufO { uint o[]; };
+layout(std430, set = 0, binding = 4) readonly buffer BufI { uint ids[]; };  // IDS only (else a bound again)
 #include "common.glsl"
 
 layout(constant_id = 5) const uint WG = 64;
@@ -39,14 +44,17 @@ layout(constant_id = 10) const uint TN = 4;
 const bool A_VEC = (MODE & 1u) != 0u;
 const bool B_VEC = (MODE & 2u) != 0u;
 const bool CONV = (MODE & 4u) != 0u;
+const bool IDS = (MODE & 8u) != 0u;
 const uint SA = BM + 1u;  // shared row pitches
 const uint SB = BN + 1u;
 
 shared float As[BK * SA];
 shared float Bs[BK * SB];
+shared uint pair_id[IDS ? BN : 1u];  // IDS: the (token, slot) pairs of this tile's columns
+shared uint pair_count;
 
 // per-dispatch values, set once by main()
-Tensor ta, tb, to;
+Tensor ta, tb, to, ti;
 uint M, K;
 uint N;
 uint lid;
@@ -70,13 +78,14 @@ void setup() {
     ta = tensor_desc(0u);  // [B0, B1, M, K]
     tb = tensor_desc(1u);  // [B0, B1, K, N], or x [1, B, Cin, Lin] (CONV)
     to = tensor_desc(2u);  // [B0, B1, M, N], or [1, B, Cout, Lout] (CONV)
+    ti = tensor_desc(3u);  // ids [1, 1, T, k] (IDS)
     M = ta.ne[2];
     K = ta.ne[3];
     N = CONV ? to.ne[1] * to.ne[3] : to.ne[3];
     lid = gl_LocalInvocationID.x;
     z = gl_WorkGroupID.z;
-    b0 = CONV ? 0u : z / to.ne[1];
-    b1 = CONV ? 0u : z % to.ne[1];
+    b0 = (CONV || IDS) ? 0u : z / to.ne[1];
+    b1 = CONV ? 0u : IDS ? z : z % to.ne[1];
     abase = int(ta.off) + int(b0) * ta.nb[0] + int(b1) * ta.nb[1];
     bbase = int(tb.off) + int(b0) * tb.nb[0] + int(b1) * tb.nb[1];
     m0 = gl_WorkGroupID.y * BM;
@@ -101,9 +110,31 @@ void setup() {
     cci = ck / KS;
 }
 
+// element offset of column n (tile column c) of b at k = 0
+int col_base(uint c, uint n) {
+    if (IDS) { uint p = pair_id[c]; return int(tb.off) + int(p / to.ne[2]) * tb.nb[1] + int(p % to.ne[2]) * tb.nb[2]; }
+    return bbase + int(n) * tb.nb[3];
+}
+
 // the K loop and the stores for the invocation at (tr, tc) of the RT x CT grid
 void tile(const uint tr, const uint tc) {
     const uint CT = BN / TN, RT = BM / TM;
+    if (IDS) {  // the pairs routed to expert z, in pair order; this tile's share in pair_id
+        if (lid == 0u) {
+            uint kk = to.ne[2], cnt = 0u;
+            int E = int(ta.ne[1]);
+            for (uint p = 0u; p < to.ne[1] * kk; p++) {
+                if (uint(clamp(LOADI(ids, DT3, offset_at(ti, uvec4(0u, 0u, p / kk, p % kk))), 0, E - 1)) == z) {
+                    if (cnt >= n0 && cnt < n0 + BN) pair_id[cnt - n0] = p;
+                    cnt++;
+                }
+            }
+            pair_count = cnt;
+        }
+        barrier();
+        N = pair_count;
+        if (n0 >= N) return;  // uniform: the whole workgroup leaves
+    }
     float acc[TM * TN];
     [[unroll]] for (uint i = 0u; i < TM * TN; i++) acc[i] = 0.0;
 
@@ -138,7 +169,7 @@ void tile(const uint tr, const uint tc) {
                 uint n = n0 + c, k = k0 + 4u * kv;
                 vec4 v = vec4(0.0);
                 if (n < N && k < K) {
-                    uint e = uint(bbase + int(n) * tb.nb[3] + int(k));
+                    uint e = uint(col_base(c, n) + int(k));
                     if (DT1 == DT_F16) { uvec2 w = b2[e >> 2]; v = vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y)); }
                     else v = uintBitsToFloat(b4[e >> 2]);
                 }
@@ -177,7 +208,7 @@ void tile(const uint tr, const uint tc) {
             for (uint idx = lid; idx < BN * BK; idx += WG) {
                 uint kk = idx / BN, c = idx % BN;
                 uint n = n0 + c, k = k0 + kk;
-                Bs[kk * SB + c] = (n < N && k < K) ? LOADF(b, DT1, uint(bbase + int(k) * tb.nb[2] + int(n) * tb.nb[3])) : 0.0;
+                Bs[kk * SB + c] = (n < N && k < K) ? LOADF(b, DT1, uint(col_base(c, n) + int(k) * (IDS ? tb.nb[3] : tb.nb[2]))) : 0.0;
             }
         }
         barrier();
@@ -201,6 +232,7 @@ void tile(const uint tr, const uint tc) {
             if (n >= N) continue;
             uint oe;
             if (CONV) oe = offset_at(to, uvec4(0u, n / Lout, m, n % Lout));
+            else if (IDS) { uint p = pair_id[n - n0]; oe = offset_at(to, uvec4(0u, p / to.ne[2], p % to.ne[2], m)); }
             else oe = offset_at(to, uvec4(b0, b1, m, n));
             STOREF(o, DT2, oe, acc[i * TN + j])
         }

@@ -177,6 +177,13 @@ def _gpu_kernel_cases() -> list[Case]:
         simple("mul_mat_id_vec", "mul_mat_id", ACCUM, lambda b, r, i: b.mul_mat_id(
             b.weight("w", f32(r, 4, 9, 16)), _in(b, i, "x", f32(r, 3, 16)),
             _in(b, i, "ids", np.array([[0, 3], [2, 2], [1, 0]], np.int32)))),
+        # enough routed (token, slot) pairs for the tiled, per-expert kernel; odd sizes
+        simple("mul_mat_id_many_tokens", "mul_mat_id", ACCUM, lambda b, r, i: b.mul_mat_id(
+            b.weight("w", f32(r, 5, 70, 24)), _in(b, i, "x", f32(r, 37, 24)),
+            _in(b, i, "ids", r.integers(0, 5, (37, 2)).astype(np.int32)))),
+        simple("mul_mat_id_many_tokens_per_slot_f16", "mul_mat_id", ACCUM, lambda b, r, i: b.mul_mat_id(
+            b.weight("w", f32(r, 3, 9, 13).astype(np.float16)), _in(b, i, "x", f32(r, 17, 2, 13)),
+            _in(b, i, "ids", r.integers(0, 3, (17, 2)).astype(np.int32)))),
         # rows longer than any workgroup and of odd length: every invocation loops, partial subgroups
         simple("softmax_long_mask", "softmax", ACCUM, lambda b, r, i: b.softmax(
             _in(b, i, "x", f32(r, 3, 301)), _in(b, i, "m", np.where(r.random((1, 301)) < 0.2, -1e9, 0.0).astype(np.float32)),
