@@ -192,9 +192,15 @@ def _view(node: Tensor, program: SplitProgram, device: Any) -> list[Dispatch]:
 def _binary(node, program, device):
     a, b = (_b(program, s) for s in node.srcs)
     out = _b(program, node)
-    return [Dispatch(node.name, "eltwise", _spec(BINARY[node.op], a.dtype, b.dtype, out.dtype),
-                     [broadcast_to(a, out.shape), broadcast_to(b, out.shape), arg(out)], [],
-                     elementwise_grid(_numel(out.shape), device), writes=[2])]
+    ta, tb = broadcast_to(a, out.shape), broadcast_to(b, out.shape)
+    return [Dispatch(node.name, "eltwise", _spec(BINARY[node.op], a.dtype, b.dtype, out.dtype) + (_flat(out, ta, tb),),
+                     [ta, tb, arg(out)], [], elementwise_grid(_numel(out.shape), device), writes=[2])]
+
+
+def _flat(out: Binding, *srcs: TensorArg) -> int:
+    """eltwise.comp's FLAT bits: which sources are laid out exactly like the (contiguous) output."""
+    strides = contiguous_strides(tuple(out.shape))
+    return sum(1 << i for i, t in enumerate(srcs) if tuple(t.strides) == strides or _numel(out.shape) <= 1)
 
 
 @lowering("scale", *UNARY)
@@ -206,8 +212,8 @@ def _unary(node, program, device):
     else:
         mode, params = UNARY[node.op], []
     ta = broadcast_to(a, out.shape)
-    return [Dispatch(node.name, "eltwise", _spec(mode, a.dtype, a.dtype, out.dtype), [ta, ta, arg(out)], params,
-                     elementwise_grid(_numel(out.shape), device), writes=[2])]
+    return [Dispatch(node.name, "eltwise", _spec(mode, a.dtype, a.dtype, out.dtype) + (_flat(out, ta, ta),),
+                     [ta, ta, arg(out)], params, elementwise_grid(_numel(out.shape), device), writes=[2])]
 
 
 @lowering("contiguous", "cast")
