@@ -197,6 +197,7 @@ def test_rebind_points_the_capture_at_new_memory(dev):
     try:
         want = first.run({"x": x})["y"]
         split = first.split
+        assert [d.shader for d in split.dispatches][1:] == ["eltwise_chain", "rownorm"]  # rebind re-points a chain too
         objects = dev.live_objects()
         second.write_leaves({"x": x})
         assert split.rebind(SplitProgram(dev, graph.nodes, second.bindings))

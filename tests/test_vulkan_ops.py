@@ -373,7 +373,7 @@ def test_chain_of_fifty_nodes_with_barriers_only_where_needed(dev):
         q = np.tanh(h @ w)
         h = 0.5 * q + q * q
     check(got, h, (1e-3, 1e-4))  # ten layers compound the per-layer 1e-4
-    assert stats["dispatches"] == 50
+    assert stats["dispatches"] == 20  # per block: the matmul, then tanh/scale/sqr/add chained (fusion.py)
     assert stats["barriers"] < stats["dispatches"]
 
 

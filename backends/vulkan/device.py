@@ -3,6 +3,8 @@
 Config keys (from `open_devices(config)`; environment variables in brackets):
 - `force_staging` [FLARE_VULKAN_FORCE_STAGING=1]: never map device buffers; move bytes
   through staging buffers and vkCmdCopyBuffer, as on a discrete GPU (`host_view` is None).
+- `kernel_profile` [FLARE_VULKAN_KERNEL_PROFILE=cpu|gpu]: which default kernel variants
+  (workgroup and tile sizes, see variants.py) to use; by device type when unset.
 - `max_buffer_size`: lower the largest single buffer below the device's limit (tests).
 - `device` [FLARE_VULKAN_DEVICE], `all_devices`: which devices open (see loader.select).
 """
@@ -23,12 +25,13 @@ from flare.errors import AllocationError, BackendUnavailable, FlareError, Releas
 from flare.graph import Tensor
 from flare.ledger import LEDGER
 
-from . import kernels
+from . import kernels, variants
 from .loader import Instance, PhysicalDeviceInfo
 from .memory import Allocation, Memory, MemoryTypes
 from .pipelines import PipelineCache
 
 ENV_FORCE_STAGING = "FLARE_VULKAN_FORCE_STAGING"
+ENV_KERNEL_PROFILE = "FLARE_VULKAN_KERNEL_PROFILE"
 # objects whose life follows buffers and prepared splits (back to baseline after release)
 LIVE_KEYS = ("buffers", "memories", "descriptor_pools", "command_pools", "command_buffers", "fences")
 # the device-lifetime cache: grows on first use of a kernel, freed by close()
@@ -64,6 +67,7 @@ class VulkanDevice(Device):
         else:
             force = _truthy(os.environ.get(ENV_FORCE_STAGING, "0"), ENV_FORCE_STAGING)
         self.force_staging = force
+        self.kernel_profile = variants.profile_of(info, config.get("kernel_profile") or os.environ.get(ENV_KERNEL_PROFILE))
         limit = min(info.max_memory_allocation_size, info.max_storage_buffer_range)
         if config.get("max_buffer_size"):
             limit = min(limit, int(config["max_buffer_size"]))
@@ -234,6 +238,16 @@ class VulkanDevice(Device):
     def supports(self, node: Tensor) -> bool:
         return kernels.supports(node, self)
 
+    def kernel_variants(self, op: str) -> tuple[str, ...]:
+        """Workgroup / tile variants of `op` that fit this device, this device's default first
+        (variants.py); an exporter times them and `SplitProgram.tuning[op]` selects one."""
+        names = variants.names(op)
+        if not names:
+            return ()
+        first = variants.default(op, self)
+        table = variants.TABLES[op]
+        return (first, *(n for n in names if n != first and variants.fits(table[n], self.info)))
+
     def compile(self, program: SplitProgram) -> PreparedSplit:
         from .split import VulkanPreparedSplit
 
@@ -285,7 +299,8 @@ class VulkanDevice(Device):
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out.update(device=self.info.name, type=self.info.type_name, subgroup_size=self.info.subgroup_size,
-                   mapped=self.mapped, force_staging=self.force_staging, cache=self.cache_objects())
+                   mapped=self.mapped, force_staging=self.force_staging,
+                   kernel_profile=self.kernel_profile, cache=self.cache_objects())
         return out
 
     # -- teardown --------------------------------------------------------------------------

@@ -22,6 +22,8 @@ import numpy as np
 from flare.backend import Binding, SplitProgram
 from flare.graph import Tensor, contiguous_strides
 
+from . import variants
+
 DT = {"f32": 0, "f16": 1, "i32": 2, "i64": 3}
 FLOAT_IN = ("f32", "f16", "i32")  # dtypes a float-computing shader may read
 INDEX = ("i32", "i64")
@@ -30,8 +32,10 @@ VIEW_OPS = ("reshape", "permute", "transpose", "slice")
 UNARY = {"relu": 11, "gelu": 12, "silu": 13, "sigmoid": 14, "tanh": 15, "exp": 16, "sqrt": 17, "neg": 18, "sqr": 19}
 BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3}
 REDUCE = {"sum": 0, "mean": 1, "max": 2, "argmax": 3}
+ROW_OPS = ("layer_norm", "rms_norm", "softmax", "top_k", *REDUCE)  # one workgroup per row (wg_reduce.glsl)
 ELT_WG = 256
 MAX_ELEMENTS = 1 << 31
+SUBGROUP_ARITHMETIC = 0x4  # VK_SUBGROUP_FEATURE_ARITHMETIC_BIT: matvec and row reductions need it
 
 
 def f32_bits(value: float) -> int:
@@ -79,6 +83,11 @@ class Dispatch:
     params: list[int]
     groups: tuple[int, int, int]
     writes: list[int] = field(default_factory=list)  # indices into args that the shader writes
+    buffers: list[Any] | None = None  # bindings 1..n when not one per arg (eltwise_chain)
+
+    def bound(self) -> list[Any]:
+        """The flare Buffers bound to bindings 1..n."""
+        return self.buffers if self.buffers is not None else [a.binding.buffer for a in self.args]
 
     def meta_words(self) -> list[int]:
         out: list[int] = []
@@ -103,6 +112,12 @@ def elem_offset(b: Binding) -> int:
 def arg(b: Binding, shape: Sequence[int] | None = None, strides: Sequence[int] | None = None, extra: int = 0) -> TensorArg:
     return TensorArg(b, tuple(b.shape if shape is None else shape), tuple(b.strides if strides is None else strides),
                      elem_offset(b) + extra)
+
+
+def arg4(b: Binding) -> TensorArg:
+    """`b` as the shader sees it: right-aligned to rank 4 (leading dims 1, stride 0)."""
+    pad = 4 - len(b.shape)
+    return arg(b, (1,) * pad + tuple(b.shape), (0,) * pad + tuple(b.strides))
 
 
 def broadcast_to(b: Binding, shape: Sequence[int]) -> TensorArg:
@@ -177,9 +192,15 @@ def _view(node: Tensor, program: SplitProgram, device: Any) -> list[Dispatch]:
 def _binary(node, program, device):
     a, b = (_b(program, s) for s in node.srcs)
     out = _b(program, node)
-    return [Dispatch(node.name, "eltwise", _spec(BINARY[node.op], a.dtype, b.dtype, out.dtype),
-                     [broadcast_to(a, out.shape), broadcast_to(b, out.shape), arg(out)], [],
-                     elementwise_grid(_numel(out.shape), device), writes=[2])]
+    ta, tb = broadcast_to(a, out.shape), broadcast_to(b, out.shape)
+    return [Dispatch(node.name, "eltwise", _spec(BINARY[node.op], a.dtype, b.dtype, out.dtype) + (_flat(out, ta, tb),),
+                     [ta, tb, arg(out)], [], elementwise_grid(_numel(out.shape), device), writes=[2])]
+
+
+def _flat(out: Binding, *srcs: TensorArg) -> int:
+    """eltwise.comp's FLAT bits: which sources are laid out exactly like the (contiguous) output."""
+    strides = contiguous_strides(tuple(out.shape))
+    return sum(1 << i for i, t in enumerate(srcs) if tuple(t.strides) == strides or _numel(out.shape) <= 1)
 
 
 @lowering("scale", *UNARY)
@@ -191,8 +212,8 @@ def _unary(node, program, device):
     else:
         mode, params = UNARY[node.op], []
     ta = broadcast_to(a, out.shape)
-    return [Dispatch(node.name, "eltwise", _spec(mode, a.dtype, a.dtype, out.dtype), [ta, ta, arg(out)], params,
-                     elementwise_grid(_numel(out.shape), device), writes=[2])]
+    return [Dispatch(node.name, "eltwise", _spec(mode, a.dtype, a.dtype, out.dtype) + (_flat(out, ta, ta),),
+                     [ta, ta, arg(out)], params, elementwise_grid(_numel(out.shape), device), writes=[2])]
 
 
 @lowering("contiguous", "cast")
@@ -232,6 +253,81 @@ def _pad(node, program, device):
                      elementwise_grid(_numel(out.shape), device), writes=[2])]
 
 
+MMID_TILED_MIN_PAIRS = 32  # mul_mat_id with at least this many (token, slot) pairs runs tiled, per expert
+MATVEC_MAX_ROWS = 4  # at most this many rows on one side: the matvec kernel, not a tile
+
+
+def _vec_ok(t: TensorArg, k_axis: int) -> bool:
+    """4-element loads along `k_axis` of a [B0, B1, R, K]-shaped descriptor: f32/f16, unit
+    stride along k, K a multiple of 4 and every other start 4-aligned (so loads never straddle)."""
+    if t.binding.dtype not in ("f32", "f16") or t.strides[k_axis] != 1 or t.shape[k_axis] % 4:
+        return False
+    return t.elem_offset % 4 == 0 and all(s % 4 == 0 for i, s in enumerate(t.strides) if i != k_axis)
+
+
+def _rows_view(t: TensorArg, rows_axis: int, k_axis: int) -> TensorArg:
+    """The [B0, B1, rows, K] view of a [B0, B1, *, *] descriptor."""
+    order = (0, 1, rows_axis, k_axis)
+    return TensorArg(t.binding, tuple(t.shape[i] for i in order), tuple(t.strides[i] for i in order), t.elem_offset)
+
+
+def _stacks_rows(ta: TensorArg, tb: TensorArg) -> bool:
+    """b is shared by every batch (stride 0) and a's batches are rows stacked at a's row stride."""
+    (b0, b1, m, _), (s0, s1, rs, _) = ta.shape, ta.strides
+    if b0 * b1 == 1 or any(s for d, s in zip(tb.shape[:2], tb.strides[:2]) if d > 1):
+        return False
+    return (b1 == 1 or s1 == m * rs) and (b0 == 1 or s0 == b1 * m * rs)
+
+
+def _matvec(name: str, x: TensorArg, y: TensorArg, out: TensorArg, ids: TensorArg | None, program: SplitProgram,
+            device: Any, op: str) -> Dispatch:
+    """out[b, i, j] = sum_k x[b, i, k] * y[b, j, k] (or y = w[ids[i]] with ids)."""
+    rows = variants.pick(op, program.tuning, device, family="matvec")
+    mode = (1 if _vec_ok(x, 3) else 0) | (2 if _vec_ok(y, 3) else 0) | (4 if ids is not None else 0)
+    I = x.shape[1] * x.shape[2] if ids is not None else x.shape[2]
+    J = out.shape[3]
+    batch = 1 if ids is not None else out.shape[0] * out.shape[1]
+    groups = (-(-J // rows.nr), I, batch)
+    _check_grid(groups, device)
+    dts = (x.binding.dtype, y.binding.dtype, (ids or x).binding.dtype, out.binding.dtype)
+    return Dispatch(name, "matvec", _spec(mode, *dts) + rows.spec(), [x, y, ids or x, out], [], groups, writes=[3])
+
+
+def _check_grid(groups: tuple[int, int, int], device: Any) -> None:
+    if any(g > m for g, m in zip(groups, device.info.max_workgroup_count)):
+        raise Unsupported(f"grid {groups} exceeds the device's {device.info.max_workgroup_count}")
+
+
+def _tiled(name: str, ta: TensorArg, tb: TensorArg, to: TensorArg, program: SplitProgram, device: Any, op: str, *,
+           conv: list[int] | None = None, ids: TensorArg | None = None) -> Dispatch:
+    """matmul.comp with the tile the tuning (or the device default) names; matmul_generic.comp
+    when no tile fits the device."""
+    M = ta.shape[2]
+    if conv is not None:
+        N, batch = to.shape[1] * to.shape[3], 1
+        mode = (1 if _vec_ok(ta, 3) else 0) | 4
+    elif ids is not None:  # columns: every (token, slot) pair could go to one expert; batches: experts
+        N, batch = tb.shape[1] * tb.shape[2], ta.shape[1]
+        mode = (1 if _vec_ok(ta, 3) else 0) | (2 if _vec_ok(tb, 3) else 0) | 8
+    else:
+        N, batch = to.shape[3], to.shape[0] * to.shape[1]
+        mode = (1 if _vec_ok(ta, 3) else 0) | (2 if _vec_ok(tb, 2) else 0)
+    tile = variants.pick("matmul" if ids is not None else op, {} if ids is not None else program.tuning, device,
+                         shape=(M, N))
+    dts = (ta.binding.dtype, tb.binding.dtype, to.binding.dtype) + ((ids.binding.dtype,) if ids is not None else ())
+    if not variants.fits(tile, device.info):
+        if conv is not None or ids is not None:
+            raise Unsupported("no matmul tile fits this device")
+        groups = (-(-N // 16), -(-M // 16), batch)
+        _check_grid(groups, device)
+        return Dispatch(name, "matmul_generic", _spec(0, *dts), [ta, tb, to], [], groups, writes=[2])
+    ti = ids if ids is not None else ta  # binding 4 is read only with IDS
+    groups = (-(-N // tile.bn), -(-M // tile.bm), batch)
+    _check_grid(groups, device)
+    return Dispatch(name, "matmul", _spec(mode, *dts) + tile.spec(), [ta, tb, to, ti], list(conv or []), groups,
+                    writes=[2])
+
+
 @lowering("matmul")
 def _matmul(node, program, device):
     a, b = (_b(program, s) for s in node.srcs)
@@ -252,12 +348,23 @@ def _matmul(node, program, device):
         tb = batched(b, K, N, b.strides[-1], b.strides[-2])
     else:
         tb = batched(b, K, N, b.strides[-2], b.strides[-1])
-    to = arg(out, batch + (M, N), contiguous_strides(batch + (M, N)))
-    max_x, max_y, max_z = device.info.max_workgroup_count
-    gx, gy, gz = -(-N // 16), -(-M // 16), batch[0] * batch[1]
-    if gx > max_x or gy > max_y or gz > max_z:
-        raise Unsupported(f"matmul grid {gx}x{gy}x{gz} exceeds the device's")
-    return [Dispatch(node.name, "matmul", _spec(0, a.dtype, b.dtype, out.dtype), [ta, tb, to], [], (gx, gy, gz), writes=[2])]
+    ostrides = contiguous_strides(batch + (M, N))
+    to = arg(out, batch + (M, N), ostrides)
+    stacked_rows = batch[0] * batch[1] * M
+    if _stacks_rows(ta, tb) and -(-stacked_rows // 16) <= device.info.max_workgroup_count[1]:
+        # a linear layer over a batch: one [B*M, K] x [K, N] product fills tiles better
+        rows = stacked_rows
+        ta = TensorArg(ta.binding, (1, 1, rows, K), (0, 0) + ta.strides[2:], ta.elem_offset)
+        tb = TensorArg(tb.binding, (1, 1, K, N), (0, 0) + tb.strides[2:], tb.elem_offset)
+        to = TensorArg(to.binding, (1, 1, rows, N), (0, 0, N, 1), to.elem_offset)
+        batch, M = (1, 1), rows
+        ostrides = (0, 0, N, 1)
+    if M <= MATVEC_MAX_ROWS and M <= N:   # few rows of a: rows of b^T as y
+        return [_matvec(node.name, ta, _rows_view(tb, 3, 2), to, None, program, device, "matmul")]
+    if N <= MATVEC_MAX_ROWS:              # few columns of b: swap, out^T[n, m] = b^T[n, :] . a[m, :]
+        to_t = arg(out, batch + (N, M), ostrides[:2] + (ostrides[3], ostrides[2]))
+        return [_matvec(node.name, _rows_view(tb, 3, 2), ta, to_t, None, program, device, "matmul")]
+    return [_tiled(node.name, ta, tb, to, program, device, "matmul")]
 
 
 @lowering("layer_norm", "rms_norm", "softmax")
@@ -278,8 +385,13 @@ def _rownorm(node, program, device):
         tm, mdt = tx, x.dtype
         params = [f32_bits(node.params.get("eps", 1e-5 if node.op == "layer_norm" else 1e-6))]
     rows = _numel(x.shape[:-1])
-    return [Dispatch(node.name, "rownorm", _spec(mode, x.dtype, mdt, out.dtype), [tx, tm, arg(out)], params,
-                     grid(rows, device), writes=[2])]
+    return [Dispatch(node.name, "rownorm", _spec(mode, x.dtype, mdt, out.dtype) + _rows(node, program, device),
+                     [tx, tm, arg(out)], params, grid(rows, device), writes=[2])]
+
+
+def _rows(node: Tensor, program: SplitProgram, device: Any) -> tuple[int, ...]:
+    """The workgroup size of a one-workgroup-per-row kernel (tuning or device default)."""
+    return (variants.pick(node.op, program.tuning, device).wg,)
 
 
 @lowering(*REDUCE)
@@ -292,8 +404,8 @@ def _reduce(node, program, device):
     shape = tuple(x.shape[i] for i in order)
     strides = tuple(x.strides[i] for i in order)
     rows = _numel(shape[:-1])
-    return [Dispatch(node.name, "reduce", _spec(REDUCE[node.op], x.dtype, out.dtype), [arg(x, shape, strides), arg(out)],
-                     [], grid(rows, device), writes=[1])]
+    return [Dispatch(node.name, "reduce", _spec(REDUCE[node.op], x.dtype, out.dtype) + _rows(node, program, device),
+                     [arg(x, shape, strides), arg(out)], [], grid(rows, device), writes=[1])]
 
 
 @lowering("top_k")
@@ -301,8 +413,8 @@ def _top_k(node, program, device):
     x = _b(program, node.srcs[0])
     out = _b(program, node)
     rows = _numel(x.shape[:-1])
-    return [Dispatch(node.name, "top_k", _spec(0, x.dtype, out.dtype), [arg(x), arg(out)], [int(node.params["k"])],
-                     grid(rows, device), writes=[1])]
+    return [Dispatch(node.name, "top_k", _spec(0, x.dtype, out.dtype) + _rows(node, program, device), [arg(x), arg(out)],
+                     [int(node.params["k"])], grid(rows, device), writes=[1])]
 
 
 @lowering("get_rows")
@@ -345,9 +457,17 @@ def _rope(node, program, device):
 def _conv1d(node, program, device):
     x, w = (_b(program, s) for s in node.srcs)
     out = _b(program, node)
-    params = [int(node.params.get("stride", 1)), int(node.params.get("padding", 0)), int(node.params.get("dilation", 1))]
-    return [Dispatch(node.name, "conv1d", _spec(0, x.dtype, w.dtype, out.dtype), [arg(x), arg(w), arg(out)], params,
-                     elementwise_grid(_numel(out.shape), device), writes=[2])]
+    stride, padding, dilation = (int(node.params.get(k, d)) for k, d in (("stride", 1), ("padding", 0), ("dilation", 1)))
+    cout, cin, ks = w.shape
+    if w.strides[1] == ks * w.strides[2]:  # (cin, k) folds into one K axis: an implicit-im2col matmul
+        ta = arg(w, (1, 1, cout, cin * ks), (0, 0, w.strides[0], w.strides[2]))
+        try:
+            return [_tiled(node.name, ta, arg4(x), arg4(out), program, device, "conv1d",
+                           conv=[ks, stride, padding, dilation])]
+        except Unsupported:
+            pass
+    return [Dispatch(node.name, "conv1d", _spec(0, x.dtype, w.dtype, out.dtype), [arg(x), arg(w), arg(out)],
+                     [stride, padding, dilation], elementwise_grid(_numel(out.shape), device), writes=[2])]
 
 
 @lowering("mul_mat_id")
@@ -357,11 +477,15 @@ def _mul_mat_id(node, program, device):
     T, k, N = out.shape
     K = w.shape[-1]
     if len(x.shape) == 2:
-        tx = arg(x, (T, k, K), (x.strides[0], 0, x.strides[1]))
+        tx = arg(x, (1, T, k, K), (0, x.strides[0], 0, x.strides[1]))
     else:
-        tx = arg(x)
-    return [Dispatch(node.name, "mul_mat_id", _spec(0, w.dtype, x.dtype, ids.dtype, out.dtype),
-                     [arg(w), tx, arg(ids), arg(out)], [], elementwise_grid(_numel(out.shape), device), writes=[3])]
+        tx = arg(x, (1, T, k, K), (0,) + tuple(x.strides))
+    if T * k >= MMID_TILED_MIN_PAIRS:  # many routed rows: experts' weights staged once per tile of rows
+        try:
+            return [_tiled(node.name, arg4(w), tx, arg4(out), program, device, "mul_mat_id", ids=arg4(ids))]
+        except Unsupported:
+            pass
+    return [_matvec(node.name, tx, arg4(w), arg4(out), arg4(ids), program, device, "mul_mat_id")]
 
 
 # -- supports -------------------------------------------------------------------------------
@@ -393,18 +517,24 @@ def supports(node: Tensor, device: Any) -> bool:
     for t in (node, *node.srcs):
         if t.size >= MAX_ELEMENTS or (t.dtype == "i64" and t.size >= MAX_ELEMENTS // 2):
             return False
-    n_buffers = {"mul_mat_id": 4, "reduce": 2, "top_k": 2}.get(node.op, 3)
+    n_buffers = {"mul_mat_id": 4, "matmul": 4, "conv1d": 4, "reduce": 2, "top_k": 2}.get(node.op, 3)
     if n_buffers + 1 > device.info.max_storage_buffers_per_stage:
         return False
     if node.op == "rope" and node.srcs[0].shape[-1] % 2:
         return False
     if node.op == "pad" and node.params.get("mode", "constant") not in ("constant", "reflect"):
         return False
-    if node.op == "matmul":
+    if node.op in ("matmul", "mul_mat_id"):
         out = node.shape
-        batch = _numel(out[:-2])
+        batch = _numel(out[:-2]) if node.op == "matmul" else 1
+        rows = out[-2] if node.op == "matmul" else out[0] * out[1]
         mx, my, mz = device.info.max_workgroup_count
-        if -(-out[-1] // 16) > mx or -(-out[-2] // 16) > my or batch > mz:
+        if -(-out[-1] // 16) > mx or rows > my or batch > mz:  # the smallest tile / one matvec row per group
+            return False
+    if not device.info.subgroup_ops & SUBGROUP_ARITHMETIC:  # matvec and row kernels reduce with subgroup ops
+        if node.op in ROW_OPS or node.op == "mul_mat_id":
+            return False
+        if node.op == "matmul" and min(node.shape[-2], node.shape[-1]) <= MATVEC_MAX_ROWS:
             return False
     return True
 

@@ -106,6 +106,8 @@ class PhysicalDeviceInfo:
     memory_heaps: list[tuple[int, int]]  # (size, flags)
     extensions: frozenset[str] = field(default_factory=frozenset)
     subgroup_size: int = 0
+    subgroup_ops: int = 0  # VkSubgroupFeatureFlags usable in compute shaders (0 before Vulkan 1.1)
+    max_workgroup_invocations: int = 128  # the spec's guaranteed minimum
 
     @property
     def flare_name(self) -> str:
@@ -187,6 +189,7 @@ def _describe(vk: ModuleType, index: int, handle: Any) -> PhysicalDeviceInfo:
     extensions = frozenset(e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(handle, None))
     max_alloc = 1 << 31
     subgroup = 0
+    subgroup_ops = 0
     api = int(props.apiVersion)
     api_version = (vk.VK_VERSION_MAJOR(api), vk.VK_VERSION_MINOR(api), vk.VK_VERSION_PATCH(api))
     if api_version >= (1, 1, 0):
@@ -196,6 +199,8 @@ def _describe(vk: ModuleType, index: int, handle: Any) -> PhysicalDeviceInfo:
         vk.vkGetPhysicalDeviceProperties2(handle, props2)
         max_alloc = int(maint3.maxMemoryAllocationSize)
         subgroup = int(sub.subgroupSize)
+        if int(sub.supportedStages) & vk.VK_SHADER_STAGE_COMPUTE_BIT:
+            subgroup_ops = int(sub.supportedOperations)
     return PhysicalDeviceInfo(
         index=index, handle=handle, name=str(props.deviceName), type_code=int(props.deviceType),
         api_version=api_version, compute_family=compute_family,
@@ -208,6 +213,7 @@ def _describe(vk: ModuleType, index: int, handle: Any) -> PhysicalDeviceInfo:
         max_storage_buffers_per_stage=int(limits.maxPerStageDescriptorStorageBuffers),
         non_coherent_atom_size=int(limits.nonCoherentAtomSize),
         memory_types=types, memory_heaps=heaps, extensions=extensions, subgroup_size=subgroup,
+        subgroup_ops=subgroup_ops, max_workgroup_invocations=int(limits.maxComputeWorkGroupInvocations),
     )
 
 

@@ -85,7 +85,9 @@ class Memory:
     def create(self, nbytes: int, *, staging: bool = False, free_hint: int = 0) -> Allocation:
         """A buffer of `nbytes` (device memory, or host-visible staging memory)."""
         vk = self.vk
-        nbytes = max(int(nbytes), 4)
+        # whole 4-byte words: shaders read f16 pairs as one uint, so a tensor with an odd
+        # number of halves at the end of its buffer must not make that read run past the end
+        nbytes = max(-(-int(nbytes) // 4) * 4, 4)
         info = vk.VkBufferCreateInfo(size=nbytes, usage=self.USAGE_BITS, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE)
         try:
             buffer = vk.vkCreateBuffer(self.device, info, None)

@@ -2,9 +2,10 @@
 
 Every Flare shader has the same interface (see shaders/common.glsl): binding 0 is the
 metadata buffer, bindings 1..n are whole data buffers, one push constant (the
-dispatch's first metadata word), and five specialization constants (MODE and the
-four dtypes). So a descriptor set layout depends only on the shader's binding count,
-and a pipeline on (shader, specialization constants). Pipelines are created on first
+dispatch's first metadata word), and specialization constants 0..4 (MODE and the four
+dtypes), followed by the shader's own (workgroup and tile sizes, ids 5 and up). So a
+descriptor set layout depends only on the shader's binding count, and a pipeline on
+(shader, specialization constants). Pipelines are created on first
 use, because compiling SPIR-V to machine code is the slow part (tens of ms on lavapipe),
 and reused by every split compiled afterwards; `destroy()` (device close) frees them.
 """
@@ -20,8 +21,8 @@ N_SPEC = 5
 
 # shader name -> number of data buffers (bindings 1..n); binding 0 is the metadata buffer
 SHADERS: dict[str, int] = {
-    "eltwise": 3, "copy": 3, "matmul": 3, "rownorm": 3, "reduce": 2, "get_rows": 3,
-    "set_rows": 3, "gather": 3, "rope": 3, "conv1d": 3, "top_k": 2, "mul_mat_id": 4,
+    "eltwise": 3, "eltwise_chain": 6, "copy": 3, "matmul": 4, "matmul_generic": 3, "matvec": 4, "rownorm": 3, "reduce": 2,
+    "get_rows": 3, "set_rows": 3, "gather": 3, "rope": 3, "conv1d": 3, "top_k": 2, "mul_mat_id": 4,
 }
 
 
@@ -96,8 +97,9 @@ class PipelineCache:
         module = self._module(shader)
         values = list(spec) + [0] * (N_SPEC - len(spec))
         data = vk.ffi.new("uint32_t[]", values)
-        entries = [vk.VkSpecializationMapEntry(constantID=i, offset=4 * i, size=4) for i in range(N_SPEC)]
-        spec_info = vk.VkSpecializationInfo(mapEntryCount=N_SPEC, pMapEntries=entries, dataSize=4 * N_SPEC, pData=data)
+        entries = [vk.VkSpecializationMapEntry(constantID=i, offset=4 * i, size=4) for i in range(len(values))]
+        spec_info = vk.VkSpecializationInfo(mapEntryCount=len(values), pMapEntries=entries, dataSize=4 * len(values),
+                                            pData=data)
         stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module, pName="main",
                                                    pSpecializationInfo=spec_info)
         info = vk.VkComputePipelineCreateInfo(stage=stage, layout=layout)

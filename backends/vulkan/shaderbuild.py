@@ -18,7 +18,7 @@ from pathlib import Path
 
 SHADER_DIR = Path(__file__).resolve().parent / "shaders"
 MANIFEST = SHADER_DIR / "manifest.json"
-INCLUDES = ("common.glsl",)
+INCLUDES = ("common.glsl", "wg_reduce.glsl")
 GLSLC_FLAGS = ("-O", "--target-env=vulkan1.1")
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from flare.backend import PreparedSplit, SplitProgram
 from flare.errors import FlareError, ReleasedError
 
-from . import kernels
+from . import fusion, kernels
 from .kernels import Dispatch
 
 if TYPE_CHECKING:
@@ -79,6 +79,7 @@ class VulkanPreparedSplit(PreparedSplit):
                     if a.binding.buffer.released:
                         raise ReleasedError(f"node {node.name!r}: a bound buffer was already released")
             out += dispatches
+        out = fusion.chain_elementwise(out, self.device.info.max_storage_buffers_per_stage)
         self.stats["dispatches"] = len(out)
         return out
 
@@ -101,7 +102,7 @@ class VulkanPreparedSplit(PreparedSplit):
     def _descriptors(self) -> None:
         vk, dev = self.vk, self.device.handle
         live = self.device.live
-        n_desc = sum(len(d.args) + 1 for d in self.dispatches)
+        n_desc = sum(len(d.bound()) + 1 for d in self.dispatches)
         size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=n_desc)
         info = vk.VkDescriptorPoolCreateInfo(maxSets=len(self.dispatches), poolSizeCount=1, pPoolSizes=[size])
         self.pool = vk.vkCreateDescriptorPool(dev, info, None)
@@ -117,7 +118,7 @@ class VulkanPreparedSplit(PreparedSplit):
         writes = []
         meta = self.meta.handle
         for d, ds in zip(self.dispatches, self.sets):
-            bufs = [(meta.buffer, meta.size)] + [(a.binding.buffer.handle.buffer, a.binding.buffer.handle.size) for a in d.args]
+            bufs = [(meta.buffer, meta.size)] + [(b.handle.buffer, b.handle.size) for b in d.bound()]
             for i, (buf, size_) in enumerate(bufs):
                 bi = vk.VkDescriptorBufferInfo(buffer=buf, offset=0, range=size_)  # whole buffer; VK_WHOLE_SIZE is -1 here
                 infos.append(bi)

@@ -140,3 +140,22 @@ float tanh_acc(float x) {
 }
 
 float sigmoid(float x) { return 1.0 / (1.0 + exp(-x)); }
+
+// The elementwise op of eltwise.comp and eltwise_chain.comp: MODE < 10 binary (add sub mul
+// div), 10 scale (x * scale + bias), 11.. unary (relu gelu silu sigmoid tanh exp sqrt neg sqr).
+float eltwise_op(uint mode, float x, float y, float scale, float bias) {
+    if (mode == 0u) return x + y;
+    if (mode == 1u) return x - y;
+    if (mode == 2u) return x * y;
+    if (mode == 3u) return x / y;
+    if (mode == 10u) return x * scale + bias;
+    if (mode == 11u) return max(x, 0.0);
+    if (mode == 12u) return gelu_erf(x);
+    if (mode == 13u) return x * sigmoid(x);
+    if (mode == 14u) return sigmoid(x);
+    if (mode == 15u) return tanh_acc(x);
+    if (mode == 16u) return exp(x);
+    if (mode == 17u) return sqrt(x);
+    if (mode == 18u) return -x;
+    return x * x;
+}

@@ -1,43 +1,17 @@
 #version 450
 // Row-wise ops over the last axis, one workgroup per row:
 //   MODE 0 layer_norm (param0 eps), 1 rms_norm (param0 eps), 2 softmax (param0 scale, param1 has_mask)
-// Reductions are a shared-memory tree in f32; every pass reads the row again, and the last
-// pass reads x[j] before writing out[j] in the same invocation, so running in place is safe.
+// Each invocation handles a strided share of the row; sums and maxima are workgroup
+// reductions (wg_reduce.glsl: subgroup ops, then shared memory across subgroups), in f32.
+// Every pass reads the row again, and the last pass reads x[j] before writing out[j] in
+// the same invocation (all reductions finish first), so running in place is safe.
 #define NT 3u
-#define WG 128u
-layout(local_size_x = 128) in;
+layout(local_size_x_id = 5) in;
 layout(std430, set = 0, binding = 1) buffer BufX { uint x[]; };
 layout(std430, set = 0, binding = 2) buffer BufM { uint mk[]; };
 layout(std430, set = 0, binding = 3) buffer BufO { uint o[]; };
 #include "common.glsl"
-
-shared float red[WG];
-
-float wg_sum(float v) {
-    uint lid = gl_LocalInvocationID.x;
-    red[lid] = v;
-    barrier();
-    [[unroll]] for (uint s = WG / 2u; s > 0u; s >>= 1) {
-        if (lid < s) red[lid] += red[lid + s];
-        barrier();
-    }
-    float r = red[0];
-    barrier();
-    return r;
-}
-
-float wg_max(float v) {
-    uint lid = gl_LocalInvocationID.x;
-    red[lid] = v;
-    barrier();
-    [[unroll]] for (uint s = WG / 2u; s > 0u; s >>= 1) {
-        if (lid < s) red[lid] = max(red[lid], red[lid + s]);
-        barrier();
-    }
-    float r = red[0];
-    barrier();
-    return r;
-}
+#include "wg_reduce.glsl"
 
 void main() {
     Tensor tx = tensor_desc(0u);
@@ -48,29 +22,28 @@ void main() {
     if (row >= rows) return;  // uniform across the workgroup
     uint D = tx.ne[3];
     uvec4 c = uvec4(row / (tx.ne[1] * tx.ne[2]), (row / tx.ne[2]) % tx.ne[1], row % tx.ne[2], 0u);
+    int xb = int(offset_at(tx, c)), xs = tx.nb[3];
     uint lid = gl_LocalInvocationID.x;
     uint obase = to.off + row * D;
     if (MODE == 2u) {
         float scale = param_f(0u);
         bool has_mask = param_u(1u) != 0u;
+        int mb = int(offset_at(tm, c)), ms = tm.nb[3];
         float mx = -1.0 / 0.0;
         for (uint j = lid; j < D; j += WG) {
-            c.w = j;
-            float v = LOADF(x, DT0, offset_at(tx, c)) * scale + (has_mask ? LOADF(mk, DT1, offset_at(tm, c)) : 0.0);
+            float v = LOADF(x, DT0, uint(xb + int(j) * xs)) * scale + (has_mask ? LOADF(mk, DT1, uint(mb + int(j) * ms)) : 0.0);
             mx = max(mx, v);
         }
         mx = wg_max(mx);
         float s = 0.0;
         for (uint j = lid; j < D; j += WG) {
-            c.w = j;
-            float v = LOADF(x, DT0, offset_at(tx, c)) * scale + (has_mask ? LOADF(mk, DT1, offset_at(tm, c)) : 0.0);
+            float v = LOADF(x, DT0, uint(xb + int(j) * xs)) * scale + (has_mask ? LOADF(mk, DT1, uint(mb + int(j) * ms)) : 0.0);
             s += exp(v - mx);
         }
-        s = wg_sum(s);
+        float inv = 1.0 / wg_sum(s);
         for (uint j = lid; j < D; j += WG) {
-            c.w = j;
-            float v = LOADF(x, DT0, offset_at(tx, c)) * scale + (has_mask ? LOADF(mk, DT1, offset_at(tm, c)) : 0.0);
-            STOREF(o, DT2, obase + j, exp(v - mx) / s)
+            float v = LOADF(x, DT0, uint(xb + int(j) * xs)) * scale + (has_mask ? LOADF(mk, DT1, uint(mb + int(j) * ms)) : 0.0);
+            STOREF(o, DT2, obase + j, exp(v - mx) * inv)
         }
         return;
     }
@@ -78,15 +51,14 @@ void main() {
     float mean = 0.0;
     if (MODE == 0u) {
         float s = 0.0;
-        for (uint j = lid; j < D; j += WG) { c.w = j; s += LOADF(x, DT0, offset_at(tx, c)); }
+        for (uint j = lid; j < D; j += WG) s += LOADF(x, DT0, uint(xb + int(j) * xs));
         mean = wg_sum(s) / float(D);
     }
     float q = 0.0;
-    for (uint j = lid; j < D; j += WG) { c.w = j; float d = LOADF(x, DT0, offset_at(tx, c)) - mean; q += d * d; }
+    for (uint j = lid; j < D; j += WG) { float d = LOADF(x, DT0, uint(xb + int(j) * xs)) - mean; q += d * d; }
     float inv = 1.0 / sqrt(wg_sum(q) / float(D) + eps);
     for (uint j = lid; j < D; j += WG) {
-        c.w = j;
-        float v = LOADF(x, DT0, offset_at(tx, c));
+        float v = LOADF(x, DT0, uint(xb + int(j) * xs));
         STOREF(o, DT2, obase + j, (v - mean) * inv)
     }
 }

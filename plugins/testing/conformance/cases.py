@@ -147,7 +147,70 @@ def _cases() -> list[Case]:
     cases.append(simple("cast_f32_i32", "cast", EXACT, lambda b, r, i: b.cast(_in(b, i, "x", f32(r, 3, 8, lo=-9, hi=9)), dtype="i32")))
     cases.append(simple("cast_i32_f32", "cast", EXACT, lambda b, r, i: b.cast(
         _in(b, i, "x", r.integers(-50, 50, (4, 4)).astype(np.int32)), dtype="f32")))
+    cases += _gpu_kernel_cases()
     return cases
+
+
+def _gpu_kernel_cases() -> list[Case]:
+    """Shapes that reach every path of the GPU kernels (issue 16): tiles crossed by odd sizes
+    (not multiples of 16, 32 or 64), k not a multiple of 4 (no vector loads), transposed,
+    batched and broadcast operands, few rows on either side (matrix-vector), conv1d as a
+    matmul, mul_mat_id with vector loads. Sizes stay small: lavapipe is slow."""
+    mm = lambda cid, a, w, **kw: simple(cid, "matmul", ACCUM, lambda b, r, i: b.matmul(  # noqa: E731
+        _in(b, i, "a", f32(r, *a)), _in(b, i, "w", f32(r, *w)), **kw))
+    return [
+        mm("matmul_tiled_odd_tb", (67, 40), (45, 40), transpose_b=True),      # vector loads, crosses 64-tiles
+        mm("matmul_tiled_odd_k", (37, 19), (19, 70)),                          # scalar loads, k = 19
+        mm("matmul_tiled_batched", (2, 3, 33, 20), (2, 3, 20, 34)),
+        mm("matmul_tiled_batched_tb_bcast", (2, 1, 35, 12), (3, 33, 12), transpose_b=True),
+        simple("matmul_stacked_rows_f16", "matmul", ACCUM, lambda b, r, i: b.matmul(
+            _in(b, i, "a", f32(r, 3, 23, 32)), b.weight("w", f32(r, 40, 32).astype(np.float16)), transpose_b=True)),
+        mm("matvec_rows_tb", (3, 36), (50, 36), transpose_b=True),             # few rows of a
+        mm("matvec_rows_strided", (2, 13), (13, 9)),                           # few rows, b not k-contiguous
+        mm("matvec_cols", (2, 40, 12), (2, 12, 3)),                            # few columns: operands swapped
+        simple("matvec_f16_one_row", "matmul", ACCUM, lambda b, r, i: b.matmul(
+            _in(b, i, "a", f32(r, 1, 24)), b.weight("w", f32(r, 9, 24).astype(np.float16)), transpose_b=True)),
+        simple("conv1d_tiled_odd", "conv1d", ACCUM, lambda b, r, i: b.conv1d(
+            _in(b, i, "x", f32(r, 3, 5, 37)), b.weight("w", f32(r, 70, 5, 3)), padding=1)),
+        simple("conv1d_tiled_stride_vec", "conv1d", ACCUM, lambda b, r, i: b.conv1d(
+            _in(b, i, "x", f32(r, 2, 4, 50)), b.weight("w", f32(r, 6, 4, 4)), stride=3, dilation=2, padding=3)),
+        simple("mul_mat_id_vec", "mul_mat_id", ACCUM, lambda b, r, i: b.mul_mat_id(
+            b.weight("w", f32(r, 4, 9, 16)), _in(b, i, "x", f32(r, 3, 16)),
+            _in(b, i, "ids", np.array([[0, 3], [2, 2], [1, 0]], np.int32)))),
+        # enough routed (token, slot) pairs for the tiled, per-expert kernel; odd sizes
+        simple("mul_mat_id_many_tokens", "mul_mat_id", ACCUM, lambda b, r, i: b.mul_mat_id(
+            b.weight("w", f32(r, 5, 70, 24)), _in(b, i, "x", f32(r, 37, 24)),
+            _in(b, i, "ids", r.integers(0, 5, (37, 2)).astype(np.int32)))),
+        simple("mul_mat_id_many_tokens_per_slot_f16", "mul_mat_id", ACCUM, lambda b, r, i: b.mul_mat_id(
+            b.weight("w", f32(r, 3, 9, 13).astype(np.float16)), _in(b, i, "x", f32(r, 17, 2, 13)),
+            _in(b, i, "ids", r.integers(0, 3, (17, 2)).astype(np.int32)))),
+        # rows longer than any workgroup and of odd length: every invocation loops, partial subgroups
+        simple("softmax_long_mask", "softmax", ACCUM, lambda b, r, i: b.softmax(
+            _in(b, i, "x", f32(r, 3, 301)), _in(b, i, "m", np.where(r.random((1, 301)) < 0.2, -1e9, 0.0).astype(np.float32)),
+            scale=0.3)),
+        simple("layer_norm_long", "layer_norm", ACCUM, lambda b, r, i: b.layer_norm(_in(b, i, "x", f32(r, 2, 389)), eps=1e-5)),
+        simple("rms_norm_long", "rms_norm", ACCUM, lambda b, r, i: b.rms_norm(_in(b, i, "x", f32(r, 3, 517)), eps=1e-6)),
+        simple("sum_long", "sum", ACCUM, lambda b, r, i: b.op("sum", _in(b, i, "x", f32(r, 2, 3, 301)), axis=-1)),
+        simple("max_long_mid", "max", ACCUM, lambda b, r, i: b.op("max", _in(b, i, "x", f32(r, 2, 259, 3)), axis=1)),
+        simple("argmax_long_ties", "argmax", EXACT, lambda b, r, i: b.argmax(
+            _in(b, i, "x", r.integers(0, 5, (3, 263)).astype(np.float32)))),
+        simple("top_k_long", "top_k", EXACT, lambda b, r, i: b.top_k(_in(b, i, "x", f32(r, 3, 203)), k=7)),
+        simple("top_k_many_ties", "top_k", EXACT, lambda b, r, i: b.top_k(
+            _in(b, i, "x", r.integers(0, 4, (2, 50)).astype(np.float32)), k=20)),
+        # runs of elementwise nodes (a backend may chain them into one kernel)
+        simple("eltwise_run_bias_gelu", "gelu", TRANSC, lambda b, r, i: b.mul(b.gelu(b.scale(b.add(
+            _in(b, i, "x", f32(r, 3, 5, 7)), _in(b, i, "bias", f32(r, 7))), scale=0.5, bias=0.1)), _in(b, i, "y", f32(r, 3, 5, 7)))),
+        simple("eltwise_run_lstm_cell", "tanh", TRANSC, _lstm_cell_tail),
+    ]
+
+
+def _lstm_cell_tail(b, r, i):
+    """An LSTM cell after its gate matmul: slices of one gate tensor, then the cell update."""
+    g, c = _in(b, i, "g", f32(r, 2, 20)), _in(b, i, "c", f32(r, 2, 5))
+    sig = b.sigmoid(b.slice(g, axis=1, start=0, stop=15))
+    gg = b.tanh(b.slice(g, axis=1, start=15, stop=20))
+    ig, fg, og = (b.slice(sig, axis=1, start=k * 5, stop=(k + 1) * 5) for k in range(3))
+    return b.mul(og, b.tanh(b.add(b.mul(fg, c), b.mul(ig, gg))))
 
 
 CASES = _cases()

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""GPU kernel quality in one run: matmul GFLOPS and model end-to-end times per backend.
+
+1. Matmul: a prepared graph of one `matmul(x, w, transpose_b=True)` (x [n, n] input,
+   w [n, n] weight) for each n; the best of `--repeats` executes after one warm-up
+   (so kernel compilation and first-use pipeline creation are not timed), as GFLOPS
+   = 2 n^3 / seconds. Input upload and output read-back are inside the time, as in
+   every `execute`.
+2. End to end: `flare run <model> --backend B --json` in a fresh process per backend,
+   reporting the `elapsed_s` the CLI measures (compute on a prepared model, not
+   process start-up): MiniLM-L6 on its shipped sentences and silero-vad offline on
+   its shipped sample. Best of `--e2e-repeats` processes.
+
+Backends are a parameter (`--backends cpu,vulkan,cuda`); one that is not usable here
+is reported as such and skipped. Ratios are to the first backend.
+
+    OPENBLAS_NUM_THREADS=1 python bench/gpu_kernels.py [--backends cpu,vulkan] [--sizes 128,256,512]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+MODELS = {"minilm": ["minilm-l6"], "silero-offline": ["silero-vad", "--mode", "offline"]}
+
+
+def matmul_gflops(backend: str, n: int, repeats: int) -> float:
+    """GFLOPS of a prepared one-matmul graph on `backend` (best of `repeats`)."""
+    from flare.session import Session
+
+    rng = np.random.default_rng(n)
+    w = (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32)
+    x = rng.standard_normal((n, n)).astype(np.float32)
+
+    def build(b, shapes):
+        b.output("y", b.matmul(b.input("x", shapes["x"]), b.weight("w", w), transpose_b=True))
+
+    with Session([backend]) as session:
+        pg = session.prepare({"full": build}, {"full": {"x": (n, n)}}, strict=True, name=f"matmul{n}")
+        got = pg.execute("full", x=x)["y"]
+        err = float(np.max(np.abs(got - x @ w.T)))
+        if err > 1e-3:
+            raise SystemExit(f"{backend}: matmul n={n} is wrong (max abs error {err:.2e})")
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            pg.execute("full", x=x)
+            best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best / 1e9
+
+
+def e2e_seconds(backend: str, model: str, repeats: int) -> float:
+    """Best `elapsed_s` of `flare run <model> --backend <backend> --json` over fresh processes."""
+    cmd = [sys.executable, "-m", "flare.cli", "run", *MODELS[model], "--backend", backend, "--json"]
+    best = float("inf")
+    for _ in range(repeats):
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+        best = min(best, float(json.loads(proc.stdout)["elapsed_s"]))
+    return best
+
+
+def usable(backend: str) -> tuple[bool, str]:
+    from flare.session import Session
+    try:
+        with Session([backend]):
+            return True, ""
+    except Exception as exc:  # report and skip: an unusable backend is a row, not a crash
+        return False, f"{type(exc).__name__}: {exc}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backends", default="cpu,vulkan", help="comma separated; ratios are to the first")
+    ap.add_argument("--sizes", default="128,256,512")
+    ap.add_argument("--repeats", type=int, default=5, help="matmul executes timed per size (best kept)")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"subset of {','.join(MODELS)}; empty for none")
+    ap.add_argument("--e2e-repeats", type=int, default=2, help="processes per model and backend (best kept)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    args = ap.parse_args(argv)
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    result: dict = {"uptime": _uptime(), "backends": {}, "matmul_gflops": {}, "e2e_s": {}}
+    live = []
+    for b in backends:
+        ok, why = usable(b)
+        result["backends"][b] = "usable" if ok else why
+        if ok:
+            live.append(b)
+    for n in sizes:
+        result["matmul_gflops"][n] = {b: round(matmul_gflops(b, n, args.repeats), 3) for b in live}
+    for m in models:
+        result["e2e_s"][m] = {b: e2e_seconds(b, m, args.e2e_repeats) for b in live}
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    _print(result, live, sizes, models)
+    return 0
+
+
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "?"
+
+
+def _print(result: dict, live: list[str], sizes: list[int], models: list[str]) -> None:
+    for b, state in result["backends"].items():
+        if state != "usable":
+            print(f"{b}: skipped ({state})")
+    base = live[0] if live else None
+    names = "".join(f"{b:>12}" for b in live)
+    slower = "".join(f"{b + ' slower':>14}" for b in live[1:])
+    print(f"\nmatmul(x[n,n], w[n,n]^T), GFLOPS (best of repeats)\n{'n':>6}{names}{slower}")
+    for n in sizes:
+        row = result["matmul_gflops"][n]
+        print(f"{n:>6}" + "".join(f"{row[b]:>12.3f}" for b in live)
+              + "".join(f"{row[base] / row[b]:>13.1f}x" for b in live[1:]))
+    if models:
+        print(f"\nend to end, elapsed_s of `flare run ... --json` (best of processes)\n{'model':>16}{names}{slower}")
+        for m in models:
+            row = result["e2e_s"][m]
+            print(f"{m:>16}" + "".join(f"{row[b]:>12.4f}" for b in live)
+                  + "".join(f"{row[b] / row[base]:>13.1f}x" for b in live[1:]))
+    print(f"\nload: {result['uptime']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
