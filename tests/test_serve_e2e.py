@@ -111,9 +111,22 @@ def _wait_cancelled(url: str, at_least: int) -> None:
         time.sleep(0.05)
 
 
-def test_client_disconnect_cancels_its_request(server) -> None:
+@pytest.fixture(scope="module")
+def long_server(tmp_path_factory):
+    """A core with a long context, so a request can outlast the client's hang-up by far
+    (with the 128-token core a loaded machine could finish the answer before the client
+    closed, and nothing would be left to cancel)."""
+    core = export_core("moe-lm", tmp_path_factory.mktemp("serve-long") / "long.core", options={"max_ctx": 2048},
+                       mixed=False, progress=False)
+    s = ServerProcess(str(core))
+    yield s
+    s.stop()
+
+
+def test_client_disconnect_cancels_its_request(long_server) -> None:
+    server = long_server
     before = _cancelled(server.url)
-    body = {"prompt": "a long answer please", "max_tokens": 100, "temperature": 0, "stream": True}
+    body = {"prompt": "a long answer please", "max_tokens": 2000, "temperature": 0, "stream": True}
     with httpx.Client(timeout=60) as c, c.stream("POST", f"{server.url}/v1/completions", json=body) as r:
         next(r.iter_lines())                    # the first token arrived; now hang up
     _wait_cancelled(server.url, before + 1)
