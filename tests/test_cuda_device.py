@@ -7,6 +7,8 @@ its call log or inject driver failures.
 """
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -127,6 +129,8 @@ def test_rebind_updates_the_exec_graph_in_place(device):
     first, second = Bound(device, g), Bound(device, g)
     try:
         split = device.compile(first.program())
+        sentinel = np.full((4, 8), 7.0, np.float32)  # fresh device memory is not zeroed: mark the old output
+        device.write(first.bindings[g.outputs["y"].id], sentinel)
         x = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
         second.write(x=x)
         assert split.rebind(second.program()) is True
@@ -134,7 +138,7 @@ def test_rebind_updates_the_exec_graph_in_place(device):
         assert device.live_objects()["graphs"] == 1 and device.live_objects()["graph_execs"] == 1
         split.run()
         np.testing.assert_allclose(second.read("y"), reference(g, x), rtol=1e-5, atol=1e-6)
-        assert not first.read("y").any()  # the old buffers were not touched
+        np.testing.assert_array_equal(first.read("y"), sentinel)  # the old buffers were not touched
         split.release()
     finally:
         first.release()
@@ -340,3 +344,26 @@ def test_supports_kernels_and_views_but_not_host_callbacks():
     x = b.input("x", (2, 3))
     assert supported(b.relu(x)) and supported(b.transpose(x))
     assert "host" not in LOWERINGS  # host nodes run on the host, by the scheduler's design
+
+
+def test_direct_construction_initialises_the_driver(emu):
+    """CudaDevice calls cuInit itself: a real driver refuses cuDeviceGet before it."""
+    from flare.backends.cuda.device import CudaDevice
+    from flare.backends.cuda.host_driver import HostDriver
+
+    driver = HostDriver(emu.driver.library)
+    assert int(driver.cuDeviceGet(0)[0]) != 0  # the stand-in enforces the order, as the driver does
+    dev = CudaDevice(emu.gpu, 90, "cubin", driver=driver, name="cuda-emu:direct")
+    try:
+        assert driver.log.index("cuInit") < driver.log.index("cuDevicePrimaryCtxRetain")
+    finally:
+        dev.close()
+
+
+def test_fresh_memory_is_not_zeroed(emu):
+    """The stand-in, like a real driver, hands out memory with old contents: tests never rely on zeros."""
+    buf = emu.alloc(64, "fresh")
+    try:
+        assert np.frombuffer((ctypes.c_uint8 * 64).from_address(int(buf.handle)), np.uint8).any()
+    finally:
+        buf.release()

@@ -62,6 +62,9 @@ class CudaDevice(Device):
         self._context_held = False
         self.module_formats: dict[str, str] = {}  # module -> "cubin"/"ptx" actually loaded
         d = self.driver
+        # cuInit is idempotent and cheap; the probe called it in this process already, but
+        # a device constructed directly (tests, tools) must not depend on that.
+        call(d.cuInit(0), "cuInit")
         self._cu_device = call(d.cuDeviceGet(gpu.index), "cuDeviceGet")
         self.context = call(d.cuDevicePrimaryCtxRetain(self._cu_device), "cuDevicePrimaryCtxRetain")
         self._context_held = True

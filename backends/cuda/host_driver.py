@@ -58,6 +58,8 @@ class HostDriver:
         self.graphs: dict[int, list[_Node]] = {}
         self.execs: dict[int, list[_Node]] = {}
         self.context_refs = 0
+        self.initialized = False
+        self._fills = 0
         self.current = None
         self._capturing: dict[int, list[_Node] | None] = {}
 
@@ -86,14 +88,22 @@ class HostDriver:
 
     # -- init, devices, contexts ------------------------------------------------------
     def cuInit(self, flags):
-        return (self._enter("cuInit", False) or self.CUresult.CUDA_SUCCESS,)
+        err = self._enter("cuInit", False)
+        if err:
+            return (err,)
+        self.initialized = True
+        return self._ok()
 
     def cuDriverGetVersion(self):
         return self._ok(13000)
 
     def cuDeviceGet(self, ordinal):
         err = self._enter("cuDeviceGet", False)
-        return (err, None) if err else self._ok(int(ordinal))
+        if err:
+            return (err, None)
+        if not self.initialized:  # as the real driver: every call but cuInit needs it first
+            return self._bad("CUDA_ERROR_NOT_INITIALIZED", 1)
+        return self._ok(int(ordinal))
 
     def cuDevicePrimaryCtxRetain(self, dev):
         err = self._enter("cuDevicePrimaryCtxRetain", False)
@@ -137,11 +147,20 @@ class HostDriver:
             return (err, None)
         if self._used() + nbytes > self.total_memory:
             return self._bad("CUDA_ERROR_OUT_OF_MEMORY", 1)
-        raw = np.zeros(int(nbytes) + 256, np.uint8)
+        raw = np.empty(int(nbytes) + 256, np.uint8)
         start = (-raw.ctypes.data) % 256
         arr = raw[start: start + int(nbytes)]
+        arr[:] = self._garbage(arr.nbytes)  # a real driver does not zero fresh memory
         self.memory[arr.ctypes.data] = arr
         return self._ok(self.CUdeviceptr(arr.ctypes.data))
+
+    def _garbage(self, nbytes: int) -> np.ndarray:
+        """Bytes that are never a plausible tensor by accident: NaN-ish f32/f16 patterns
+        mixed with large integers, different on every allocation."""
+        self._fills += 1
+        pattern = np.frombuffer(np.array([0x7FC0DEAD, 0xFFFF7E57, 0x12345678 + self._fills], np.uint32).tobytes(),
+                                np.uint8)
+        return np.resize(pattern, nbytes)
 
     def cuMemFree(self, dptr):
         err = self._enter("cuMemFree")
@@ -155,7 +174,7 @@ class HostDriver:
         err = self._enter("cuMemAllocHost")
         if err:
             return (err, None)
-        arr = np.zeros(int(nbytes), np.uint8)
+        arr = self._garbage(int(nbytes))  # nor pinned host memory
         self.pinned[arr.ctypes.data] = arr
         return self._ok(arr.ctypes.data)
 
