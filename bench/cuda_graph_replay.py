@@ -27,7 +27,7 @@ from flare.reference import evaluate
 
 from flare.backends.cuda.driver import call
 from flare.backends.cuda.graph_exec import CudaGraphSplit
-from flare.backends.cuda.testing import open_device
+from flare.plugins.testing.cuda_emu.devices import open_device
 
 
 def build(blocks: int, rows: int, dim: int):

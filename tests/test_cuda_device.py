@@ -20,7 +20,7 @@ from flare.ledger import LEDGER
 
 from flare.backends.cuda import device as device_module
 from flare.backends.cuda.driver import CudaError
-from flare.backends.cuda.testing import KINDS, device_for_test, open_device
+from flare.plugins.testing.cuda_emu.devices import KINDS, device_for_test, open_device
 
 
 @pytest.fixture(params=KINDS)
@@ -349,7 +349,7 @@ def test_supports_kernels_and_views_but_not_host_callbacks():
 def test_direct_construction_initialises_the_driver(emu):
     """CudaDevice calls cuInit itself: a real driver refuses cuDeviceGet before it."""
     from flare.backends.cuda.device import CudaDevice
-    from flare.backends.cuda.host_driver import HostDriver
+    from flare.plugins.testing.cuda_emu.host_driver import HostDriver
 
     driver = HostDriver(emu.driver.library)
     assert int(driver.cuDeviceGet(0)[0]) != 0  # the stand-in enforces the order, as the driver does

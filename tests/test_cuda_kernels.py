@@ -2,7 +2,7 @@
 
 Two devices: `gpu` (skipped with the probe's reason where there is none) and
 `emulated`, the real CudaDevice over a host stand-in driver with the kernel
-sources compiled as C++ (flare.backends.cuda.emulator). The emulated run uses
+sources compiled as C++ (flare.plugins.testing.cuda_emu.emulator). The emulated run uses
 exactly the launch plans a GPU captures and replays, so kernel logic, argument
 layout, strides/broadcast and dtypes are checked on any machine; the GPU run
 adds the real driver and the GPU's arithmetic.
@@ -22,7 +22,7 @@ from flare.ledger import LEDGER
 
 from flare.backends.cuda import lowering
 from flare.backends.cuda.compiler import kernel_sources
-from flare.backends.cuda.testing import KINDS, device_for_test
+from flare.plugins.testing.cuda_emu.devices import KINDS, device_for_test
 
 
 @pytest.fixture(scope="module", params=KINDS)

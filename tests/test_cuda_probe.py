@@ -140,9 +140,25 @@ def test_plugin_imports_and_probes_without_cuda_bindings():
 
 
 def test_emulated_backend_is_registered_only_on_request(monkeypatch):
-    from flare.backends.cuda import plugin
+    from flare.backends.cuda import plugin as cuda_plugin
+    from flare.plugins.testing.cuda_emu import plugin
 
     monkeypatch.delenv("FLARE_CUDA_EMULATE", raising=False)
-    assert [s.name for s in plugin.flare_backends()] == ["cuda"]
+    assert [s.name for s in plugin.flare_backends()] == []
     monkeypatch.setenv("FLARE_CUDA_EMULATE", "1")
-    assert [s.name for s in plugin.flare_backends()] == ["cuda", "cuda-emu"]
+    assert [s.name for s in plugin.flare_backends()] == ["cuda-emu"]
+    assert [s.name for s in cuda_plugin.flare_backends()] == ["cuda"]  # the runtime's plugin never lists it
+
+
+def test_the_cuda_backend_never_imports_the_emulator():
+    """The host emulator is a testing plugin: importing and probing the backend leaves it unloaded."""
+    code = (
+        "import sys\n"
+        "import flare.backends.cuda.plugin, flare.backends.cuda.device, flare.backends.cuda.lowering\n"
+        "flare.backends.cuda.device.CudaBackend.probe()\n"
+        "bad = [m for m in sys.modules if m.startswith('flare.plugins.testing')]\n"
+        "assert not bad, bad\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr

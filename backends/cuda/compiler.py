@@ -100,12 +100,6 @@ def kernel_sources() -> dict[str, KernelSource]:
     }
 
 
-def emulator_headers() -> dict[str, str]:
-    """The host-only headers (emulate.h) the kernel emulator needs in addition."""
-    root = resources.files(KERNEL_PACKAGE)
-    return {p.name: p.read_text() for p in root.iterdir() if p.name.endswith(".h")}
-
-
 # ---- NVRTC ------------------------------------------------------------------------
 
 def _nvrtc():

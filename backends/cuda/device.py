@@ -46,7 +46,7 @@ class CudaDevice(Device):
     def __init__(self, gpu: GpuFacts, arch: int, fmt: str, compiler: KernelCompiler | None = None,
                  priority: int = 100, driver: Any | None = None, name: str | None = None):
         """`driver` defaults to cuda.bindings.driver; the emulator passes a host stand-in
-        with the same calls (host_driver.HostDriver)."""
+        with the same calls (flare.plugins.testing.cuda_emu.host_driver.HostDriver)."""
         super().__init__(name or f"cuda:{gpu.index}", priority)
         self.gpu = gpu
         self.arch, self.fmt = arch, fmt

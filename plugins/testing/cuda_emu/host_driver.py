@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .args import KArgs
+from flare.backends.cuda.args import KArgs
 
 _ELF = b"\x7fELF"
 

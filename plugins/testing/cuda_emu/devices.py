@@ -12,7 +12,7 @@ KINDS = ("emulated", "gpu")
 def open_device(kind: str):
     """(device, "") for `kind` in KINDS, or (None, why it cannot be opened here)."""
     if kind == "gpu":
-        from .device import CudaBackend
+        from flare.backends.cuda.device import CudaBackend
 
         verdict = CudaBackend.probe()
         if not verdict.usable:

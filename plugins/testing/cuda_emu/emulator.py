@@ -1,8 +1,8 @@
 """Run the CUDA kernels on the host, to check them where there is no GPU.
 
-The kernel sources compile as C++ with FLARE_EMULATE defined (kernels/emulate.h
-maps blockIdx/threadIdx to globals and each kernel to a function that runs the
-grid's threads one after another). `open_emulated_device()` is the real
+The kernel sources of flare.backends.cuda compile as C++ with FLARE_EMULATE
+defined (emulate.h, beside this file, maps each kernel to a host function that
+runs the grid's blocks, each block's threads as cooperative fibers). `open_emulated_device()` is the real
 `CudaDevice` over `host_driver.HostDriver`, a host stand-in for the driver
 calls whose "device pointers" are host addresses: the very launch plans the
 CUDA device captures run here, replayed from recorded graphs, and can be
@@ -21,16 +21,23 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
 from flare.backend import Backend, ProbeResult
 from flare.errors import BackendUnavailable
 
-from . import lowering
-from .compiler import cache_dir, emulator_headers, kernel_sources
+from flare.backends.cuda import lowering
+from flare.backends.cuda.compiler import cache_dir, kernel_sources
 
 ENV_FLAG = "FLARE_CUDA_EMULATE"
+
+
+def emulator_headers() -> dict[str, str]:
+    """The host-only headers (emulate.h) the kernel sources include under FLARE_EMULATE."""
+    root = resources.files(__package__)
+    return {p.name: p.read_text() for p in root.iterdir() if p.name.endswith(".h")}
 
 
 def host_compiler() -> str | None:
@@ -113,9 +120,10 @@ def open_emulated_device(capacity: int = 1 << 30, name: str = "cuda-emu:0"):
 
     Kernels are still compiled by NVRTC (the stand-in checks the CUBIN names
     each kernel), so this needs cuda-bindings and NVRTC, but no GPU or driver."""
-    from .device import CudaDevice
+    from flare.backends.cuda.device import CudaDevice
+    from flare.backends.cuda.probe import GpuFacts
+
     from .host_driver import HostDriver
-    from .probe import GpuFacts
 
     driver = HostDriver(build_library(), capacity)
     return CudaDevice(GpuFacts(0, "host emulator", (9, 0), capacity), 90, "cubin", driver=driver,
@@ -135,7 +143,7 @@ class EmulatedBackend(Backend):
         if cxx is None:
             return ProbeResult(False, "no C++ compiler (c++, g++ or clang++) to build the CUDA kernel emulator")
         try:
-            from .compiler import nvrtc_version
+            from flare.backends.cuda.compiler import nvrtc_version
 
             version = nvrtc_version()  # kernels are still NVRTC-compiled and checked
         except Exception as exc:
