@@ -1,24 +1,43 @@
 #!/usr/bin/env bash
-# gpu-check.sh: the checks that need a real NVIDIA GPU, in one short run.
+# gpu-check.sh: everything that needs a real NVIDIA GPU, in one run on a bare machine.
 #
-# For the lent GPU machine (H200, Python 3.12, no network). Run from anywhere;
-# it works in the repository root. Results and logs go to $OUT (default
-# ./gpu-check-out); at most 8 files, so they come back from the device tool:
-#   summary.txt  env.txt  gpu-check.log  cuda-tests.log  conformance.log
-#   bench.log  bench-cuda-graph.json
+# Written for the lent GPU machine (H200, Python 3.12, no network, root), usable on any
+# Linux box with an NVIDIA driver. Run it from the repository root or anywhere:
+#     bash scripts/gpu-check.sh            # results in $OUT (default ./gpu-check-out)
 #
-# Packages: the machine's image has numpy, pluggy, pytest, rich, safetensors,
-# cuda-bindings and nvidia-cuda-nvrtc. Anything else (or other versions) is
-# carried as wheels in .whl/ and installed with --no-index into /tmp/site,
-# which goes first on PYTHONPATH. Flare itself is installed from this working
-# tree into /tmp/flare-site (a real wheel build, so package data and entry
-# points are what users get); if that build fails, a symlink tree plus a
-# generated dist-info stands in for it.
-# Vulkan loaders, if carried as .gl/*.deb (see the device notes), are unpacked
-# so that the vulkan backend can be probed too.
+# WHAT MUST BE CARRIED (git-ignored folders; name them in the device tool's `carry`):
+#   .whl/  Python 3.12 manylinux x86_64 wheels of what the machine's image lacks:
+#          vulkan (the Vulkan binding), cffi and pycparser (its needs), and, optional,
+#          nvmath-python (the cuBLAS column prefers it; CuPy from the image is the
+#          fallback). cuda-bindings / nvidia-cuda-nvrtc only if the image's are missing
+#          or too old. Fetch them here with:
+#            echo /.whl/ >> .git/info/exclude
+#            python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#              --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#              --platform manylinux2014_x86_64 -d .whl vulkan cffi pycparser nvmath-python
+#          Where the machine has network access and .whl/ is absent, pip fetches them.
+#   .gl/   the Vulkan loader as Ubuntu debs, when `ldconfig -p` there shows no libvulkan:
+#            echo /.gl/ >> .git/info/exclude; mkdir -p .gl /tmp/amd64/partial
+#            o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+#            apt-get $o update; (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 \
+#              libopengl0 libgl1 libglx0 libgles2)
+#   Device tool call:  run(command="bash scripts/gpu-check.sh", carry=[".whl", ".gl"], timeout_s=600)
 #
-# Steps have their own time limits (about 9 minutes at worst, well under that
-# normally), so the whole script fits one 10-minute device call.
+# What it does:
+#   1. a venv in /tmp/flare-venv that sees the image's packages (--system-site-packages:
+#      numpy, cuda-bindings, nvidia-cuda-nvrtc, CuPy ...), plus the missing ones from .whl/;
+#      Flare installed into it from this tree (a real wheel build; if that fails, a
+#      symlink tree with generated entry points);
+#   2. the Vulkan loader from .gl/*.deb if none is installed, and VK_DRIVER_FILES set to
+#      the NVIDIA ICD json wherever the driver put it (searched below);
+#   3. probe of every backend; CUDA's own tests with a GPU required; the conformance
+#      suite on cpu, cuda and vulkan;
+#   4. benchmarks: Flare's matmul kernels beside cuBLAS at three sizes
+#      (bench/cuda_matmul.py), end-to-end model timings on cpu, cuda and vulkan
+#      (bench/gpu_kernels.py), CUDA graph replay vs plain launches.
+# Results (at most 8 files, so all come back from the device tool), in $OUT:
+#   summary.txt env.txt gpu-check.log tests.log bench-matmul.json bench-e2e.json bench-graph.json
+# Steps have their own time limits (about 9 minutes at worst) to fit one 10-minute call.
 # Exit status: 0 when every step passed, else 1 (summary.txt says which).
 set -uo pipefail
 
@@ -29,72 +48,69 @@ mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu-check.log") 2>&1
 export PYTHONUNBUFFERED=1
 export FLARE_CACHE_DIR="${FLARE_CACHE_DIR:-/tmp/flare-cache}"
-PY="${PYTHON:-python3}"
+BASE_PY="${PYTHON:-python3}"
+VENV="${FLARE_GPU_VENV:-/tmp/flare-venv}"
 declare -a RESULTS=()
 
-step() {  # step NAME SECONDS LOGFILE CMD...: run with a timeout, record pass/fail
+step() {  # step NAME SECONDS LOG CMD...: run with a timeout (output also appended to $OUT/LOG
+          # unless LOG is ""), record pass/fail, never stop the script
     local name="$1" limit="$2" log="$3"
     shift 3
     echo "=== $name: $*"
     local start=$SECONDS rc
     if [ -n "$log" ]; then
-        timeout "$limit" "$@" 2>&1 | tee "$OUT/$log"
+        echo "=== $name: $*" >> "$OUT/$log"
+        timeout "$limit" "$@" 2>&1 | tee -a "$OUT/$log"
         rc=${PIPESTATUS[0]}
     else
         timeout "$limit" "$@"
         rc=$?
     fi
-    RESULTS+=("$(printf '%-12s %s (rc=%s, %ss)' "$name" "$([ "$rc" = 0 ] && echo PASS || echo FAIL)" "$rc" "$((SECONDS - start))")")
+    RESULTS+=("$(printf '%-14s %s (rc=%s, %ss)' "$name" "$([ "$rc" = 0 ] && echo PASS || echo FAIL)" "$rc" "$((SECONDS - start))")")
     return 0
 }
 
-# --- environment -------------------------------------------------------------
-{
-    echo "date: $(date -u +%FT%TZ)"
-    echo "host: $(uname -a)"
-    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>&1 || echo "nvidia-smi: not available"
-    "$PY" --version
-    "$PY" -m pip list 2>/dev/null | grep -i -E '^(numpy|pluggy|pytest|cuda-bindings|cuda-pathfinder|nvidia-cuda-nvrtc|rich|safetensors|vulkan) ' || true
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
-
-# --- packages ---------------------------------------------------------------------
-SITE=/tmp/site
-if compgen -G ".whl/*.whl" > /dev/null; then
-    wheels=()
-    for w in .whl/*.whl; do
-        case "$(basename "$w")" in flare_runtime-*) ;; *) wheels+=("$w") ;; esac  # flare comes from the tree
-    done
-    if [ "${#wheels[@]}" -gt 0 ]; then
-        echo "=== installing ${#wheels[@]} carried wheels into $SITE"
-        "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "${wheels[@]}" \
-            || echo "WARNING: carried wheels did not all install"
-    fi
-fi
-if compgen -G ".gl/*.deb" > /dev/null; then
-    echo "=== unpacking carried Vulkan/GL loaders"
-    for f in .gl/*.deb; do dpkg -x "$f" /; done
-    ldconfig || true
-    if [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
-        export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+# --- 1. Python environment -------------------------------------------------------------
+echo "=== venv $VENV (with the image's site packages)"
+rm -rf "$VENV"
+"$BASE_PY" -m venv --system-site-packages "$VENV" || { echo "cannot create a venv"; exit 1; }
+PY="$VENV/bin/python"
+missing=()
+for spec in "cuda.bindings:cuda-bindings" "cuda.bindings.nvrtc:nvidia-cuda-nvrtc" "cffi:cffi" \
+            "pycparser:pycparser" "vulkan:vulkan" "nvmath:nvmath-python"; do
+    "$PY" -c "import ${spec%%:*}" 2>/dev/null || missing+=("${spec##*:}")
+done
+# NVRTC's shared library is what cuda.bindings.nvrtc needs at call time, not at import
+"$PY" -c "from cuda.bindings import nvrtc; assert nvrtc.nvrtcVersion()[0] == 0" 2>/dev/null \
+    || missing+=(nvidia-cuda-nvrtc)
+missing=($(printf '%s\n' "${missing[@]}" | sort -u))
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "=== installing ${missing[*]}"
+    if [ -d .whl ]; then
+        for pkg in "${missing[@]}"; do  # one at a time: an optional one missing from .whl/ stops nothing
+            "$PY" -m pip install -q --no-index --find-links .whl "$pkg" || echo "NOTE: $pkg not installed from .whl/"
+        done
+    else
+        for pkg in "${missing[@]}"; do
+            "$PY" -m pip install -q "$pkg" || echo "NOTE: $pkg not installed (no .whl/ carried and no index)"
+        done
     fi
 fi
 
-FLARE_SITE=/tmp/flare-site
-rm -rf "$FLARE_SITE"
-echo "=== installing flare from the working tree into $FLARE_SITE"
-if ! "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --target "$FLARE_SITE" . ; then
-    echo "wheel build failed: using a symlink tree with generated entry points instead"
-    rm -rf "$FLARE_SITE"
-    mkdir -p "$FLARE_SITE/flare"
-    for f in core/*; do ln -s "$ROOT/$f" "$FLARE_SITE/flare/$(basename "$f")"; done
-    for sub in plugins backends models; do ln -sfn "$ROOT/$sub" "$FLARE_SITE/flare/$sub"; done
-    "$PY" - "$FLARE_SITE" <<'EOF'
+echo "=== installing flare from the working tree into $VENV"
+if ! "$PY" -m pip install -q --no-index --no-deps --no-build-isolation "$ROOT" > /tmp/flare-wheel.log 2>&1; then
+    tail -n 5 /tmp/flare-wheel.log
+    echo "wheel build failed (log above): using a symlink tree with generated entry points instead"
+    SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    mkdir -p "$SITE/flare"
+    for f in core/*; do ln -sfn "$ROOT/$f" "$SITE/flare/$(basename "$f")"; done
+    for sub in plugins backends models; do ln -sfn "$ROOT/$sub" "$SITE/flare/$sub"; done
+    "$PY" - "$SITE" <<'EOF'
 import sys, tomllib, pathlib
 site = pathlib.Path(sys.argv[1])
 meta = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["project"]
 info = site / f"flare_runtime-{meta['version']}.dist-info"
-info.mkdir()
+info.mkdir(exist_ok=True)
 (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: flare-runtime\nVersion: {meta['version']}\n")
 lines = []
 for group, eps in meta.get("entry-points", {}).items():
@@ -106,11 +122,47 @@ if "scripts" in meta:
 (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
 EOF
 fi
-export PYTHONPATH="$SITE:$FLARE_SITE${PYTHONPATH:+:$PYTHONPATH}"
+
+# --- 2. Vulkan loader and the NVIDIA ICD ------------------------------------------------
+if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1'; then
+    if compgen -G ".gl/*.deb" > /dev/null; then
+        echo "=== no Vulkan loader installed: unpacking the carried .gl/*.deb"
+        for f in .gl/*.deb; do dpkg -x "$f" /; done
+        ldconfig || true
+    else
+        echo "NOTE: no Vulkan loader and no .gl/*.deb carried: the vulkan backend will be unusable"
+    fi
+fi
+if [ -z "${VK_DRIVER_FILES:-}" ]; then
+    for dir in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d \
+               /usr/local/nvidia/share/vulkan/icd.d /usr/local/nvidia /usr/lib/x86_64-linux-gnu/nvidia \
+               /usr/lib/nvidia /usr/lib64/nvidia /opt/nvidia; do
+        [ -d "$dir" ] || continue
+        icd="$(find "$dir" -maxdepth 4 -name 'nvidia_icd*.json' 2>/dev/null | head -n 1)"
+        if [ -n "$icd" ]; then
+            export VK_DRIVER_FILES="$icd"
+            break
+        fi
+    done
+fi
+echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-<unset: loader default search path>}"
+
+{
+    echo "date: $(date -u +%FT%TZ)"
+    echo "host: $(uname -a)"
+    echo "load: $(uptime)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>&1 || echo "nvidia-smi: not available"
+    "$PY" --version
+    "$PY" -m pip list 2>/dev/null | grep -i -E '^(numpy|cuda-bindings|cuda-pathfinder|nvidia-cuda-nvrtc|cupy|nvmath|vulkan|cffi|flare-runtime) ' || true
+    echo "libvulkan: $(ldconfig -p 2>/dev/null | grep -m1 'libvulkan\.so\.1' || echo none)"
+    echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-}"
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
 cd /tmp  # import flare from the install, not from the source folders
 TESTS="$ROOT/tests"
 
-# --- what the backends say ---------------------------------------------------------
+# --- 3. probe and tests ------------------------------------------------------------------
 step probe 60 "" "$PY" -c '
 from flare.plugin_manager import get_plugin_manager
 for name, spec in get_plugin_manager().backends().items():
@@ -120,22 +172,27 @@ for name, spec in get_plugin_manager().backends().items():
 from flare.backends.cuda.device import CudaBackend
 raise SystemExit(0 if CudaBackend.probe().usable else 1)
 '
-
-# --- tests: CUDA's own (GPU required), then the conformance matrix --------------------
 # (--require-backends takes an optional value: always give it one, or it eats the next path)
 export FLARE_REQUIRE_CUDA=1
-step cuda-tests 180 cuda-tests.log "$PY" -m pytest -q -rs -p no:cacheprovider --rootdir="$ROOT" \
+step cuda-tests 180 tests.log "$PY" -m pytest -q -rs -p no:cacheprovider --rootdir="$ROOT" \
     --backends=cpu,cuda --require-backends=cpu,cuda "$TESTS"/test_cuda_*.py
-step conformance 200 conformance.log "$PY" -m pytest -q -rs -p no:cacheprovider \
+step conformance 200 tests.log "$PY" -m pytest -q -rs -p no:cacheprovider \
     --backends=cpu,cuda,vulkan --require-backends=cpu,cuda,vulkan --pyargs flare.plugins.testing.conformance
 
-# --- benchmark: CUDA graph replay vs plain launches ---------------------------------
-step bench 90 bench.log "$PY" "$ROOT/bench/cuda_graph_replay.py" --out "$OUT/bench-cuda-graph.json"
+# --- 4. benchmarks ---------------------------------------------------------------------------
+step bench-matmul 120 "" "$PY" "$ROOT/bench/cuda_matmul.py" --sizes 256,1024,4096 --out "$OUT/bench-matmul.json"
+if [ -f "$ROOT/bench/gpu_kernels.py" ]; then
+    step bench-e2e 150 "" bash -c "'$PY' '$ROOT/bench/gpu_kernels.py' --backends cpu,cuda,vulkan --sizes 128,256,512 \
+        --json > '$OUT/bench-e2e.json'; rc=\$?; cat '$OUT/bench-e2e.json'; exit \$rc"
+else
+    RESULTS+=("bench-e2e      FAIL (bench/gpu_kernels.py is not in this tree)")
+fi
+step bench-graph 60 "" "$PY" "$ROOT/bench/cuda_graph_replay.py" --out "$OUT/bench-graph.json"
 
-# --- summary ---------------------------------------------------------------------------
+# --- summary -------------------------------------------------------------------------------------
 status=0
 {
-    echo "gpu-check $(date -u +%FT%TZ)"
+    echo "gpu-check $(date -u +%FT%TZ)  load: $(uptime)"
     for line in "${RESULTS[@]}"; do
         echo "$line"
         case "$line" in *FAIL*) status=1 ;; esac
