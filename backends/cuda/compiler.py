@@ -59,8 +59,12 @@ class KernelSource:
         return h.hexdigest()
 
     def kernels(self) -> tuple[str, ...]:
-        """Names of the kernels this file defines (its `FLARE_KERNEL(name)` lines)."""
-        return tuple(re.findall(r"^FLARE_KERNEL\((\w+)\)", self.text, flags=re.M))
+        """Names of the kernels this file defines: its `FLARE_KERNEL(name)` lines, and the
+        names listed on `// FLARE_KERNELS: a b c` lines (kernels a macro instantiates)."""
+        names = re.findall(r"^FLARE_KERNEL\((\w+)\)", self.text, flags=re.M)
+        for line in re.findall(r"^// FLARE_KERNELS:(.*)$", self.text, flags=re.M):
+            names += line.split()
+        return tuple(names)
 
 
 @dataclass(frozen=True)

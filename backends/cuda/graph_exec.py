@@ -54,7 +54,7 @@ class CudaGraphSplit(PreparedSplit):
     # -- building ---------------------------------------------------------------
     def _capture(self, program: SplitProgram) -> None:
         """Lower the split and record its launches into a new graph (self.graph)."""
-        plan = lowering.lower_all(program.nodes, program.binding)
+        plan = lowering.lower_all(program.nodes, program.binding, program.tuning)
         functions = [self.device.function(launch.module, launch.kernel) for launch in plan]
         if not plan:
             self.plan, self.graph = plan, None  # views only: nothing to run

@@ -6,13 +6,16 @@ everything here is checked against the NumPy references without a GPU.
 
 Conventions shared with kernels/*.cu: tensors are padded to rank 4 on the
 left; broadcasting and `transpose_b` are expressed as strides, never copies;
-outputs are contiguous; every kernel does one unit of work per thread for
-`n` threads in 1-D blocks of `BLOCK`.
+outputs are contiguous. Elementwise kernels do one unit of work per thread for
+`n` threads in 1-D blocks of `BLOCK`; row kernels (norms, softmax, reductions,
+top_k) run one block per row (`row_grid`, `row_block`); matmuls pick a tiled,
+matrix-vector or generic kernel by layout, size and the split's tuning
+(`matmul_plan`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -31,32 +34,63 @@ REDUCE_CODES = {"sum": 0, "mean": 1, "max": 2, "argmax": 3}
 VIEW_OPS = frozenset({"slice", "reshape", "permute", "transpose"})
 
 BindingOf = Callable[[Tensor], Binding]
+Tuning = Mapping[str, str] | None  # op -> kernel variant (SplitProgram.tuning)
+
+
+MAX_GRID = 65535          # blocks along grid y and z (x allows more; rows stay within it too)
+ROW_BLOCK_MAX = 256       # threads of a row kernel's block
+MM_TILES = {"t32": "s", "t64": "m", "t128": "l"}    # tuning variant -> kernel tile (matmul.cu)
+MM_TILE_SIZE = {"s": 32, "m": 64, "l": 128}
+MM_VARIANTS = (*MM_TILES, "naive")                   # what SplitProgram.tuning["matmul"] may name
+MV_MAX_ROWS = 4           # matmuls with at most this many rows use the matrix-vector kernel
+MV_OUTPUTS_PER_BLOCK = 16  # 8 warps x MV_ROWS (matmul.cu)
+TOPK_P = 2048
 
 
 @dataclass
 class Launch:
-    """One kernel launch: `n` threads of `kernel` (in kernel file `module`) over `args`."""
+    """One kernel launch of `kernel` (in kernel file `module`) over `args`: `n` threads in
+    1-D blocks of BLOCK, unless `grid_dim`/`block_dim` say otherwise (`n` is then the
+    kernel's own work count, e.g. rows)."""
 
     module: str
     kernel: str
     n: int
     args: KArgs
     node: str = ""
+    grid_dim: tuple[int, int, int] | None = None
+    block_dim: tuple[int, int, int] | None = None
 
     @property
     def grid(self) -> tuple[int, int, int]:
-        return (max(1, -(-self.n // BLOCK)), 1, 1)
+        return self.grid_dim or (max(1, -(-self.n // BLOCK)), 1, 1)
 
     @property
     def block(self) -> tuple[int, int, int]:
-        return (BLOCK, 1, 1)
+        return self.block_dim or (BLOCK, 1, 1)
+
+
+def row_grid(rows: int) -> tuple[int, int, int]:
+    """One block per row: x up to MAX_GRID, the rest continues in y (kernels read
+    row = blockIdx.y * gridDim.x + blockIdx.x and skip rows >= n)."""
+    x = max(1, min(rows, MAX_GRID))
+    return (x, max(1, -(-rows // x)), 1)
+
+
+def row_block(length: int) -> tuple[int, int, int]:
+    """Threads for one row of `length`: a power of two, 32..ROW_BLOCK_MAX (full warps)."""
+    n = 32
+    while n < length and n < ROW_BLOCK_MAX:
+        n *= 2
+    return (n, 1, 1)
 
 
 def _size(shape) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
 
-def _launch(module: str, kernel: str, n: int, node: Tensor, *tensors, ints=(), floats=()) -> list[Launch]:
+def _launch(module: str, kernel: str, n: int, node: Tensor, *tensors, ints=(), floats=(),
+            grid=None, block=None) -> list[Launch]:
     """Build one launch; `tensors` are Bindings or (Binding, shape, strides) layouts.
 
     Returns [] for empty work: a zero-sized tensor needs no kernel."""
@@ -73,7 +107,7 @@ def _launch(module: str, kernel: str, n: int, node: Tensor, *tensors, ints=(), f
         args.i[k] = int(v)
     for k, v in enumerate(floats):
         args.f[k] = float(v)
-    return [Launch(module, kernel, n, args, node.name)]
+    return [Launch(module, kernel, n, args, node.name, grid, block)]
 
 
 # ---- per-op lowerings ------------------------------------------------------------
@@ -92,7 +126,37 @@ def _binary(node: Tensor, b: BindingOf) -> list[Launch]:
     return _launch("elementwise", "flare_binary", _size(out.shape), node, lx, ly, out, ints=(BINARY_CODES[node.op],))
 
 
-def _matmul(node: Tensor, b: BindingOf) -> list[Launch]:
+def _aligned4(binding, *strides) -> bool:
+    """Whether float4 loads are aligned: buffers are 256-byte aligned, so the element
+    offset and every step between rows must be multiples of 4 elements."""
+    return binding.dtype == "f32" and (binding.offset // 4) % 4 == 0 and all(int(s) % 4 == 0 for s in strides)
+
+
+def matmul_plan(m: int, n: int, k: int, a_kcontig: bool, b_kstride: int, b_nstride: int, b_dtype: str,
+                variant: str | None) -> tuple[str, str]:
+    """(kind, kernel) for a matmul: kind is "mv", "tiled" or "naive".
+
+    The tile is the tuning's `variant` (t32/t64/t128) when given, else picked by
+    size: the largest tile whose side the output still fills."""
+    if variant == "naive":
+        return "naive", "flare_matmul"
+    if variant is None and m <= MV_MAX_ROWS and b_kstride == 1:
+        return "mv", "flare_mv_mm_h" if b_dtype == "f16" else "flare_mv_mm"
+    if variant in MM_TILES:
+        tile = MM_TILES[variant]
+    else:
+        side = min(m, n)
+        tile = "l" if side >= 512 else "m" if side >= 64 else "s"
+    if a_kcontig and b_kstride == 1:
+        layout = "nt"
+    elif a_kcontig and b_nstride == 1:
+        layout = "nn"
+    else:
+        return "tiled", f"flare_mm_{tile}_st"
+    return "tiled", f"flare_mm_{tile}_{layout}" + ("_h" if b_dtype == "f16" else "")
+
+
+def _matmul(node: Tensor, b: BindingOf, tuning: Tuning = None) -> list[Launch]:
     x, w, out = b(node.srcs[0]), b(node.srcs[1]), b(node)
     batch = tuple(out.shape[:-2])
     m, n = out.shape[-2:]
@@ -108,7 +172,33 @@ def _matmul(node: Tensor, b: BindingOf) -> list[Launch]:
     lx = (x, pad + batch + (m, k), zero + xb + (x.strides[-2], x.strides[-1]))
     lw = (w, pad + batch + (k, n), zero + wb + w_mat_strides)
     lo = (out, pad + batch + (m, n), zero + tuple(out.strides[:-2]) + tuple(out.strides[-2:]))
-    return _launch("matmul", "flare_matmul", _size(out.shape), node, lx, lw, lo)
+    nbatch = _size(batch)
+    a_kcontig = x.dtype == "f32" and (x.strides[-1] == 1 or k == 1)
+    b_kstride = w_mat_strides[0] if k > 1 else 1
+    b_nstride = w_mat_strides[1] if n > 1 else 1
+    variant = (tuning or {}).get("matmul")
+    kind, kernel = matmul_plan(m, n, k, a_kcontig, b_kstride, b_nstride, w.dtype,
+                               variant if variant in MM_VARIANTS else None)
+    if kind == "naive" or w.dtype not in ("f32", "f16"):
+        return _launch("matmul", "flare_matmul", _size(out.shape), node, lx, lw, lo)
+    if kind == "mv":
+        vec = 2 if k % 4 == 0 and _aligned4(w, w_mat_strides[1], *wb) else 0
+        pairs = nbatch * m
+        gy = min(pairs, MAX_GRID)
+        grid = (-(-n // MV_OUTPUTS_PER_BLOCK), gy, -(-pairs // gy))
+        return _launch("matmul", kernel, pairs, node, lx, lw, lo, ints=(vec,), grid=grid, block=(256, 1, 1))
+    vec = 0
+    if kernel.endswith(("_nt", "_nn")):
+        if k % 4 == 0 and _aligned4(x, x.strides[-2], *xb):
+            vec |= 1
+        if kernel.endswith("_nt") and k % 4 == 0 and _aligned4(w, w_mat_strides[1], *wb):
+            vec |= 2
+        if kernel.endswith("_nn") and n % 4 == 0 and _aligned4(w, w_mat_strides[0], *wb):
+            vec |= 2
+    side = MM_TILE_SIZE[kernel.split("_")[2]]
+    grid = (-(-n // side), -(-m // side), nbatch)
+    return _launch("matmul", kernel, _size(out.shape), node, lx, lw, lo, ints=(vec,), grid=grid,
+                   block=(256, 1, 1))
 
 
 def _rows(shape) -> int:
@@ -118,8 +208,9 @@ def _rows(shape) -> int:
 def _norm(node: Tensor, b: BindingOf) -> list[Launch]:
     x, out = b(node.srcs[0]), b(node)
     mode = 0 if node.op == "layer_norm" else 1
-    return _launch("norm", "flare_norm", _rows(x.shape) if x.shape[-1] else 0, node, x, out,
-                   ints=(mode,), floats=(node.params["eps"],))
+    rows = _rows(x.shape) if x.shape[-1] else 0
+    return _launch("norm", "flare_norm", rows, node, x, out, ints=(mode,), floats=(node.params["eps"],),
+                   grid=row_grid(rows), block=row_block(x.shape[-1]))
 
 
 def _softmax(node: Tensor, b: BindingOf) -> list[Launch]:
@@ -130,8 +221,9 @@ def _softmax(node: Tensor, b: BindingOf) -> list[Launch]:
         has_mask = 1
     else:
         mask, has_mask = x, 0
-    return _launch("norm", "flare_softmax", _rows(x.shape) if x.shape[-1] else 0, node, x, mask, out,
-                   ints=(has_mask,), floats=(node.params.get("scale", 1.0),))
+    rows = _rows(x.shape) if x.shape[-1] else 0
+    return _launch("norm", "flare_softmax", rows, node, x, mask, out, ints=(has_mask,),
+                   floats=(node.params.get("scale", 1.0),), grid=row_grid(rows), block=row_block(x.shape[-1]))
 
 
 def _get_rows(node: Tensor, b: BindingOf) -> list[Launch]:
@@ -151,7 +243,14 @@ def _gather(node: Tensor, b: BindingOf) -> list[Launch]:
 
 def _top_k(node: Tensor, b: BindingOf) -> list[Launch]:
     x, out = b(node.srcs[0]), b(node)
-    return _launch("index", "flare_top_k", _rows(x.shape), node, x, out, ints=(node.params["k"],))
+    rows, length, k = _rows(x.shape), x.shape[-1], node.params["k"]
+    p = 1
+    while p < min(length, TOPK_P):
+        p *= 2
+    if length > p and k > p // 2:  # nothing the models ask for: the one-thread-per-row kernel
+        return _launch("index", "flare_top_k_serial", rows, node, x, out, ints=(k,))
+    return _launch("index", "flare_top_k", rows, node, x, out, ints=(k, p), grid=row_grid(rows),
+                   block=row_block(p))
 
 
 def _rope(node: Tensor, b: BindingOf) -> list[Launch]:
@@ -167,7 +266,7 @@ def _conv1d(node: Tensor, b: BindingOf) -> list[Launch]:
                    ints=(p.get("stride", 1), p.get("padding", 0), p.get("dilation", 1)))
 
 
-def _mul_mat_id(node: Tensor, b: BindingOf) -> list[Launch]:
+def _mul_mat_id(node: Tensor, b: BindingOf, tuning: Tuning = None) -> list[Launch]:
     w, x, ids = (b(s) for s in node.srcs)
     out = b(node)
     t, k = ids.shape
@@ -175,7 +274,15 @@ def _mul_mat_id(node: Tensor, b: BindingOf) -> list[Launch]:
         lx = (x, (t, k, x.shape[1]), (x.strides[0], 0, x.strides[1]))
     else:
         lx = x
-    return _launch("matmul", "flare_mul_mat_id", _size(out.shape), node, w, lx, ids, out)
+    kdim, n = w.shape[-1], w.shape[-2]
+    if w.strides[-1] != 1 or w.dtype not in ("f32", "f16") or (tuning or {}).get("mul_mat_id") == "naive":
+        return _launch("matmul", "flare_mul_mat_id", _size(out.shape), node, w, lx, ids, out)
+    vec = 2 if kdim % 4 == 0 and _aligned4(w, w.strides[-2], w.strides[-3]) else 0
+    pairs = t * k
+    gy = min(max(pairs, 1), MAX_GRID)
+    grid = (-(-n // MV_OUTPUTS_PER_BLOCK), gy, -(-pairs // gy))
+    return _launch("matmul", "flare_mv_id_h" if w.dtype == "f16" else "flare_mv_id", pairs, node, w, lx, ids, out,
+                   ints=(vec,), grid=grid, block=(256, 1, 1))
 
 
 def _copy(node: Tensor, b: BindingOf) -> list[Launch]:
@@ -210,8 +317,9 @@ def _reduce(node: Tensor, b: BindingOf) -> list[Launch]:
     length, stride = x.shape[axis], x.strides[axis]
     if length == 0 and node.op in ("argmax", "max"):
         raise ValueError(f"node {node.name!r}: {node.op} over an empty axis")
-    return _launch("reduce", "flare_reduce", _size(outer), node, (x, outer, x.strides), out,
-                   ints=(REDUCE_CODES[node.op], length, stride))
+    count = _size(outer)
+    return _launch("reduce", "flare_reduce", count, node, (x, outer, x.strides), out,
+                   ints=(REDUCE_CODES[node.op], length, stride), grid=row_grid(count), block=row_block(length))
 
 
 def _view(node: Tensor, b: BindingOf) -> list[Launch]:
@@ -244,18 +352,24 @@ def supported(node: Tensor) -> bool:
     return True
 
 
-def lower(node: Tensor, binding_of: BindingOf) -> list[Launch]:
-    """The launches that compute `node` with the tensors where `binding_of` says."""
+TUNED = frozenset({"matmul", "mul_mat_id"})  # lowerings that read the split's tuning
+
+
+def lower(node: Tensor, binding_of: BindingOf, tuning: Tuning = None) -> list[Launch]:
+    """The launches that compute `node` with the tensors where `binding_of` says, using
+    the kernel variants `tuning` names (op -> variant; unknown names are ignored)."""
     try:
         fn = LOWERINGS[node.op]
     except KeyError:
         raise ValueError(f"node {node.name!r}: op {node.op!r} has no CUDA kernel") from None
+    if node.op in TUNED:
+        return fn(node, binding_of, tuning)  # type: ignore[call-arg]
     return fn(node, binding_of)
 
 
-def lower_all(nodes, binding_of: BindingOf) -> list[Launch]:
+def lower_all(nodes, binding_of: BindingOf, tuning: Tuning = None) -> list[Launch]:
     """Launch plan of a split, in node order."""
     plan: list[Launch] = []
     for node in nodes:
-        plan.extend(lower(node, binding_of))
+        plan.extend(lower(node, binding_of, tuning))
     return plan

@@ -12,9 +12,11 @@
 // half is handled as its 16 bits and converted with the PTX `cvt` instructions
 // that __half2float/__float2half_rn compile to.
 //
-// The same sources compile on the host with FLARE_EMULATE defined (see
-// emulate.h): kernels therefore use no shared memory, barriers or warp
-// intrinsics, so that running the threads one after another is faithful.
+// The same sources compile on the host with FLARE_EMULATE defined (emulate.h in
+// the testing plugin flare.plugins.testing.cuda_emu): a block's threads run there
+// as cooperative fibers, so __shared__ memory, __syncthreads and warp shuffles
+// (__shfl_xor_sync/__shfl_down_sync/__shfl_sync) are checked on any machine.
+// Kernels use only those intrinsics (anything else needs an emulation first).
 #pragma once
 
 typedef long long i64;
@@ -65,9 +67,9 @@ static_assert(sizeof(KArgs) == 440, "KArgs layout changed: update flare/backends
 #ifdef FLARE_EMULATE
 #define FLARE_KERNEL(name)                                                             \
     static void name##_body(const KArgs& A);                                           \
-    extern "C" void name(const KArgs* args, unsigned gx, unsigned gy, unsigned gz,     \
-                         unsigned bx, unsigned by, unsigned bz) {                      \
-        flare_emu_run(name##_body, *args, gx, gy, gz, bx, by, bz);                     \
+    extern "C" const char* name(const KArgs* args, unsigned gx, unsigned gy, unsigned gz, \
+                                unsigned bx, unsigned by, unsigned bz) {               \
+        return flare_emu_run(name##_body, *args, gx, gy, gz, bx, by, bz);              \
     }                                                                                  \
     static void name##_body(const KArgs& A)
 #else
@@ -152,3 +154,36 @@ FLARE_DEVICE void flare_copy_elem(const TensorDesc& src, i64 soff, const TensorD
         flare_store(dst, doff, flare_load(src, soff));
     }
 }
+
+// ---- block-wide helpers (one block per row) ------------------------------------------
+// Block sizes are multiples of 32 (lowering.row_block), so every warp is full.
+
+FLARE_DEVICE float flare_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// max that propagates NaN (as NumPy's max does)
+FLARE_DEVICE float flare_nanmax(float a, float b) { return (isnan(a) || a > b) ? a : b; }
+
+FLARE_DEVICE float flare_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = flare_nanmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum (op 0) or NaN-propagating max (op 1) of one value per thread, returned to every
+// thread. `scratch` is 32 floats of __shared__ memory; it may be reused after return.
+FLARE_DEVICE float flare_block_reduce(float v, int op, float* scratch) {
+    const unsigned tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+    const unsigned nwarps = (blockDim.x + 31u) >> 5;
+    v = op == 0 ? flare_warp_sum(v) : flare_warp_max(v);
+    if (nwarps == 1) return v;
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float w = lane < nwarps ? scratch[lane] : (op == 0 ? 0.0f : FLARE_NEG_INF);
+    return op == 0 ? flare_warp_sum(w) : flare_warp_max(w);
+}
+
+FLARE_DEVICE float flare_block_sum(float v, float* scratch) { return flare_block_reduce(v, 0, scratch); }
+FLARE_DEVICE float flare_block_max(float v, float* scratch) { return flare_block_reduce(v, 1, scratch); }

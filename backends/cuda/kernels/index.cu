@@ -44,11 +44,72 @@ FLARE_KERNEL(flare_gather) {
     flare_store(A.t[2], A.t[2].offset + e, flare_load(x, flare_at(x, c)));
 }
 
-// t0 = x (4D, rows over the first three axes), t1 = out i32 [.., k]; i[0] = k;
-// n = rows.  Indices of the k largest, by value descending, ties by lower index:
-// each step takes the best element ordered strictly after the previous pick, so
-// no scratch memory is needed (O(k*N) per row; k is small).
+// top_k order: (value, index) a goes before b when its value is larger, ties by the
+// lower index, NaN after every number (NumPy's stable argsort of -x); index -1 is
+// an empty slot and goes last.
+FLARE_DEVICE bool flare_topk_before(float av, int ai, float bv, int bi) {
+    if (ai < 0) return false;
+    if (bi < 0) return true;
+    const bool an = isnan(av), bn = isnan(bv);
+    if (an || bn) return bn && (!an || ai < bi);
+    return av > bv || (av == bv && ai < bi);
+}
+
+#define TOPK_P 2048  // the most (value, index) pairs a block sorts at once in shared memory
+
+// t0 = x (4D, rows over the first three axes), t1 = out i32 [.., k]; i[0] = k,
+// i[1] = P (a power of two, at most TOPK_P, >= N or > k); n = rows.
+// One block per row: P pairs in shared memory, bitonic-sorted (O(P log^2 P) work
+// spread over the block). Rows longer than P go through in pieces: the best k so
+// far stay in the first k slots and the next P - k elements fill the rest.
 FLARE_KERNEL(flare_top_k) {
+    __shared__ float kv[TOPK_P];
+    __shared__ int ki[TOPK_P];
+    const i64 r = (i64)blockIdx.y * gridDim.x + blockIdx.x;
+    if (r >= A.n) return;  // whole block
+    const TensorDesc& x = A.t[0];
+    const i64 N = x.shape[3], k = A.i[0];
+    const int P = (int)A.i[1];
+    i64 c[4];
+    flare_unravel(x.shape, r * N, c);
+    const i64 px = flare_at(x, c);
+    const int tid = (int)threadIdx.x, step = (int)blockDim.x;
+    int have = 0;
+    i64 next = 0;
+    while (true) {
+        for (int q = have + tid; q < P; q += step) {
+            const i64 j = next + (q - have);
+            kv[q] = j < N ? flare_load(x, px + j * x.stride[3]) : 0.0f;
+            ki[q] = j < N ? (int)j : -1;
+        }
+        next += P - have;
+        __syncthreads();
+        for (int size = 2; size <= P; size <<= 1) {
+            for (int stride = size >> 1; stride > 0; stride >>= 1) {
+                for (int q = tid; q < P; q += step) {
+                    const int o = q ^ stride;
+                    if (o <= q) continue;
+                    const bool first = (q & size) == 0;  // this run is sorted best-first
+                    const bool swap = first ? flare_topk_before(kv[o], ki[o], kv[q], ki[q])
+                                            : flare_topk_before(kv[q], ki[q], kv[o], ki[o]);
+                    if (swap) {
+                        const float tv = kv[q]; kv[q] = kv[o]; kv[o] = tv;
+                        const int ti = ki[q]; ki[q] = ki[o]; ki[o] = ti;
+                    }
+                }
+                __syncthreads();
+            }
+        }
+        have = (int)k;
+        if (next >= N) break;
+    }
+    for (int q = tid; q < (int)k; q += step) flare_store_int(A.t[1], A.t[1].offset + r * k + q, ki[q]);
+}
+
+// The same for rows longer than TOPK_P with k > TOPK_P / 2 (nothing Flare's models
+// ask for): one thread per row, k passes, each taking the best element ordered
+// after the previous pick (O(k*N) per row, no scratch memory).
+FLARE_KERNEL(flare_top_k_serial) {
     i64 r = flare_thread_index();
     if (r >= A.n) return;
     const TensorDesc& x = A.t[0];
@@ -57,15 +118,14 @@ FLARE_KERNEL(flare_top_k) {
     flare_unravel(x.shape, r * N, c);
     const i64 px = flare_at(x, c);
     float pv = 0.0f;
-    i64 pi = -1;
+    int pi = -1;
     for (i64 q = 0; q < k; ++q) {
-        i64 bi = -1;
+        int bi = -1;
         float bv = 0.0f;
         for (i64 j = 0; j < N; ++j) {
-            float v = flare_load(x, px + j * x.stride[3]);
-            // after the previous pick (pv, pi) in the order (value desc, index asc)?
-            if (pi >= 0 && !(v < pv || (v == pv && j > pi))) continue;
-            if (bi < 0 || v > bv) { bv = v; bi = j; }
+            const float v = flare_load(x, px + j * x.stride[3]);
+            if (pi >= 0 && !flare_topk_before(pv, pi, v, (int)j)) continue;  // not after the last pick
+            if (flare_topk_before(v, (int)j, bv, bi)) { bv = v; bi = (int)j; }
         }
         flare_store_int(A.t[1], A.t[1].offset + r * k + q, bi < 0 ? 0 : bi);
         pv = bv;

@@ -1,46 +1,47 @@
 // norm.cu: row-wise ops over the last axis (layer_norm, rms_norm, softmax).
-// One thread per row; in place is safe because a thread reads each element of
-// its row before writing that element.
+//
+// One block per row (blockIdx.x; rows of more than 65535 blocks continue in
+// blockIdx.y), its threads striding over the row, partial results combined with
+// warp shuffles and 32 floats of shared memory (flare_block_reduce). In place is
+// safe: every element is read in the reduction passes before the last pass
+// writes it, and each element is read and written by the same thread.
 #include "common.cuh"
+
+FLARE_DEVICE i64 flare_row_id() { return (i64)blockIdx.y * gridDim.x + blockIdx.x; }
 
 // t0 = x [4D, rows over the first three axes], t1 = out; i[0] = 0 layer_norm,
 // 1 rms_norm; f[0] = eps; n = rows
 FLARE_KERNEL(flare_norm) {
-    i64 r = flare_thread_index();
-    if (r >= A.n) return;
+    __shared__ float scratch[32];
+    const i64 r = flare_row_id();
+    if (r >= A.n) return;  // whole block: no barrier is skipped by part of it
     const TensorDesc& x = A.t[0];
     const i64 D = x.shape[3], s = x.stride[3];
     i64 c[4];
     flare_unravel(x.shape, r * D, c);
     const i64 px = flare_at(x, c);
     const i64 po = A.t[1].offset + r * D;
-    if (A.i[0] == 0) {
-        float mean = 0.0f;
-        for (i64 j = 0; j < D; ++j) mean += flare_load(x, px + j * s);
-        mean /= (float)D;
-        float var = 0.0f;
-        for (i64 j = 0; j < D; ++j) {
-            float d = flare_load(x, px + j * s) - mean;
-            var += d * d;
-        }
-        var /= (float)D;
-        const float inv = 1.0f / sqrtf(var + A.f[0]);
-        for (i64 j = 0; j < D; ++j) flare_store(A.t[1], po + j, (flare_load(x, px + j * s) - mean) * inv);
-    } else {
-        float ss = 0.0f;
-        for (i64 j = 0; j < D; ++j) {
-            float v = flare_load(x, px + j * s);
-            ss += v * v;
-        }
-        const float inv = 1.0f / sqrtf(ss / (float)D + A.f[0]);
-        for (i64 j = 0; j < D; ++j) flare_store(A.t[1], po + j, flare_load(x, px + j * s) * inv);
+    const i64 step = blockDim.x;
+    float mean = 0.0f;
+    if (A.i[0] == 0) {  // two passes (mean, then squared deviations): no cancellation
+        float sum = 0.0f;
+        for (i64 j = threadIdx.x; j < D; j += step) sum += flare_load(x, px + j * s);
+        mean = flare_block_sum(sum, scratch) / (float)D;
     }
+    float ss = 0.0f;
+    for (i64 j = threadIdx.x; j < D; j += step) {
+        const float d = flare_load(x, px + j * s) - mean;
+        ss += d * d;
+    }
+    const float inv = 1.0f / sqrtf(flare_block_sum(ss, scratch) / (float)D + A.f[0]);
+    for (i64 j = threadIdx.x; j < D; j += step) flare_store(A.t[1], po + j, (flare_load(x, px + j * s) - mean) * inv);
 }
 
 // t0 = x, t1 = mask (x's shape, stride 0 where broadcast; ignored when i[0] == 0),
 // t2 = out; f[0] = scale; n = rows.  softmax(x*scale + mask) over the last axis.
 FLARE_KERNEL(flare_softmax) {
-    i64 r = flare_thread_index();
+    __shared__ float scratch[32];
+    const i64 r = flare_row_id();
     if (r >= A.n) return;
     const TensorDesc& x = A.t[0];
     const TensorDesc& m = A.t[1];
@@ -52,13 +53,15 @@ FLARE_KERNEL(flare_softmax) {
     const i64 px = flare_at(x, c);
     const i64 pm = has_mask ? flare_at(m, c) : 0;
     const i64 po = A.t[2].offset + r * D;
+    const i64 step = blockDim.x;
 #define FLARE_SOFTMAX_IN(j) \
     (flare_load(x, px + (j) * x.stride[3]) * scale + (has_mask ? flare_load(m, pm + (j) * m.stride[3]) : 0.0f))
     float mx = FLARE_NEG_INF;
-    for (i64 j = 0; j < D; ++j) mx = fmaxf(mx, FLARE_SOFTMAX_IN(j));
+    for (i64 j = threadIdx.x; j < D; j += step) mx = fmaxf(mx, FLARE_SOFTMAX_IN(j));
+    mx = flare_block_max(mx, scratch);
     float sum = 0.0f;
-    for (i64 j = 0; j < D; ++j) sum += expf(FLARE_SOFTMAX_IN(j) - mx);
-    const float inv = 1.0f / sum;
-    for (i64 j = 0; j < D; ++j) flare_store(A.t[2], po + j, expf(FLARE_SOFTMAX_IN(j) - mx) * inv);
+    for (i64 j = threadIdx.x; j < D; j += step) sum += expf(FLARE_SOFTMAX_IN(j) - mx);
+    const float inv = 1.0f / flare_block_sum(sum, scratch);
+    for (i64 j = threadIdx.x; j < D; j += step) flare_store(A.t[2], po + j, expf(FLARE_SOFTMAX_IN(j) - mx) * inv);
 #undef FLARE_SOFTMAX_IN
 }

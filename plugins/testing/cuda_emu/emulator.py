@@ -26,12 +26,16 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from flare.backend import Backend, ProbeResult
-from flare.errors import BackendUnavailable
+from flare.errors import BackendUnavailable, FlareError
 
 from flare.backends.cuda import lowering
 from flare.backends.cuda.compiler import cache_dir, kernel_sources
 
 ENV_FLAG = "FLARE_CUDA_EMULATE"
+
+
+class EmulationError(FlareError):
+    """A kernel did something the emulator refuses (threads deadlocked at a barrier, a bad block)."""
 
 
 def emulator_headers() -> dict[str, str]:
@@ -61,13 +65,18 @@ class KernelLibrary:
         if fn is None:
             fn = getattr(self._lib, name)
             fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 6
-            fn.restype = None
+            fn.restype = ctypes.c_char_p  # NULL, or what went wrong (a deadlock at a barrier)
             self._fns[name] = fn
         return fn
 
+    def run(self, kernel: str, args_address: int, grid, block) -> None:
+        """Run every block of one launch; EmulationError when the kernel misbehaved."""
+        error = self.function(kernel)(args_address, *grid, *block)
+        if error:
+            raise EmulationError(f"{kernel} grid={tuple(grid)} block={tuple(block)}: {error.decode()}")
+
     def launch(self, launch: lowering.Launch) -> None:
-        """Run every thread of one launch, in order."""
-        self.function(launch.kernel)(ctypes.addressof(launch.args), *launch.grid, *launch.block)
+        self.run(launch.kernel, ctypes.addressof(launch.args), launch.grid, launch.block)
 
 
 _LIBRARY: KernelLibrary | None = None
@@ -103,7 +112,7 @@ def build_library(cache: Path | None = None) -> KernelLibrary:
                     (tmpdir / f"{name}.cpp").write_text(src.text)
                     files.append(str(tmpdir / f"{name}.cpp"))
                 out = tmpdir / "kernels.so"
-                cmd = [cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-DFLARE_EMULATE", "-I", str(tmpdir),
+                cmd = [cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-DFLARE_EMULATE", "-I", str(tmpdir),
                        *files, "-o", str(out)]
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 if proc.returncode != 0:

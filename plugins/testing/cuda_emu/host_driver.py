@@ -289,7 +289,7 @@ class HostDriver:
 
     def _run(self, nodes: list[_Node]) -> None:
         for node in nodes:
-            self.library.function(node.function)(ctypes.addressof(node.args), *node.grid, *node.block)
+            self.library.run(node.function, ctypes.addressof(node.args), node.grid, node.block)
 
     # -- graphs ------------------------------------------------------------------------------
     def cuStreamBeginCapture(self, stream, mode):
