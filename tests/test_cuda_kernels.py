@@ -33,8 +33,9 @@ def device(request):
     assert not any({**dev.live_objects(), **dev.cache_objects()}.values()), dev.live_objects()
 
 
-def run_graph(dev, graph, inputs, state=None):
-    """Bind every storage tensor to its own buffer, run the whole graph as one split."""
+def run_graph(dev, graph, inputs, state=None, tuning=None, kernels=None):
+    """Bind every storage tensor to its own buffer, run the whole graph as one split
+    (with `tuning`; the kernels launched are added to the set `kernels`)."""
     bufs, bindings = {}, {}
     before = LEDGER.snapshot().count(dev.name)
     try:
@@ -50,7 +51,9 @@ def run_graph(dev, graph, inputs, state=None):
         for name, t in graph.states.items():
             init = (state or {}).get(name)
             dev.write(bindings[t.id], np.zeros(t.shape, to_numpy(t.dtype)) if init is None else init)
-        split = dev.compile(SplitProgram(dev, graph.nodes, bindings))
+        split = dev.compile(SplitProgram(dev, graph.nodes, bindings, tuning or {}))
+        if kernels is not None:
+            kernels.update(launch.kernel for launch in split.plan)
         split.run()
         outs = {name: dev.read(bindings[t.id]) for name, t in graph.outputs.items()}
         states = {name: dev.read(bindings[t.id]) for name, t in graph.states.items()}
@@ -62,11 +65,11 @@ def run_graph(dev, graph, inputs, state=None):
         assert LEDGER.snapshot().count(dev.name) == before
 
 
-def check(dev, graph, inputs, state=None, rtol=2e-5, atol=2e-5):
+def check(dev, graph, inputs, state=None, rtol=2e-5, atol=2e-5, tuning=None, kernels=None):
     from flare.reference import evaluate
 
     want_out, want_state = evaluate(graph, inputs, state)
-    got_out, got_state = run_graph(dev, graph, inputs, state)
+    got_out, got_state = run_graph(dev, graph, inputs, state, tuning, kernels)
     for name in want_out:
         _same(name, got_out[name], want_out[name], rtol, atol)
     for name in want_state:
@@ -331,3 +334,109 @@ def test_rebind_points_the_plan_at_new_buffers(device):
     finally:
         for buf in bufs:
             buf.release()
+
+
+# ---- the GPU-shaped kernels: every variant, odd sizes, transposed and batched operands ----
+# Sizes are not multiples of any tile (32/64/128) nor, where marked, of the float4 width,
+# so every guard is exercised; K > 16 crosses several K slices of a tile. Tolerance:
+# f32 sums of up to ~1100 products of O(1) values, reassociated: rtol/atol 1e-4
+# (the conformance suite's ACCUM); f16 weights are exact in f32, same tolerance.
+
+def _matmul_graph(b):
+    """Every matmul layout the lowering tells apart, at odd sizes."""
+    f = {}
+    x = b.input("x", (37, 45))                                    # K = 45: scalar loads
+    b.output("nt", b.matmul(x, b.weight("w_nt", f32(70, 45)), transpose_b=True))
+    b.output("nn", b.matmul(x, b.weight("w_nn", f32(45, 70))))
+    xv = b.input("xv", (33, 132))                                 # K % 4 == 0: float4 loads
+    b.output("nt_vec", b.matmul(xv, b.weight("wv_nt", f32(68, 132)), transpose_b=True))
+    b.output("nn_vec", b.matmul(xv, b.weight("wv_nn", f32(132, 68))))
+    b.output("nt_f16", b.matmul(xv, b.weight("wh_nt", f32(29, 132).astype(np.float16)), transpose_b=True))
+    b.output("nn_f16", b.matmul(x, b.weight("wh_nn", f32(45, 29).astype(np.float16))))
+    xt = b.input("xt", (45, 37))                                  # a read through a transposed view
+    b.output("strided", b.matmul(b.transpose(xt), b.weight("w_st", f32(70, 45)), transpose_b=True))
+    p, q = b.input("p", (3, 1, 19, 24)), b.input("q", (2, 24, 35))  # batched, broadcast batch axes
+    b.output("batched", b.matmul(p, q))
+    b.output("batched_tb", b.matmul(p, b.input("r", (2, 35, 24)), transpose_b=True))
+    for m in (1, 3):                                              # few rows: the matrix-vector kernel
+        xm = b.input(f"m{m}", (2, m, 132))
+        b.output(f"mv{m}", b.matmul(xm, b.weight(f"wm{m}", f32(77, 132)), transpose_b=True))
+        b.output(f"mv{m}_f16", b.matmul(xm, b.weight(f"wmh{m}", f32(21, 132).astype(np.float16)),
+                                        transpose_b=True))
+    b.output("mv_odd", b.matmul(b.input("m0", (1, 45)), b.weight("wm0", f32(70, 45)), transpose_b=True))
+    for name, shape in (("x", (37, 45)), ("xv", (33, 132)), ("xt", (45, 37)), ("p", (3, 1, 19, 24)),
+                        ("q", (2, 24, 35)), ("r", (2, 35, 24)), ("m1", (2, 1, 132)), ("m3", (2, 3, 132)),
+                        ("m0", (1, 45))):
+        f[name] = f32(*shape)
+    return f
+
+
+@pytest.mark.parametrize("variant", [None, "t32", "t64", "t128", "naive"])
+def test_matmul_variants_match_reference(device, variant):
+    b = GraphBuilder()
+    inputs = _matmul_graph(b)
+    used: set[str] = set()
+    tuning = {"matmul": variant} if variant else None
+    check(device, b.build(), inputs, rtol=1e-4, atol=1e-4, tuning=tuning, kernels=used)
+    if variant is None:  # the default plan uses every specialized kernel
+        assert {"flare_mv_mm", "flare_mv_mm_h", "flare_mm_s_st"} <= used, used
+        assert {"nt", "nn", "nt_h", "nn_h"} <= {k.split("_", 3)[3] for k in used if k.startswith("flare_mm_")}, used
+    elif variant == "naive":
+        assert used == {"flare_matmul"}
+    else:
+        tile = lowering.MM_TILES[variant]
+        assert {f"flare_mm_{tile}_{lay}" for lay in ("nt", "nn", "st", "nt_h", "nn_h")} == used, used
+
+
+def test_mul_mat_id_long_rows(device):
+    """K beyond one shared-memory chunk (MV_CHUNK = 1024), odd and float4 widths, f16 experts."""
+    b = GraphBuilder()
+    ids = b.input("ids", (3, 2), "i32")
+    b.output("vec", b.mul_mat_id(b.weight("w", f32(5, 37, 1100)), b.input("x", (3, 1100)), ids))
+    b.output("odd", b.mul_mat_id(b.weight("wo", f32(5, 19, 1027)), b.input("xo", (3, 2, 1027)), ids))
+    b.output("f16", b.mul_mat_id(b.weight("wh", f32(5, 17, 64).astype(np.float16)), b.input("xh", (3, 64)), ids))
+    inputs = {"ids": np.array([[4, 0], [2, 2], [3, 1]], np.int32), "x": f32(3, 1100), "xo": f32(3, 2, 1027),
+              "xh": f32(3, 64)}
+    used: set[str] = set()
+    check(device, b.build(), inputs, rtol=1e-4, atol=1e-4, kernels=used)
+    assert used == {"flare_mv_id", "flare_mv_id_h"}
+
+
+def test_row_kernels_on_long_rows(device):
+    """Rows longer than a block (several warps, several elements per thread), odd lengths."""
+    b = GraphBuilder()
+    x = b.input("x", (3, 1000))
+    b.output("ln", b.layer_norm(x))
+    b.output("rms", b.rms_norm(b.transpose(b.input("xt", (301, 2))), eps=1e-6))
+    b.output("sm", b.softmax(x, b.input("m", (1, 1000)), scale=0.3))
+    for op in ("sum", "mean", "max"):
+        b.output(op, b.op(op, x, axis=-1))
+        b.output(op + "0", b.op(op, x, axis=0))
+    b.output("argmax", b.argmax(x))
+    row = f32(3, 1000)
+    row[1, 777] = row[1, 5] = 9.0  # ties: the lower index wins
+    inputs = {"x": row, "xt": f32(301, 2), "m": f32(1, 1000)}
+    check(device, b.build(), inputs, rtol=1e-4, atol=1e-5)
+
+
+def test_nan_handling_of_max_and_argmax(device):
+    b = GraphBuilder()
+    x = b.input("x", (2, 300))
+    b.output("max", b.op("max", x, axis=-1))
+    b.output("argmax", b.argmax(x))
+    v = f32(2, 300)
+    v[0, 250] = v[0, 40] = np.nan  # NumPy: max is NaN, argmax is the first NaN
+    got, _ = run_graph(device, b.build(), {"x": v})
+    assert np.isnan(got["max"][0]) and not np.isnan(got["max"][1])
+    np.testing.assert_array_equal(got["argmax"], np.argmax(v, axis=-1).astype(np.int32))
+
+
+@pytest.mark.parametrize("n,k", [(3000, 5), (2048, 2048), (700, 64), (50, 1)])
+def test_top_k_sorts_rows_in_pieces(device, n, k):
+    """Rows longer than the 2048 pairs a block sorts at once go through in pieces; ties by index."""
+    b = GraphBuilder()
+    b.output("k", b.top_k(b.input("x", (2, n)), k=k))
+    x = np.round(f32(2, n), 2)  # many ties
+    used: set[str] = set()
+    check(device, b.build(), {"x": x}, kernels=used)
+    assert used == {"flare_top_k"}

@@ -8,8 +8,9 @@
 // or returns; when every live thread of the block (or of the warp) has arrived,
 // they continue. So __shared__ memory (a static local: one copy, shared by the
 // block's fibers, as blocks run one at a time), barriers and warp shuffles behave
-// as on a GPU, and a kernel whose threads would deadlock (a barrier not reached
-// by all threads) is reported instead of hanging.
+// as on a GPU, and a kernel whose threads would deadlock (some wait at a block
+// barrier, others of the same warp in a shuffle) is reported instead of hanging.
+// Threads that have returned count as arrived, as on GPUs since Volta.
 //
 // Not emulated: memory ordering between threads without a barrier (fibers never
 // run concurrently, so a missing barrier can go unnoticed here when the thread

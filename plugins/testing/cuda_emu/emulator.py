@@ -29,7 +29,7 @@ from flare.backend import Backend, ProbeResult
 from flare.errors import BackendUnavailable, FlareError
 
 from flare.backends.cuda import lowering
-from flare.backends.cuda.compiler import cache_dir, kernel_sources
+from flare.backends.cuda.compiler import KernelSource, cache_dir, kernel_sources
 
 ENV_FLAG = "FLARE_CUDA_EMULATE"
 
@@ -83,17 +83,20 @@ _LIBRARY: KernelLibrary | None = None
 _LIBRARY_LOCK = threading.Lock()
 
 
-def build_library(cache: Path | None = None) -> KernelLibrary:
-    """Compile (or reuse) the host build of every kernel file."""
+def build_library(cache: Path | None = None, sources: Mapping[str, KernelSource] | None = None) -> KernelLibrary:
+    """Compile (or reuse) the host build of every kernel file (or of `sources`, for tests
+    of the emulator itself; those libraries are never the process-wide one)."""
     global _LIBRARY
     with _LIBRARY_LOCK:
-        if _LIBRARY is not None and cache is None:
+        shared = cache is None and sources is None
+        if _LIBRARY is not None and shared:
             return _LIBRARY
         cxx = host_compiler()
         if cxx is None:
             raise BackendUnavailable("no C++ compiler (c++, g++ or clang++) to build the CUDA kernel emulator")
-        sources = kernel_sources()
-        headers = {**next(iter(sources.values())).headers, **emulator_headers()}
+        package = kernel_sources()
+        sources = dict(sources) if sources is not None else package
+        headers = {**next(iter(package.values())).headers, **emulator_headers()}
         h = hashlib.sha256(cxx.encode())
         for name in sorted(sources):
             h.update(sources[name].digest.encode())
@@ -119,7 +122,7 @@ def build_library(cache: Path | None = None) -> KernelLibrary:
                     raise RuntimeError(f"building the kernel emulator failed:\n{proc.stderr[-4000:]}")
                 os.replace(out, lib_path)
         lib = KernelLibrary(lib_path)
-        if cache is None:
+        if shared:
             _LIBRARY = lib
         return lib
 
