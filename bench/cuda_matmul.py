@@ -4,7 +4,8 @@ Why: `bench/gpu_kernels.py` times whole `execute` calls (uploads and read-backs
 included), which on a GPU hides the kernel. This times only the kernels: a split
 of one `matmul(x, w, transpose_b=True)` (the layout of every linear layer) on
 device-resident operands, replayed as its CUDA graph (`split.run()` = graph launch
-+ stream synchronize), best of `--repeats` after a warm-up. Beside it, the same
++ stream synchronize), best of `--repeats` after a warm-up (flare.backends.cuda.
+tuning.measure, which with `--variants` also times every tile variant). Beside it, the same
 f32 product through cuBLAS, by the first binding found:
 
 - nvmath-python (`nvmath.linalg.advanced.matmul`, cuBLASLt), else
@@ -14,7 +15,7 @@ timed with CUDA events around `--repeats` products. Neither installed: the
 cuBLAS column says why and is skipped. Every Flare result is checked against
 NumPy (max relative error printed) before it is timed.
 
-    python3 bench/cuda_matmul.py --sizes 256,1024,4096 --out cuda-matmul.json   # on a GPU
+    python3 bench/cuda_matmul.py --sizes 256,1024,4096 --variants --out cuda-matmul.json   # on a GPU
     python3 bench/cuda_matmul.py --device emulated --sizes 33,64 --repeats 1    # smoke test, no GPU
 """
 from __future__ import annotations
@@ -26,48 +27,30 @@ import time
 
 import numpy as np
 
-from flare.backend import Binding, SplitProgram
-from flare.dtypes import itemsize
 from flare.graph import GraphBuilder
+
+from flare.backends.cuda import lowering, tuning
 
 from flare.plugins.testing.cuda_emu.devices import open_device
 
 
-def flare_matmul(dev, n: int, repeats: int) -> dict:
-    """GFLOPS of Flare's kernel for an [n,n] x [n,n]^T product, operands on the device."""
+def flare_matmul(dev, n: int, repeats: int, variants: bool) -> dict:
+    """GFLOPS of Flare's kernels for an [n,n] x [n,n]^T product, operands on the device:
+    the default plan, and with `variants` every tuning variant too."""
     rng = np.random.default_rng(n)
     x = rng.standard_normal((n, n)).astype(np.float32)
     w = (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32)
     b = GraphBuilder()
     b.output("y", b.matmul(b.input("x", (n, n)), b.weight("w", w), transpose_b=True))
-    g = b.build()
-    buffers, bindings = {}, {}
-    try:
-        for t in g.tensors:
-            st = t.storage
-            if st.id not in buffers:
-                buffers[st.id] = dev.alloc(st.nbytes, st.name)
-            bindings[t.id] = Binding(buffers[st.id], t.offset * itemsize(t.dtype), t.shape, t.strides, t.dtype)
-        dev.write(bindings[g.inputs["x"].id], x)
-        dev.write(bindings[g.weights["w"].id], w)
-        split = dev.compile(SplitProgram(dev, g.nodes, bindings))
-        try:
-            split.run()
-            got = dev.read(bindings[g.outputs["y"].id])
-            want = x.astype(np.float64) @ w.T.astype(np.float64)
-            rel = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
-            best = float("inf")
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                split.run()
-                best = min(best, time.perf_counter() - t0)
-            kernels = sorted({launch.kernel for launch in split.plan})
-        finally:
-            split.release()
-    finally:
-        for buf in buffers.values():
-            buf.release()
-    return {"gflops": 2.0 * n**3 / best / 1e9, "seconds": best, "max_rel_error": rel, "kernels": kernels}
+    names = ("default", *tuning.variants("matmul")) if variants else ("default",)
+    outputs: dict[str, np.ndarray] = {}
+    seconds = tuning.measure(dev, b.build(), {"x": x}, repeats, names=names, outputs=outputs)
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
+    rel = float(np.abs(outputs["y"] - want).max() / max(np.abs(want).max(), 1e-30))
+    kernel = lowering.matmul_plan(n, n, n, True, 1, n, "f32", None)[1]
+    flops = 2.0 * n**3
+    return {"gflops": flops / seconds["default"] / 1e9, "seconds": seconds["default"], "max_rel_error": rel,
+            "kernel": kernel, "variants_gflops": {v: flops / s / 1e9 for v, s in seconds.items() if v != "default"}}
 
 
 def cublas_matmul(n: int, repeats: int) -> dict:
@@ -107,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("gpu", "emulated"), default="gpu")
     ap.add_argument("--sizes", default="256,1024,4096")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--variants", action="store_true", help="also time every tile variant (tuning)")
     ap.add_argument("--out", help="write the result as JSON here")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -117,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         for n in sizes:
-            row = {"n": n, "flare": flare_matmul(dev, n, args.repeats)}
+            row = {"n": n, "flare": flare_matmul(dev, n, args.repeats, args.variants)}
             row["cublas"] = cublas_matmul(n, args.repeats) if args.device == "gpu" else {"skipped": "emulated"}
             rows.append(row)
         device = dev.describe()
@@ -130,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         cg = c.get("gflops")
         cublas = "-" if cg is None else f"{cg:.2f}"
         ratio = "-" if cg is None else f"{f['gflops'] / cg:.1%}"
-        print(f"{r['n']:>6} {f['gflops']:>10.2f} {cublas:>10} {ratio:>13}  {f['max_rel_error']:.1e}")
+        variants = "  ".join(f"{v} {g:.2f}" for v, g in f["variants_gflops"].items())
+        print(f"{r['n']:>6} {f['gflops']:>10.2f} {cublas:>10} {ratio:>13}  {f['max_rel_error']:.1e}"
+              f"  ({f['kernel']}{'; ' + variants if variants else ''})")
     skipped = {r["cublas"]["skipped"] for r in rows if "skipped" in r["cublas"]}
     for why in skipped:
         print(f"cuBLAS skipped: {why}")

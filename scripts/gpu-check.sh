@@ -180,7 +180,7 @@ step conformance 200 tests.log "$PY" -m pytest -q -rs -p no:cacheprovider \
     --backends=cpu,cuda,vulkan --require-backends=cpu,cuda,vulkan --pyargs flare.plugins.testing.conformance
 
 # --- 4. benchmarks ---------------------------------------------------------------------------
-step bench-matmul 120 "" "$PY" "$ROOT/bench/cuda_matmul.py" --sizes 256,1024,4096 --out "$OUT/bench-matmul.json"
+step bench-matmul 120 "" "$PY" "$ROOT/bench/cuda_matmul.py" --sizes 256,1024,4096 --variants --out "$OUT/bench-matmul.json"
 if [ -f "$ROOT/bench/gpu_kernels.py" ]; then
     step bench-e2e 150 "" bash -c "'$PY' '$ROOT/bench/gpu_kernels.py' --backends cpu,cuda,vulkan --sizes 128,256,512 \
         --json > '$OUT/bench-e2e.json'; rc=\$?; cat '$OUT/bench-e2e.json'; exit \$rc"

@@ -440,3 +440,18 @@ def test_top_k_sorts_rows_in_pieces(device, n, k):
     used: set[str] = set()
     check(device, b.build(), {"x": x}, kernels=used)
     assert used == {"flare_top_k"}
+
+
+def test_tuning_times_every_variant_and_they_agree(device):
+    from flare.backends.cuda import tuning
+
+    b = GraphBuilder()
+    b.output("y", b.matmul(b.input("x", (40, 24)), b.weight("w", f32(33, 24)), transpose_b=True))
+    seconds = tuning.measure(device, b.build(), {"x": f32(40, 24)}, repeats=1)
+    assert set(seconds) == set(tuning.variants("matmul")) and all(s > 0 for s in seconds.values())
+    assert tuning.choose(seconds) in seconds
+    b = GraphBuilder()
+    b.output("y", b.mul_mat_id(b.weight("w", f32(3, 9, 16)), b.input("x", (2, 16)), b.input("ids", (2, 2), "i32")))
+    seconds = tuning.measure(device, b.build(), {"x": f32(2, 16), "ids": np.array([[0, 2], [1, 1]], np.int32)},
+                             repeats=1)
+    assert set(seconds) == {"mv", "naive"}
