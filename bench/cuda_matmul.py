@@ -4,8 +4,9 @@ Why: `bench/gpu_kernels.py` times whole `execute` calls (uploads and read-backs
 included), which on a GPU hides the kernel. This times only the kernels: a split
 of one `matmul(x, w, transpose_b=True)` (the layout of every linear layer) on
 device-resident operands, replayed as its CUDA graph (`split.run()` = graph launch
-+ stream synchronize), best of `--repeats` after a warm-up (flare.backends.cuda.
-tuning.measure, which with `--variants` also times every tile variant). Beside it, the same
++ stream synchronize), best of `--repeats` after a warm-up; with `--variants`
+also every kernel variant a tuning profile may choose (`CudaDevice.kernel_variants`).
+(Export-time tuning times whole executes; this isolates the kernels.) Beside it, the same
 f32 product through cuBLAS, by the first binding found:
 
 - nvmath-python (`nvmath.linalg.advanced.matmul`, cuBLASLt), else
@@ -27,11 +28,49 @@ import time
 
 import numpy as np
 
+from flare.backend import Binding, SplitProgram
+from flare.dtypes import itemsize
 from flare.graph import GraphBuilder
 
-from flare.backends.cuda import lowering, tuning
+from flare.backends.cuda import lowering
 
 from flare.plugins.testing.cuda_emu.devices import open_device
+
+
+def time_variants(dev, graph, inputs, names, repeats):
+    """(best seconds per variant name, the first variant's outputs): one-node splits replayed
+    on device-resident operands; "auto" is the untuned plan."""
+    op = graph.nodes[-1].op
+    buffers, bindings = {}, {}
+    try:
+        for t in graph.tensors:
+            st = t.storage
+            if st.id not in buffers:
+                buffers[st.id] = dev.alloc(st.nbytes, st.name)
+            bindings[t.id] = Binding(buffers[st.id], t.offset * itemsize(t.dtype), t.shape, t.strides, t.dtype)
+        for name, arr in inputs.items():
+            dev.write(bindings[graph.inputs[name].id], arr)
+        for t in graph.weights.values():
+            dev.write(bindings[t.id], np.asarray(t.host_data()))
+        seconds, outputs = {}, None
+        for variant in names:
+            split = dev.compile(SplitProgram(dev, graph.nodes, bindings, {op: variant}))
+            try:
+                split.run()
+                if outputs is None:
+                    outputs = {n: dev.read(bindings[t.id]) for n, t in graph.outputs.items()}
+                best = float("inf")
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    split.run()
+                    best = min(best, time.perf_counter() - t0)
+                seconds[variant] = best
+            finally:
+                split.release()
+        return seconds, outputs
+    finally:
+        for buf in buffers.values():
+            buf.release()
 
 
 def flare_matmul(dev, n: int, repeats: int, variants: bool) -> dict:
@@ -42,15 +81,14 @@ def flare_matmul(dev, n: int, repeats: int, variants: bool) -> dict:
     w = (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32)
     b = GraphBuilder()
     b.output("y", b.matmul(b.input("x", (n, n)), b.weight("w", w), transpose_b=True))
-    names = ("default", *tuning.variants("matmul")) if variants else ("default",)
-    outputs: dict[str, np.ndarray] = {}
-    seconds = tuning.measure(dev, b.build(), {"x": x}, repeats, names=names, outputs=outputs)
+    names = dev.kernel_variants("matmul") if variants else ("auto",)
+    seconds, outputs = time_variants(dev, b.build(), {"x": x}, names, repeats)
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     rel = float(np.abs(outputs["y"] - want).max() / max(np.abs(want).max(), 1e-30))
     kernel = lowering.matmul_plan(n, n, n, True, 1, n, "f32", None)[1]
     flops = 2.0 * n**3
-    return {"gflops": flops / seconds["default"] / 1e9, "seconds": seconds["default"], "max_rel_error": rel,
-            "kernel": kernel, "variants_gflops": {v: flops / s / 1e9 for v, s in seconds.items() if v != "default"}}
+    return {"gflops": flops / seconds["auto"] / 1e9, "seconds": seconds["auto"], "max_rel_error": rel,
+            "kernel": kernel, "variants_gflops": {v: flops / s / 1e9 for v, s in seconds.items() if v != "auto"}}
 
 
 def cublas_matmul(n: int, repeats: int) -> dict:

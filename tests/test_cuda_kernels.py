@@ -22,7 +22,7 @@ from flare.ledger import LEDGER
 
 from flare.backends.cuda import lowering
 from flare.backends.cuda.compiler import kernel_sources
-from flare.plugins.testing.cuda_emu.devices import KINDS, device_for_test
+from flare.plugins.testing.cuda_emu.devices import KINDS, device_for_test, open_device
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -442,16 +442,26 @@ def test_top_k_sorts_rows_in_pieces(device, n, k):
     assert used == {"flare_top_k"}
 
 
-def test_tuning_times_every_variant_and_they_agree(device):
-    from flare.backends.cuda import tuning
+def test_export_tuning_times_the_cuda_variants(monkeypatch):
+    """The exporter's tuning (flare.plugins.export.tuning) times CUDA's kernel variants through a
+    Session on cuda-emu and records a choice; every variant computes the same result."""
+    from flare.plugin_manager import PluginManager
+    from flare.plugins.export import tuning
+    from flare.session import Session
 
-    b = GraphBuilder()
-    b.output("y", b.matmul(b.input("x", (40, 24)), b.weight("w", f32(33, 24)), transpose_b=True))
-    seconds = tuning.measure(device, b.build(), {"x": f32(40, 24)}, repeats=1)
-    assert set(seconds) == set(tuning.variants("matmul")) and all(s > 0 for s in seconds.values())
-    assert tuning.choose(seconds) in seconds
-    b = GraphBuilder()
-    b.output("y", b.mul_mat_id(b.weight("w", f32(3, 9, 16)), b.input("x", (2, 16)), b.input("ids", (2, 2), "i32")))
-    seconds = tuning.measure(device, b.build(), {"x": f32(2, 16), "ids": np.array([[0, 2], [1, 1]], np.int32)},
-                             repeats=1)
-    assert set(seconds) == {"mv", "naive"}
+    probe, why = open_device("emulated")
+    if probe is None:
+        pytest.skip(why)
+    probe.close()
+    monkeypatch.setenv("FLARE_CUDA_EMULATE", "1")
+    with Session(["cuda-emu"], plugins=PluginManager()) as session:
+        dev = session.devices[0]
+        assert tuning.variants(dev, "matmul") == lowering.MM_VARIANTS
+        b = GraphBuilder()
+        b.output("y", b.matmul(b.input("x", (40, 24)), b.weight("w", f32(33, 24)), transpose_b=True))
+        b.output("e", b.mul_mat_id(b.weight("we", f32(3, 9, 16)), b.input("v", (2, 16)), b.input("ids", (2, 2), "i32")))
+        shapes = tuning.collect([(40, b.build())], dev)
+        assert set(shapes) == {("matmul", 40), ("mul_mat_id", 40)}
+        for (kernel, tokens), found in shapes.items():
+            entry = tuning.measure(session, dev, kernel, tokens, found, "quick")
+            assert set(entry.seconds) == set(dev.kernel_variants(kernel)) and entry.choice in entry.seconds

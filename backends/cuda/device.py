@@ -271,6 +271,11 @@ class CudaDevice(Device):
     def supports(self, node: Tensor) -> bool:
         return lowering.supported(node)
 
+    def kernel_variants(self, op: str) -> tuple[str, ...]:
+        """matmul: "auto" (tile by shape), "t32"/"t64"/"t128" (output tile per block), "naive";
+        mul_mat_id: "mv" (matrix-vector kernel), "naive"."""
+        return lowering.KERNEL_VARIANTS.get(op, ())
+
     def compile(self, program: SplitProgram) -> CudaGraphSplit:
         """Capture the split's launches into a CUDA graph (nothing runs yet)."""
         self._check_open()

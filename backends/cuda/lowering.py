@@ -41,7 +41,12 @@ MAX_GRID = 65535          # blocks along grid y and z (x allows more; rows stay 
 ROW_BLOCK_MAX = 256       # threads of a row kernel's block
 MM_TILES = {"t32": "s", "t64": "m", "t128": "l"}    # tuning variant -> kernel tile (matmul.cu)
 MM_TILE_SIZE = {"s": 32, "m": 64, "l": 128}
-MM_VARIANTS = (*MM_TILES, "naive")                   # what SplitProgram.tuning["matmul"] may name
+# Kernel variants (Device.kernel_variants; SplitProgram.tuning[op] picks one, the first is the
+# default): "auto" picks the tile (or the matrix-vector kernel) by shape; "naive" is the generic
+# one-thread-per-output kernel.
+MM_VARIANTS = ("auto", *MM_TILES, "naive")
+MMID_VARIANTS = ("mv", "naive")
+KERNEL_VARIANTS = {"matmul": MM_VARIANTS, "mul_mat_id": MMID_VARIANTS}
 MV_MAX_ROWS = 4           # matmuls with at most this many rows use the matrix-vector kernel
 MV_OUTPUTS_PER_BLOCK = 16  # 8 warps x MV_ROWS (matmul.cu)
 TOPK_P = 2048
@@ -178,7 +183,7 @@ def _matmul(node: Tensor, b: BindingOf, tuning: Tuning = None) -> list[Launch]:
     b_nstride = w_mat_strides[1] if n > 1 else 1
     variant = (tuning or {}).get("matmul")
     kind, kernel = matmul_plan(m, n, k, a_kcontig, b_kstride, b_nstride, w.dtype,
-                               variant if variant in MM_VARIANTS else None)
+                               variant if variant in MM_VARIANTS and variant != "auto" else None)
     if kind == "naive" or w.dtype not in ("f32", "f16"):
         return _launch("matmul", "flare_matmul", _size(out.shape), node, lx, lw, lo)
     if kind == "mv":
