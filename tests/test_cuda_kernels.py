@@ -413,9 +413,12 @@ def test_row_kernels_on_long_rows(device):
         b.output(op, b.op(op, x, axis=-1))
         b.output(op + "0", b.op(op, x, axis=0))
     b.output("argmax", b.argmax(x))
+    big = b.input("big", (2, 4100))  # longer than the shared-memory row cache (4096): re-read
+    b.output("ln_big", b.layer_norm(big))
+    b.output("sm_big", b.softmax(big, scale=2.0))
     row = f32(3, 1000)
     row[1, 777] = row[1, 5] = 9.0  # ties: the lower index wins
-    inputs = {"x": row, "xt": f32(301, 2), "m": f32(1, 1000)}
+    inputs = {"x": row, "xt": f32(301, 2), "m": f32(1, 1000), "big": f32(2, 4100)}
     check(device, b.build(), inputs, rtol=1e-4, atol=1e-5)
 
 

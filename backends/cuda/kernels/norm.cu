@@ -2,10 +2,14 @@
 //
 // One block per row (blockIdx.x; rows of more than 65535 blocks continue in
 // blockIdx.y), its threads striding over the row, partial results combined with
-// warp shuffles and 32 floats of shared memory (flare_block_reduce). In place is
-// safe: every element is read in the reduction passes before the last pass
-// writes it, and each element is read and written by the same thread.
+// warp shuffles and 32 floats of shared memory (flare_block_reduce). A row of up
+// to ROW_CACHE elements is read from global memory once and kept in shared
+// memory for the later passes (as ggml's soft_max_f32 does); longer rows are
+// re-read. In place is safe: each element is read and written by the same thread,
+// its read before its write.
 #include "common.cuh"
+
+#define ROW_CACHE 4096
 
 FLARE_DEVICE i64 flare_row_id() { return (i64)blockIdx.y * gridDim.x + blockIdx.x; }
 
@@ -22,19 +26,29 @@ FLARE_KERNEL(flare_norm) {
     const i64 px = flare_at(x, c);
     const i64 po = A.t[1].offset + r * D;
     const i64 step = blockDim.x;
+    __shared__ float row[ROW_CACHE];
+    const bool cached = D <= ROW_CACHE;  // each thread caches (and later reads) only its own elements
+#define FLARE_NORM_IN(j) (cached ? row[j] : flare_load(x, px + (j) * s))
     float mean = 0.0f;
     if (A.i[0] == 0) {  // two passes (mean, then squared deviations): no cancellation
         float sum = 0.0f;
-        for (i64 j = threadIdx.x; j < D; j += step) sum += flare_load(x, px + j * s);
+        for (i64 j = threadIdx.x; j < D; j += step) {
+            const float v = flare_load(x, px + j * s);
+            if (cached) row[j] = v;
+            sum += v;
+        }
         mean = flare_block_sum(sum, scratch) / (float)D;
+    } else if (cached) {
+        for (i64 j = threadIdx.x; j < D; j += step) row[j] = flare_load(x, px + j * s);
     }
     float ss = 0.0f;
     for (i64 j = threadIdx.x; j < D; j += step) {
-        const float d = flare_load(x, px + j * s) - mean;
+        const float d = FLARE_NORM_IN(j) - mean;
         ss += d * d;
     }
     const float inv = 1.0f / sqrtf(flare_block_sum(ss, scratch) / (float)D + A.f[0]);
-    for (i64 j = threadIdx.x; j < D; j += step) flare_store(A.t[1], po + j, (flare_load(x, px + j * s) - mean) * inv);
+    for (i64 j = threadIdx.x; j < D; j += step) flare_store(A.t[1], po + j, (FLARE_NORM_IN(j) - mean) * inv);
+#undef FLARE_NORM_IN
 }
 
 // t0 = x, t1 = mask (x's shape, stride 0 where broadcast; ignored when i[0] == 0),
@@ -54,14 +68,25 @@ FLARE_KERNEL(flare_softmax) {
     const i64 pm = has_mask ? flare_at(m, c) : 0;
     const i64 po = A.t[2].offset + r * D;
     const i64 step = blockDim.x;
+    __shared__ float row[ROW_CACHE];
+    const bool cached = D <= ROW_CACHE;
 #define FLARE_SOFTMAX_IN(j) \
     (flare_load(x, px + (j) * x.stride[3]) * scale + (has_mask ? flare_load(m, pm + (j) * m.stride[3]) : 0.0f))
     float mx = FLARE_NEG_INF;
-    for (i64 j = threadIdx.x; j < D; j += step) mx = fmaxf(mx, FLARE_SOFTMAX_IN(j));
+    for (i64 j = threadIdx.x; j < D; j += step) {
+        const float v = FLARE_SOFTMAX_IN(j);
+        if (cached) row[j] = v;
+        mx = fmaxf(mx, v);
+    }
     mx = flare_block_max(mx, scratch);
     float sum = 0.0f;
-    for (i64 j = threadIdx.x; j < D; j += step) sum += expf(FLARE_SOFTMAX_IN(j) - mx);
+    for (i64 j = threadIdx.x; j < D; j += step) {
+        const float e = expf((cached ? row[j] : FLARE_SOFTMAX_IN(j)) - mx);
+        if (cached) row[j] = e;
+        sum += e;
+    }
     const float inv = 1.0f / flare_block_sum(sum, scratch);
-    for (i64 j = threadIdx.x; j < D; j += step) flare_store(A.t[2], po + j, expf(FLARE_SOFTMAX_IN(j) - mx) * inv);
+    for (i64 j = threadIdx.x; j < D; j += step)
+        flare_store(A.t[2], po + j, (cached ? row[j] : expf(FLARE_SOFTMAX_IN(j) - mx)) * inv);
 #undef FLARE_SOFTMAX_IN
 }
