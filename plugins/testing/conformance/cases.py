@@ -131,6 +131,20 @@ def _cases() -> list[Case]:
     cases.append(simple("top_k", "top_k", EXACT, lambda b, r, i: b.top_k(_in(b, i, "x", f32(r, 5, 12)), k=3)))
     cases.append(simple("top_k_ties", "top_k", EXACT, lambda b, r, i: b.top_k(
         _in(b, i, "x", np.array([[1, 3, 3, 0, 3, 2]], np.float32)), k=4)))
+    # rows longer than a GPU workgroup/block (several elements per thread, several warps), odd
+    # lengths, a row longer than a block's shared-memory sort (top_k in pieces); tolerance as
+    # above: sums over 1000 terms stay within rtol 1e-4
+    cases.append(simple("softmax_long_row", "softmax", ACCUM, lambda b, r, i: b.softmax(
+        _in(b, i, "x", f32(r, 3, 1000)), _in(b, i, "m", f32(r, 1, 1000)), scale=0.3)))
+    cases.append(simple("layer_norm_long_row", "layer_norm", ACCUM, lambda b, r, i: b.layer_norm(
+        _in(b, i, "x", f32(r, 2, 1001)), eps=1e-5)))
+    cases.append(simple("rms_norm_strided_long_row", "rms_norm", ACCUM, lambda b, r, i: b.rms_norm(
+        b.transpose(_in(b, i, "x", f32(r, 777, 2))), eps=1e-6)))
+    cases.append(simple("sum_long_row", "sum", ACCUM, lambda b, r, i: b.op("sum", _in(b, i, "x", f32(r, 2, 1500)), axis=-1)))
+    cases.append(simple("max_long_row", "max", EXACT, lambda b, r, i: b.op("max", _in(b, i, "x", f32(r, 2, 1500)), axis=-1)))
+    cases.append(simple("argmax_long_row", "argmax", EXACT, lambda b, r, i: b.argmax(_in(b, i, "x", f32(r, 2, 1500)))))
+    cases.append(simple("top_k_long_row", "top_k", EXACT, lambda b, r, i: b.top_k(
+        _in(b, i, "x", np.round(f32(r, 2, 3000), 2)), k=6)))
     cases.append(simple("gather", "gather", EXACT, lambda b, r, i: b.gather(
         _in(b, i, "x", f32(r, 4, 9)), _in(b, i, "idx", r.integers(0, 9, (4, 3)).astype(np.int32)))))
     cases.append(simple("mul_mat_id", "mul_mat_id", ACCUM, lambda b, r, i: b.mul_mat_id(
