@@ -468,3 +468,23 @@ def test_export_tuning_times_the_cuda_variants(monkeypatch):
         for (kernel, tokens), found in shapes.items():
             entry = tuning.measure(session, dev, kernel, tokens, found, "quick")
             assert set(entry.seconds) == set(dev.kernel_variants(kernel)) and entry.choice in entry.seconds
+
+
+def test_matmul_plans_stay_within_grid_limits():
+    """A GPU refuses grids over 65535 blocks in y or z: such matmuls take the 1-D kernel."""
+    from types import SimpleNamespace
+
+    def binding(shape, dtype="f32"):
+        strides, acc = [], 1
+        for d in reversed(shape):
+            strides.insert(0, acc)
+            acc *= d
+        return SimpleNamespace(shape=tuple(shape), strides=tuple(strides), dtype=dtype, offset=0,
+                               buffer=SimpleNamespace(handle=4096), itemsize=4)
+
+    b = GraphBuilder()
+    x, w = b.input("x", (70000, 2, 8)), b.input("w", (70000, 8, 3))
+    node = b.matmul(x, w)
+    shapes = {x.id: binding((70000, 2, 8)), w.id: binding((70000, 8, 3)), node.id: binding((70000, 2, 3))}
+    (launch,) = lowering.lower(node, lambda t: shapes[t.id])
+    assert launch.kernel == "flare_matmul" and launch.grid[1] == launch.grid[2] == 1

@@ -184,7 +184,8 @@ def _matmul(node: Tensor, b: BindingOf, tuning: Tuning = None) -> list[Launch]:
     variant = (tuning or {}).get("matmul")
     kind, kernel = matmul_plan(m, n, k, a_kcontig, b_kstride, b_nstride, w.dtype,
                                variant if variant in MM_VARIANTS and variant != "auto" else None)
-    if kind == "naive" or w.dtype not in ("f32", "f16"):
+    if kind == "naive" or w.dtype not in ("f32", "f16") or nbatch > MAX_GRID or -(-m // 32) > MAX_GRID:
+        # (batches beyond grid z, or rows beyond grid y, go one thread per output)
         return _launch("matmul", "flare_matmul", _size(out.shape), node, lx, lw, lo)
     if kind == "mv":
         vec = 2 if k % 4 == 0 and _aligned4(w, w_mat_strides[1], *wb) else 0
