@@ -20,14 +20,13 @@ import time
 
 import numpy as np
 
-from flare.backend import Binding, SplitProgram
-from flare.dtypes import itemsize
+from flare.backend import SplitProgram
 from flare.graph import GraphBuilder
 from flare.reference import evaluate
 
 from flare.backends.cuda.driver import call
 from flare.backends.cuda.graph_exec import CudaGraphSplit
-from flare.plugins.testing.cuda_emu.devices import open_device
+from flare.plugins.testing.cuda_emu.devices import bind_graph, open_device
 
 
 def build(blocks: int, rows: int, dim: int):
@@ -43,18 +42,6 @@ def build(blocks: int, rows: int, dim: int):
         h = b.add(h, y)
     b.output("y", h)
     return b.build()
-
-
-def bind(dev, graph):
-    buffers, bindings = {}, {}
-    for t in graph.tensors:
-        st = t.storage
-        if st.id not in buffers:
-            buffers[st.id] = dev.alloc(st.nbytes, st.name)
-        bindings[t.id] = Binding(buffers[st.id], t.offset * itemsize(t.dtype), t.shape, t.strides, t.dtype)
-    for t in graph.weights.values():
-        dev.write(bindings[t.id], np.asarray(t.host_data()))
-    return buffers, bindings
 
 
 def timed(fn, iters: int) -> list[float]:
@@ -84,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot run on {args.device}: {why}", file=sys.stderr)
         return 2
     graph = build(args.blocks, args.rows, args.dim)
-    buffers, bindings = bind(dev, graph)
+    buffers, bindings = bind_graph(dev, graph)
     try:
         x = np.random.default_rng(1).standard_normal((args.rows, args.dim)).astype(np.float32)
         dev.write(bindings[graph.inputs["x"].id], x)

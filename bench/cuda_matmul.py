@@ -28,30 +28,22 @@ import time
 
 import numpy as np
 
-from flare.backend import Binding, SplitProgram
-from flare.dtypes import itemsize
+from flare.backend import SplitProgram
 from flare.graph import GraphBuilder
 
 from flare.backends.cuda import lowering
 
-from flare.plugins.testing.cuda_emu.devices import open_device
+from flare.plugins.testing.cuda_emu.devices import bind_graph, open_device
 
 
 def time_variants(dev, graph, inputs, names, repeats):
     """(best seconds per variant name, the first variant's outputs): one-node splits replayed
     on device-resident operands; "auto" is the untuned plan."""
     op = graph.nodes[-1].op
-    buffers, bindings = {}, {}
+    buffers, bindings = bind_graph(dev, graph)
     try:
-        for t in graph.tensors:
-            st = t.storage
-            if st.id not in buffers:
-                buffers[st.id] = dev.alloc(st.nbytes, st.name)
-            bindings[t.id] = Binding(buffers[st.id], t.offset * itemsize(t.dtype), t.shape, t.strides, t.dtype)
         for name, arr in inputs.items():
             dev.write(bindings[graph.inputs[name].id], arr)
-        for t in graph.weights.values():
-            dev.write(bindings[t.id], np.asarray(t.host_data()))
         seconds, outputs = {}, None
         for variant in names:
             split = dev.compile(SplitProgram(dev, graph.nodes, bindings, {op: variant}))

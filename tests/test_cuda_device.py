@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from flare.backend import Binding, SplitProgram
-from flare.dtypes import itemsize, to_numpy
+from flare.dtypes import to_numpy
 from flare.errors import AllocationError, ReleasedError
 from flare.graph import GraphBuilder
 from flare.ledger import LEDGER
 
 from flare.backends.cuda import device as device_module
 from flare.backends.cuda.driver import CudaError
-from flare.plugins.testing.cuda_emu.devices import KINDS, device_for_test, open_device
+from flare.plugins.testing.cuda_emu.devices import KINDS, bind_graph, device_for_test, open_device
 
 
 @pytest.fixture(params=KINDS)
@@ -47,15 +47,7 @@ class Bound:
 
     def __init__(self, dev, graph):
         self.dev, self.graph = dev, graph
-        self.buffers, self.bindings = {}, {}
-        for t in graph.tensors:
-            st = t.storage
-            if st.id not in self.buffers:
-                self.buffers[st.id] = dev.alloc(st.nbytes, st.name)
-            self.bindings[t.id] = Binding(self.buffers[st.id], t.offset * itemsize(t.dtype), t.shape, t.strides,
-                                          t.dtype)
-        for t in graph.weights.values():
-            dev.write(self.bindings[t.id], np.asarray(t.host_data()))
+        self.buffers, self.bindings = bind_graph(dev, graph)
 
     def program(self) -> SplitProgram:
         return SplitProgram(self.dev, self.graph.nodes, self.bindings)

@@ -22,7 +22,7 @@ from flare.ledger import LEDGER
 
 from flare.backends.cuda import lowering
 from flare.backends.cuda.compiler import kernel_sources
-from flare.plugins.testing.cuda_emu.devices import KINDS, device_for_test, open_device
+from flare.plugins.testing.cuda_emu.devices import KINDS, bind_graph, device_for_test, open_device
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -36,18 +36,11 @@ def device(request):
 def run_graph(dev, graph, inputs, state=None, tuning=None, kernels=None):
     """Bind every storage tensor to its own buffer, run the whole graph as one split
     (with `tuning`; the kernels launched are added to the set `kernels`)."""
-    bufs, bindings = {}, {}
     before = LEDGER.snapshot().count(dev.name)
+    bufs, bindings = bind_graph(dev, graph)
     try:
-        for t in graph.tensors:
-            st = t.storage
-            if st.id not in bufs:
-                bufs[st.id] = dev.alloc(st.nbytes, st.name)
-            bindings[t.id] = Binding(bufs[st.id], t.offset * itemsize(t.dtype), t.shape, t.strides, t.dtype)
         for name, arr in inputs.items():
             dev.write(bindings[graph.inputs[name].id], arr)
-        for t in graph.weights.values():
-            dev.write(bindings[t.id], np.asarray(t.host_data()))
         for name, t in graph.states.items():
             init = (state or {}).get(name)
             dev.write(bindings[t.id], np.zeros(t.shape, to_numpy(t.dtype)) if init is None else init)
@@ -427,9 +420,11 @@ def test_nan_handling_of_max_and_argmax(device):
     x = b.input("x", (2, 300))
     b.output("max", b.op("max", x, axis=-1))
     b.output("argmax", b.argmax(x))
+    b.output("top_k", b.top_k(x, k=300))
     v = f32(2, 300)
-    v[0, 250] = v[0, 40] = np.nan  # NumPy: max is NaN, argmax is the first NaN
+    v[0, 250] = v[0, 40] = np.nan  # NumPy: max is NaN, argmax is the first NaN, top_k puts NaN last
     got, _ = run_graph(device, b.build(), {"x": v})
+    np.testing.assert_array_equal(got["top_k"], np.argsort(-v, axis=-1, kind="stable").astype(np.int32))
     assert np.isnan(got["max"][0]) and not np.isnan(got["max"][1])
     np.testing.assert_array_equal(got["argmax"], np.argmax(v, axis=-1).astype(np.int32))
 

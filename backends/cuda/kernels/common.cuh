@@ -163,6 +163,18 @@ FLARE_DEVICE float flare_warp_sum(float v) {
     return v;
 }
 
+// Order of (value, index) pairs for argmax and top_k: the larger value first, ties by the
+// lower index; NaN before every number when `nan_first` (NumPy's argmax: the first NaN
+// wins) or after them (top_k = a stable argsort of -x); index < 0 is an empty slot, last.
+FLARE_DEVICE bool flare_ranks_before(float av, i64 ai, float bv, i64 bi, bool nan_first) {
+    if (ai < 0) return false;
+    if (bi < 0) return true;
+    const bool an = isnan(av), bn = isnan(bv);
+    if (an && bn) return ai < bi;
+    if (an || bn) return nan_first ? an : bn;
+    return av > bv || (av == bv && ai < bi);
+}
+
 // max that propagates NaN (as NumPy's max does)
 FLARE_DEVICE float flare_nanmax(float a, float b) { return (isnan(a) || a > b) ? a : b; }
 

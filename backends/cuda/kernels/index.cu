@@ -44,15 +44,9 @@ FLARE_KERNEL(flare_gather) {
     flare_store(A.t[2], A.t[2].offset + e, flare_load(x, flare_at(x, c)));
 }
 
-// top_k order: (value, index) a goes before b when its value is larger, ties by the
-// lower index, NaN after every number (NumPy's stable argsort of -x); index -1 is
-// an empty slot and goes last.
+// top_k order: NaN after every number (NumPy's stable argsort of -x)
 FLARE_DEVICE bool flare_topk_before(float av, int ai, float bv, int bi) {
-    if (ai < 0) return false;
-    if (bi < 0) return true;
-    const bool an = isnan(av), bn = isnan(bv);
-    if (an || bn) return bn && (!an || ai < bi);
-    return av > bv || (av == bv && ai < bi);
+    return flare_ranks_before(av, ai, bv, bi, false);
 }
 
 #define TOPK_P 2048  // the most (value, index) pairs a block sorts at once in shared memory

@@ -22,6 +22,35 @@
 enum { L_NT = 0, L_NN = 1, L_ST = 2 };
 #define MM_THREADS 256
 
+// Loads R rows x BK (along K) of a K-contiguous operand into S[k][row] (transposed, so a
+// thread's TM rows sit side by side), zero outside M/N x K. `vec`: K % 4 == 0 and rows
+// 16-byte aligned, so each (row, 4 k) is one float4 load. HALF: f16 storage.
+template <int R, int BK, int LD, bool HALF>
+FLARE_DEVICE void flare_tile_kcontig(float (*S)[LD], const void* ptr, i64 base, i64 rstride, i64 r0, i64 rows,
+                                     i64 k0, i64 K, bool vec, int tid) {
+    if (!HALF && vec) {
+        const float* p = (const float*)ptr;
+        for (int v = tid; v < R * BK / 4; v += MM_THREADS) {
+            const int r = v / (BK / 4), kq = (v % (BK / 4)) * 4;
+            const i64 gr = r0 + r, gk = k0 + kq;
+            float4 q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (gr < rows && gk < K) q = *(const float4*)(p + base + gr * rstride + gk);
+            S[kq][r] = q.x; S[kq + 1][r] = q.y; S[kq + 2][r] = q.z; S[kq + 3][r] = q.w;
+        }
+        return;
+    }
+    for (int v = tid; v < R * BK; v += MM_THREADS) {  // neighbouring threads take neighbouring k
+        const int r = v / BK, kk = v % BK;
+        const i64 gr = r0 + r, gk = k0 + kk;
+        float x = 0.0f;
+        if (gr < rows && gk < K) {
+            const i64 off = base + gr * rstride + gk;
+            x = HALF ? flare_h2f(((const unsigned short*)ptr)[off]) : ((const float*)ptr)[off];
+        }
+        S[kk][r] = x;
+    }
+}
+
 // t0 = a [B0,B1,M,K], t1 = b [B0,B1,K,N] (transpose_b is a stride swap done on the
 // host; batch strides are 0 where broadcast), t2 = out [B0,B1,M,N];
 // i[0] bit 0: a rows may be read as float4, bit 1: b likewise.
@@ -45,7 +74,6 @@ FLARE_DEVICE void flare_mm_tiled(const KArgs& A) {
     const int tx = tid % (BN / TN), ty = tid / (BN / TN);
     const bool vec_a = LAYOUT != L_ST && (A.i[0] & 1);
     const bool vec_b = LAYOUT != L_ST && !BHALF && (A.i[0] & 2);
-    const float* ap = (const float*)a.ptr;
     const float* bp = (const float*)b.ptr;
     const unsigned short* bh = (const unsigned short*)b.ptr;
 
@@ -55,41 +83,18 @@ FLARE_DEVICE void flare_mm_tiled(const KArgs& A) {
 
     for (i64 k0 = 0; k0 < K; k0 += BK) {
         // a tile: BM rows x BK along K
-        if (vec_a) {  // K % 4 == 0 and aligned rows: one float4 per (row, 4 k)
-            for (int v = tid; v < BM * BK / 4; v += MM_THREADS) {
-                const int r = v / (BK / 4), kq = (v % (BK / 4)) * 4;
-                const i64 gm = m0 + r, gk = k0 + kq;
-                float4 q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (gm < M && gk < K) q = *(const float4*)(ap + pa + gm * sam + gk);
-                As[kq][r] = q.x; As[kq + 1][r] = q.y; As[kq + 2][r] = q.z; As[kq + 3][r] = q.w;
-            }
+        if (LAYOUT != L_ST) {
+            flare_tile_kcontig<BM, BK, BM + 4, false>(As, (const void*)a.ptr, pa, sam, m0, M, k0, K, vec_a, tid);
         } else {
-            for (int v = tid; v < BM * BK; v += MM_THREADS) {
-                // neighbouring threads take neighbouring k when a is K-contiguous, else neighbouring m
-                const int r = LAYOUT == L_ST ? v % BM : v / BK, kk = LAYOUT == L_ST ? v / BM : v % BK;
+            for (int v = tid; v < BM * BK; v += MM_THREADS) {  // neighbouring threads take neighbouring m
+                const int r = v % BM, kk = v / BM;
                 const i64 gm = m0 + r, gk = k0 + kk;
                 As[kk][r] = (gm < M && gk < K) ? flare_load(a, pa + gm * sam + gk * sak) : 0.0f;
             }
         }
         // b tile: BK along K x BN columns
-        if (LAYOUT == L_NT) {  // b[k, n] at n * sbn + k: contiguous along k
-            if (vec_b) {
-                for (int v = tid; v < BN * BK / 4; v += MM_THREADS) {
-                    const int c = v / (BK / 4), kq = (v % (BK / 4)) * 4;
-                    const i64 gn = n0 + c, gk = k0 + kq;
-                    float4 q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    if (gn < N && gk < K) q = *(const float4*)(bp + pb + gn * sbn + gk);
-                    Bs[kq][c] = q.x; Bs[kq + 1][c] = q.y; Bs[kq + 2][c] = q.z; Bs[kq + 3][c] = q.w;
-                }
-            } else {
-                for (int v = tid; v < BN * BK; v += MM_THREADS) {
-                    const int c = v / BK, kk = v % BK;
-                    const i64 gn = n0 + c, gk = k0 + kk;
-                    float x = 0.0f;
-                    if (gn < N && gk < K) x = BHALF ? flare_h2f(bh[pb + gn * sbn + gk]) : bp[pb + gn * sbn + gk];
-                    Bs[kk][c] = x;
-                }
-            }
+        if (LAYOUT == L_NT) {  // b[k, n] at n * sbn + k: contiguous along k, loaded like a
+            flare_tile_kcontig<BN, BK, BN + 4, BHALF>(Bs, (const void*)b.ptr, pb, sbn, n0, N, k0, K, vec_b, tid);
         } else if (LAYOUT == L_NN) {  // b[k, n] at k * sbk + n: contiguous along n
             if (vec_b) {
                 for (int v = tid; v < BK * BN / 4; v += MM_THREADS) {

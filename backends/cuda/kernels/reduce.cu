@@ -8,14 +8,8 @@
 // op codes: keep in step with flare/backends/cuda/lowering.py (REDUCE_CODES)
 enum { R_SUM = 0, R_MEAN, R_MAX, R_ARGMAX };
 
-// (value, index) a beats (value, index) b for argmax: NumPy's order, the first NaN
-// wins, then the larger value, then the lower index
 FLARE_DEVICE bool flare_argmax_beats(float av, i64 ai, float bv, i64 bi) {
-    if (ai < 0) return false;
-    if (bi < 0) return true;
-    const bool an = isnan(av), bn = isnan(bv);
-    if (an || bn) return an && (!bn || ai < bi);
-    return av > bv || (av == bv && ai < bi);
+    return flare_ranks_before(av, ai, bv, bi, true);
 }
 
 // t0 = x with the reduced axis collapsed to size 1 (its shape is the output's

@@ -31,6 +31,30 @@ def open_device(kind: str):
     raise ValueError(f"device kind {kind!r}: expected one of {KINDS}")
 
 
+def bind_graph(dev, graph):
+    """Every storage tensor of `graph` in its own buffer on `dev`, weights written:
+    (buffers by storage id, bindings by tensor id). The caller releases the buffers."""
+    import numpy as np
+
+    from flare.backend import Binding
+    from flare.dtypes import itemsize
+
+    buffers, bindings = {}, {}
+    try:
+        for t in graph.tensors:
+            st = t.storage
+            if st.id not in buffers:
+                buffers[st.id] = dev.alloc(st.nbytes, st.name)
+            bindings[t.id] = Binding(buffers[st.id], t.offset * itemsize(t.dtype), t.shape, t.strides, t.dtype)
+        for t in graph.weights.values():
+            dev.write(bindings[t.id], np.asarray(t.host_data()))
+    except BaseException:
+        for buf in buffers.values():
+            buf.release()
+        raise
+    return buffers, bindings
+
+
 def cuda_required(config) -> bool:
     """Whether an unusable GPU must fail the run instead of skipping: FLARE_REQUIRE_CUDA=1,
     or pytest's `--require-backends` (Flare's pytest plugin) covering `cuda`."""
