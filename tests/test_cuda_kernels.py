@@ -483,3 +483,24 @@ def test_matmul_plans_stay_within_grid_limits():
     shapes = {x.id: binding((70000, 2, 8)), w.id: binding((70000, 8, 3)), node.id: binding((70000, 2, 3))}
     (launch,) = lowering.lower(node, lambda t: shapes[t.id])
     assert launch.kernel == "flare_matmul" and launch.grid[1] == launch.grid[2] == 1
+
+
+@pytest.mark.parametrize("variant", [None, "t32", "t128", "naive"])
+def test_conv1d_as_one_gemm(device, variant):
+    """Odd channel counts and lengths, stride/dilation/padding, a strided input view, f16 weights,
+    K = Cin*Kw a multiple of 4 (float4 weight rows) and not."""
+    b = GraphBuilder()
+    x = b.input("x", (3, 5, 37))
+    b.output("odd", b.conv1d(x, b.weight("w", f32(70, 5, 3)), padding=1))
+    b.output("vec", b.conv1d(x, b.weight("wv", f32(9, 5, 4)), stride=3, dilation=2, padding=3))
+    b.output("f16", b.conv1d(x, b.weight("wh", f32(6, 5, 3).astype(np.float16)), stride=2))
+    xt = b.permute(b.input("xt", (37, 2, 4)), axes=(1, 2, 0))  # [2, 4, 37], strided
+    b.output("strided", b.conv1d(xt, b.weight("ws", f32(33, 4, 1))))
+    used: set[str] = set()
+    tuning = {"conv1d": variant} if variant else None
+    check(device, b.build(), {"x": f32(3, 5, 37), "xt": f32(37, 2, 4)}, rtol=1e-4, atol=1e-4, tuning=tuning,
+          kernels=used)
+    if variant == "naive":
+        assert used == {"flare_conv1d"}
+    elif variant:
+        assert used == {f"flare_conv_{lowering.MM_TILES[variant]}"}

@@ -272,8 +272,8 @@ class CudaDevice(Device):
         return lowering.supported(node)
 
     def kernel_variants(self, op: str) -> tuple[str, ...]:
-        """matmul: "auto" (tile by shape), "t32"/"t64"/"t128" (output tile per block), "naive";
-        mul_mat_id: "mv" (matrix-vector kernel), "naive"."""
+        """matmul and conv1d: "auto" (tile by shape), "t32"/"t64"/"t128" (output tile per block),
+        "naive"; mul_mat_id: "mv" (matrix-vector kernel), "naive"."""
         return lowering.KERNEL_VARIANTS.get(op, ())
 
     def compile(self, program: SplitProgram) -> CudaGraphSplit:

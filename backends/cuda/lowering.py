@@ -46,7 +46,7 @@ MM_TILE_SIZE = {"s": 32, "m": 64, "l": 128}
 # one-thread-per-output kernel.
 MM_VARIANTS = ("auto", *MM_TILES, "naive")
 MMID_VARIANTS = ("mv", "naive")
-KERNEL_VARIANTS = {"matmul": MM_VARIANTS, "mul_mat_id": MMID_VARIANTS}
+KERNEL_VARIANTS = {"matmul": MM_VARIANTS, "conv1d": MM_VARIANTS, "mul_mat_id": MMID_VARIANTS}
 MV_MAX_ROWS = 4           # matmuls with at most this many rows use the matrix-vector kernel
 MV_OUTPUTS_PER_BLOCK = 16  # 8 warps x MV_ROWS (matmul.cu)
 TOPK_P = 2048
@@ -265,11 +265,27 @@ def _rope(node: Tensor, b: BindingOf) -> list[Launch]:
                    ints=(1 if node.params.get("neox", True) else 0,), floats=(node.params.get("base", 10000.0),))
 
 
-def _conv1d(node: Tensor, b: BindingOf) -> list[Launch]:
+def _conv1d(node: Tensor, b: BindingOf, tuning: Tuning = None) -> list[Launch]:
+    """conv1d as one tiled GEMM (M = Cout, K = Cin*Kw, N = batch*Lout), or one thread per output
+    (`naive`)."""
     x, w, out = b(node.srcs[0]), b(node.srcs[1]), b(node)
     p = node.params
-    return _launch("conv", "flare_conv1d", _size(out.shape), node, x, w, out,
-                   ints=(p.get("stride", 1), p.get("padding", 0), p.get("dilation", 1)))
+    conv = (p.get("stride", 1), p.get("padding", 0), p.get("dilation", 1))
+    variant = (tuning or {}).get("conv1d")
+    if variant == "naive":
+        return _launch("conv", "flare_conv1d", _size(out.shape), node, x, w, out, ints=conv)
+    cout, cin, kw = w.shape[-3:]
+    n = _size(out.shape[:-2]) * out.shape[-1]
+    tile = MM_TILES.get(variant or "", "l" if min(cout, n) >= 512 else "m" if min(cout, n) >= 64 else "s")
+    side = MM_TILE_SIZE[tile]
+    flags = 0
+    if w.dtype == "f32" and w.is_contiguous:
+        flags |= 2
+        if (cin * kw) % 4 == 0 and _aligned4(w):
+            flags |= 1
+    grid = (-(-n // side), -(-cout // side), 1)
+    return _launch("conv", f"flare_conv_{tile}", _size(out.shape), node, x, w, out, ints=(*conv, flags),
+                   grid=grid, block=(256, 1, 1))
 
 
 def _mul_mat_id(node: Tensor, b: BindingOf, tuning: Tuning = None) -> list[Launch]:
@@ -358,7 +374,7 @@ def supported(node: Tensor) -> bool:
     return True
 
 
-TUNED = frozenset({"matmul", "mul_mat_id"})  # lowerings that read the split's tuning
+TUNED = frozenset({"matmul", "conv1d", "mul_mat_id"})  # lowerings that read the split's tuning
 
 
 def lower(node: Tensor, binding_of: BindingOf, tuning: Tuning = None) -> list[Launch]:

@@ -16,40 +16,11 @@
 //    rows and a warp-shuffle reduction (cf. ggml's mmvq).
 //  - flare_matmul: one thread per output over any strides and dtypes (last resort).
 #include "common.cuh"
+#include "gemm.cuh"
 
 // ---- tiled GEMM -------------------------------------------------------------------
 
 enum { L_NT = 0, L_NN = 1, L_ST = 2 };
-#define MM_THREADS 256
-
-// Loads R rows x BK (along K) of a K-contiguous operand into S[k][row] (transposed, so a
-// thread's TM rows sit side by side), zero outside M/N x K. `vec`: K % 4 == 0 and rows
-// 16-byte aligned, so each (row, 4 k) is one float4 load. HALF: f16 storage.
-template <int R, int BK, int LD, bool HALF>
-FLARE_DEVICE void flare_tile_kcontig(float (*S)[LD], const void* ptr, i64 base, i64 rstride, i64 r0, i64 rows,
-                                     i64 k0, i64 K, bool vec, int tid) {
-    if (!HALF && vec) {
-        const float* p = (const float*)ptr;
-        for (int v = tid; v < R * BK / 4; v += MM_THREADS) {
-            const int r = v / (BK / 4), kq = (v % (BK / 4)) * 4;
-            const i64 gr = r0 + r, gk = k0 + kq;
-            float4 q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (gr < rows && gk < K) q = *(const float4*)(p + base + gr * rstride + gk);
-            S[kq][r] = q.x; S[kq + 1][r] = q.y; S[kq + 2][r] = q.z; S[kq + 3][r] = q.w;
-        }
-        return;
-    }
-    for (int v = tid; v < R * BK; v += MM_THREADS) {  // neighbouring threads take neighbouring k
-        const int r = v / BK, kk = v % BK;
-        const i64 gr = r0 + r, gk = k0 + kk;
-        float x = 0.0f;
-        if (gr < rows && gk < K) {
-            const i64 off = base + gr * rstride + gk;
-            x = HALF ? flare_h2f(((const unsigned short*)ptr)[off]) : ((const float*)ptr)[off];
-        }
-        S[kk][r] = x;
-    }
-}
 
 // t0 = a [B0,B1,M,K], t1 = b [B0,B1,K,N] (transpose_b is a stride swap done on the
 // host; batch strides are 0 where broadcast), t2 = out [B0,B1,M,N];
@@ -77,10 +48,7 @@ FLARE_DEVICE void flare_mm_tiled(const KArgs& A) {
     const float* bp = (const float*)b.ptr;
     const unsigned short* bh = (const unsigned short*)b.ptr;
 
-    float acc[TM][TN];
-    for (int i = 0; i < TM; ++i)
-        for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
-
+    float acc[TM][TN] = {};
     for (i64 k0 = 0; k0 < K; k0 += BK) {
         // a tile: BM rows x BK along K
         if (LAYOUT != L_ST) {
@@ -121,13 +89,7 @@ FLARE_DEVICE void flare_mm_tiled(const KArgs& A) {
             }
         }
         __syncthreads();
-        for (int kk = 0; kk < BK; ++kk) {
-            float ra[TM], rb[TN];
-            for (int i = 0; i < TM; ++i) ra[i] = As[kk][ty * TM + i];
-            for (int j = 0; j < TN; ++j) rb[j] = Bs[kk][tx + j * (BN / TN)];
-            for (int i = 0; i < TM; ++i)
-                for (int j = 0; j < TN; ++j) acc[i][j] += ra[i] * rb[j];
-        }
+        flare_tile_accumulate<BM, BN, BK, TM, TN>(As, Bs, acc, tx, ty);
         __syncthreads();  // the tiles are overwritten next step
     }
     for (int i = 0; i < TM; ++i) {
