@@ -25,6 +25,7 @@
 #include <cstring>
 #include <mutex>
 #include <vector>
+#include <csetjmp>
 #include <ucontext.h>
 
 using std::isnan;
@@ -65,7 +66,10 @@ static inline unsigned short flare_f2h(float f) {
 enum FlareWait { FW_RUNNING = 0, FW_BLOCK, FW_WARP, FW_DONE };
 
 struct FlareFiber {
-    ucontext_t ctx;
+    ucontext_t ctx;     // only to enter the fiber the first time (makecontext gives it its stack)
+    jmp_buf env;        // every later switch: _setjmp/_longjmp, which (unlike swapcontext) make
+    bool started;       // no signal-mask system call
+
     std::vector<char> stack;
     flare_uint3 tid;
     int wait;
@@ -73,6 +77,7 @@ struct FlareFiber {
 
 struct FlareEmu {
     ucontext_t sched;
+    jmp_buf sched_env;
     std::vector<FlareFiber> fibers;
     int current = -1;
     unsigned nthreads = 0;
@@ -91,7 +96,7 @@ static inline unsigned flare_linear_tid() {
 static inline void flare_yield(int why) {
     FlareFiber& f = flare_emu.fibers[flare_emu.current];
     f.wait = why;
-    swapcontext(&f.ctx, &flare_emu.sched);
+    if (_setjmp(f.env) == 0) _longjmp(flare_emu.sched_env, 1);
     threadIdx = f.tid;  // resumed by the scheduler
 }
 
@@ -131,7 +136,7 @@ static const KArgs* flare_emu_args;
 static void flare_fiber_main() {
     flare_emu_body(*flare_emu_args);
     flare_emu.fibers[flare_emu.current].wait = FW_DONE;
-    // returning resumes uc_link (the scheduler)
+    _longjmp(flare_emu.sched_env, 1);  // never returns: its stack is reused by the next block
 }
 
 // true when every live fiber of [lo, hi) waits for `why` (the group may go on)
@@ -153,6 +158,7 @@ static bool flare_run_block(unsigned bx, unsigned by, unsigned bz) {
         FlareFiber& f = fibers[i];
         f.tid = {i % bx, (i / bx) % by, i / (bx * by)};
         f.wait = FW_RUNNING;
+        f.started = false;
         getcontext(&f.ctx);
         f.ctx.uc_stack.ss_sp = f.stack.data();
         f.ctx.uc_stack.ss_size = f.stack.size();
@@ -166,7 +172,13 @@ static bool flare_run_block(unsigned bx, unsigned by, unsigned bz) {
             if (fibers[k].wait != FW_RUNNING) continue;
             flare_emu.current = (int)k;
             threadIdx = fibers[k].tid;
-            swapcontext(&flare_emu.sched, &fibers[k].ctx);
+            if (_setjmp(flare_emu.sched_env) == 0) {
+                if (!fibers[k].started) {
+                    fibers[k].started = true;
+                    setcontext(&fibers[k].ctx);
+                }
+                _longjmp(fibers[k].env, 1);
+            }
         }
         done = 0;
         for (unsigned k = 0; k < n; ++k) done += fibers[k].wait == FW_DONE;
