@@ -504,3 +504,12 @@ def test_conv1d_as_one_gemm(device, variant):
         assert used == {"flare_conv1d"}
     elif variant:
         assert used == {f"flare_conv_{lowering.MM_TILES[variant]}"}
+
+
+def test_empty_matmuls_launch_nothing(device):
+    b = GraphBuilder()
+    b.output("y", b.matmul(b.input("x", (2, 8)), b.weight("w", f32(0, 8)), transpose_b=True))
+    b.output("z", b.mul_mat_id(b.weight("e", f32(3, 0, 8)), b.input("v", (2, 8)), b.input("ids", (2, 1), "i32")))
+    used: set[str] = set()
+    check(device, b.build(), {"x": f32(2, 8), "v": f32(2, 8), "ids": np.array([[0], [2]], np.int32)}, kernels=used)
+    assert not used

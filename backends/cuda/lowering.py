@@ -163,6 +163,8 @@ def matmul_plan(m: int, n: int, k: int, a_kcontig: bool, b_kstride: int, b_nstri
 
 def _matmul(node: Tensor, b: BindingOf, tuning: Tuning = None) -> list[Launch]:
     x, w, out = b(node.srcs[0]), b(node.srcs[1]), b(node)
+    if _size(out.shape) == 0:
+        return []  # (a 2-D grid of zero blocks is not a launch)
     batch = tuple(out.shape[:-2])
     m, n = out.shape[-2:]
     k = x.shape[-1]
@@ -292,6 +294,8 @@ def _mul_mat_id(node: Tensor, b: BindingOf, tuning: Tuning = None) -> list[Launc
     w, x, ids = (b(s) for s in node.srcs)
     out = b(node)
     t, k = ids.shape
+    if _size(out.shape) == 0:
+        return []
     if len(x.shape) == 2:  # [T, K] used by every selected expert: stride 0 over k
         lx = (x, (t, k, x.shape[1]), (x.strides[0], 0, x.strides[1]))
     else:
