@@ -24,8 +24,9 @@
 #   Device tool call:  run(command="bash scripts/gpu-check.sh", carry=[".whl", ".gl"], timeout_s=600)
 #
 # What it does:
-#   1. a venv in /tmp/flare-venv that sees the image's packages (--system-site-packages:
-#      numpy, cuda-bindings, nvidia-cuda-nvrtc, CuPy ...), plus the missing ones from .whl/;
+#   1. a venv in /tmp/flare-venv that sees the image's packages (numpy, cuda-bindings,
+#      nvidia-cuda-nvrtc, CuPy ...; also when the image's python3 is itself a venv), plus the
+#      missing ones from .whl/;
 #      Flare installed into it from this tree (a real wheel build; if that fails, a
 #      symlink tree with generated entry points);
 #   2. the Vulkan loader from .gl/*.deb if none is installed, and VK_DRIVER_FILES set to
@@ -75,6 +76,12 @@ echo "=== venv $VENV (with the image's site packages)"
 rm -rf "$VENV"
 "$BASE_PY" -m venv --system-site-packages "$VENV" || { echo "cannot create a venv"; exit 1; }
 PY="$VENV/bin/python"
+# The image's python3 may itself be a venv (/opt/torch/.venv on the H200 image), whose packages
+# --system-site-packages does not see: list its site folders in a .pth file so they come after
+# the new venv's own (what is installed here wins).
+VENV_SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+"$BASE_PY" -c 'import site, sys; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' \
+    > "$VENV_SITE/_flare_image_site.pth"
 missing=()
 for spec in "cuda.bindings:cuda-bindings" "cuda.bindings.nvrtc:nvidia-cuda-nvrtc" "cffi:cffi" \
             "pycparser:pycparser" "vulkan:vulkan" "nvmath:nvmath-python"; do
@@ -101,7 +108,7 @@ echo "=== installing flare from the working tree into $VENV"
 if ! "$PY" -m pip install -q --no-index --no-deps --no-build-isolation "$ROOT" > /tmp/flare-wheel.log 2>&1; then
     tail -n 5 /tmp/flare-wheel.log
     echo "wheel build failed (log above): using a symlink tree with generated entry points instead"
-    SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    SITE="$VENV_SITE"
     mkdir -p "$SITE/flare"
     for f in core/*; do ln -sfn "$ROOT/$f" "$SITE/flare/$(basename "$f")"; done
     for sub in plugins backends models; do ln -sfn "$ROOT/$sub" "$SITE/flare/$sub"; done
