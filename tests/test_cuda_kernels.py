@@ -357,9 +357,10 @@ def _matmul_graph(b):
         b.output(f"mv{m}_f16", b.matmul(xm, b.weight(f"wmh{m}", f32(21, 132).astype(np.float16)),
                                         transpose_b=True))
     b.output("mv_odd", b.matmul(b.input("m0", (1, 45)), b.weight("wm0", f32(70, 45)), transpose_b=True))
+    b.output("mv_long", b.matmul(b.input("ml", (4, 1100)), b.weight("wml", f32(20, 1100)), transpose_b=True))
     for name, shape in (("x", (37, 45)), ("xv", (33, 132)), ("xt", (45, 37)), ("p", (3, 1, 19, 24)),
                         ("q", (2, 24, 35)), ("r", (2, 35, 24)), ("m1", (2, 1, 132)), ("m3", (2, 3, 132)),
-                        ("m0", (1, 45))):
+                        ("m0", (1, 45)), ("ml", (4, 1100))):
         f[name] = f32(*shape)
     return f
 

@@ -47,7 +47,7 @@ MM_TILE_SIZE = {"s": 32, "m": 64, "l": 128}
 MM_VARIANTS = ("auto", *MM_TILES, "naive")
 MMID_VARIANTS = ("mv", "naive")
 KERNEL_VARIANTS = {"matmul": MM_VARIANTS, "conv1d": MM_VARIANTS, "mul_mat_id": MMID_VARIANTS}
-MV_MAX_ROWS = 4           # matmuls with at most this many rows use the matrix-vector kernel
+MV_MAX_ROWS = 4           # matmuls with at most this many rows use the matrix-vector kernel (MV_MAX_M)
 MV_OUTPUTS_PER_BLOCK = 16  # 8 warps x MV_ROWS (matmul.cu)
 TOPK_P = 2048
 
@@ -189,12 +189,11 @@ def _matmul(node: Tensor, b: BindingOf, tuning: Tuning = None) -> list[Launch]:
     if kind == "naive" or w.dtype not in ("f32", "f16") or nbatch > MAX_GRID or -(-m // 32) > MAX_GRID:
         # (batches beyond grid z, or rows beyond grid y, go one thread per output)
         return _launch("matmul", "flare_matmul", _size(out.shape), node, lx, lw, lo)
-    if kind == "mv":
+    if kind == "mv":  # one block per batch, all m <= MV_MAX_ROWS rows of it together
         vec = 2 if k % 4 == 0 and _aligned4(w, w_mat_strides[1], *wb) else 0
-        pairs = nbatch * m
-        gy = min(pairs, MAX_GRID)
-        grid = (-(-n // MV_OUTPUTS_PER_BLOCK), gy, -(-pairs // gy))
-        return _launch("matmul", kernel, pairs, node, lx, lw, lo, ints=(vec,), grid=grid, block=(256, 1, 1))
+        gy = min(nbatch, MAX_GRID)
+        grid = (-(-n // MV_OUTPUTS_PER_BLOCK), gy, -(-nbatch // gy))
+        return _launch("matmul", kernel, nbatch, node, lx, lw, lo, ints=(vec,), grid=grid, block=(256, 1, 1))
     vec = 0
     if kernel.endswith(("_nt", "_nn")):
         if k % 4 == 0 and _aligned4(x, x.strides[-2], *xb):

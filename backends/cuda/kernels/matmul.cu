@@ -120,26 +120,30 @@ FLARE_MM(l, 128, 128, 8, 8, 8)
 // ---- matrix-vector: few rows, and the MoE expert matmul --------------------------------
 
 #define MV_THREADS 256
-#define MV_ROWS 2        // outputs per warp (and per thread before the reduction)
+#define MV_ROWS 2        // outputs n per warp
+#define MV_MAX_M 4       // rows of x per block (lowering.MV_MAX_ROWS): each weight load serves all
 #define MV_CHUNK 1024    // K staged through shared memory per step
 
-// One block per (batch/token, row) pair p (n = pairs) and MV_ROWS * 8 outputs n.
-// out[p, n] = sum_k x[p, k] * w[n, k], w's rows contiguous along k (w.stride[3] == 1).
-// IDS: p = (t, j); x = t1 [1,T,k,K] (stride 0 on k when shared), w = t0[ids[t,j]]
+// out[p, m, n] = sum_k x[p, m, k] * w[n, k], w's rows contiguous along k. One block per p
+// (n = blocks' p count) and MV_ROWS * 8 outputs n; the block's M <= MV_MAX_M rows of x are
+// staged through shared memory together, so every weight element read (float4 when
+// possible) is used M times, and each warp keeps MV_ROWS x M sums (cf. ggml's mmvq).
+// IDS: p = (t, j), M = 1; x = t1 [1,T,k,K] (stride 0 on k when shared), w = t0[ids[t,j]]
 // (t0 [1,E,N,K]); ids = t2 [1,1,T,k]; out = t3 [1,T,k,N].
 // Plain: x = t0 [B0,B1,M,K], w = t1 read as [B0,B1,N,K] (its [K,N] view with
-// stride[2] == 1), out = t2 [B0,B1,M,N]; p = (batch, m).
+// stride[2] == 1), out = t2 [B0,B1,M,N]; p = the batch.
 // i[0] bit 1: w rows may be read as float4 (f32, K % 4 == 0, aligned).
 template <bool IDS, bool WHALF>
 FLARE_DEVICE void flare_mv(const KArgs& A) {
-    __shared__ float xs[MV_CHUNK];
+    __shared__ float xs[MV_MAX_M][MV_CHUNK];
     const TensorDesc& w = IDS ? A.t[0] : A.t[1];
     const TensorDesc& x = IDS ? A.t[1] : A.t[0];
     const TensorDesc& o = IDS ? A.t[3] : A.t[2];
     const i64 K = x.shape[3], N = o.shape[3];
-    const i64 p = (i64)blockIdx.z * gridDim.y + blockIdx.y;  // pairs beyond 65535 continue in z
+    const i64 p = (i64)blockIdx.z * gridDim.y + blockIdx.y;  // beyond 65535 continues in z
     if (p >= A.n) return;  // whole block
-    i64 px, pw, po, swn;
+    i64 px, pw, po, swn, sxm = 0, som = 0;
+    int M = 1;
     if (IDS) {
         const TensorDesc& ids = A.t[2];
         const i64 kk = o.shape[2], t = p / kk, j = p % kk;
@@ -150,10 +154,13 @@ FLARE_DEVICE void flare_mv(const KArgs& A) {
         po = o.offset + t * o.stride[1] + j * o.stride[2];
         swn = w.stride[2];
     } else {
-        const i64 M = o.shape[2], bm = p / M, m = p % M, b1 = bm % o.shape[1], b0 = bm / o.shape[1];
-        px = x.offset + b0 * x.stride[0] + b1 * x.stride[1] + m * x.stride[2];
+        const i64 b1 = p % o.shape[1], b0 = p / o.shape[1];
+        M = (int)o.shape[2];
+        px = x.offset + b0 * x.stride[0] + b1 * x.stride[1];
         pw = w.offset + b0 * w.stride[0] + b1 * w.stride[1];
-        po = o.offset + b0 * o.stride[0] + b1 * o.stride[1] + m * o.stride[2];
+        po = o.offset + b0 * o.stride[0] + b1 * o.stride[1];
+        sxm = x.stride[2];
+        som = o.stride[2];
         swn = w.stride[3];  // [K,N] view of a [N,K] row-major weight: n steps by stride[3]
     }
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -161,34 +168,43 @@ FLARE_DEVICE void flare_mv(const KArgs& A) {
     const bool vec = !WHALF && (A.i[0] & 2);
     const float* wp = (const float*)w.ptr;
     const unsigned short* wh = (const unsigned short*)w.ptr;
-    float acc[MV_ROWS];
-    for (int r = 0; r < MV_ROWS; ++r) acc[r] = 0.0f;
+    float acc[MV_ROWS][MV_MAX_M] = {};
     for (i64 k0 = 0; k0 < K; k0 += MV_CHUNK) {
         const int len = (int)(K - k0 < MV_CHUNK ? K - k0 : MV_CHUNK);
         __syncthreads();  // the previous chunk is no longer read
-        for (int q = tid; q < len; q += MV_THREADS) xs[q] = flare_load(x, px + (k0 + q) * x.stride[3]);
+        for (int q = tid; q < M * len; q += MV_THREADS)
+            xs[q / len][q % len] = flare_load(x, px + (q / len) * sxm + (k0 + q % len) * x.stride[3]);
         __syncthreads();
         for (int r = 0; r < MV_ROWS; ++r) {
             const i64 n = nbase + r;
             if (n >= N) break;
             const i64 row = pw + n * swn + k0;
-            float s = 0.0f;
             if (vec) {  // len % 4 == 0 here (K % 4 == 0 and MV_CHUNK % 4 == 0)
                 for (int q = lane * 4; q < len; q += 128) {
                     const float4 v = *(const float4*)(wp + row + q);
-                    s += v.x * xs[q] + v.y * xs[q + 1] + v.z * xs[q + 2] + v.w * xs[q + 3];
+                    for (int mi = 0; mi < MV_MAX_M; ++mi) {
+                        if (mi >= M) break;
+                        acc[r][mi] += v.x * xs[mi][q] + v.y * xs[mi][q + 1] + v.z * xs[mi][q + 2] + v.w * xs[mi][q + 3];
+                    }
                 }
             } else {
-                for (int q = lane; q < len; q += 32)
-                    s += (WHALF ? flare_h2f(wh[row + q]) : wp[row + q]) * xs[q];
+                for (int q = lane; q < len; q += 32) {
+                    const float v = WHALF ? flare_h2f(wh[row + q]) : wp[row + q];
+                    for (int mi = 0; mi < MV_MAX_M; ++mi) {
+                        if (mi >= M) break;
+                        acc[r][mi] += v * xs[mi][q];
+                    }
+                }
             }
-            acc[r] += s;
         }
     }
     for (int r = 0; r < MV_ROWS; ++r) {
-        const float v = flare_warp_sum(acc[r]);  // every lane of the warp takes part
         const i64 n = nbase + r;
-        if (lane == 0 && n < N) flare_store(o, po + n * o.stride[3], v);
+        for (int mi = 0; mi < MV_MAX_M; ++mi) {
+            if (mi >= M) break;  // uniform across the warp: every lane takes part in the sum
+            const float v = flare_warp_sum(acc[r][mi]);
+            if (lane == 0 && n < N) flare_store(o, po + mi * som + n * o.stride[3], v);
+        }
     }
 }
 
