@@ -514,3 +514,82 @@ def test_empty_matmuls_launch_nothing(device):
     used: set[str] = set()
     check(device, b.build(), {"x": f32(2, 8), "v": f32(2, 8), "ids": np.array([[0], [2]], np.int32)}, kernels=used)
     assert not used
+
+# ---- fused ops (flare.ops.fused): chains merged by the fusion pass, every kernel path of each ----
+
+def _fused(b, ops):
+    """The built graph with every chain fused (as prepare does where the device supports it)."""
+    from flare.fusion import fuse
+
+    graph = b.build()
+    done = fuse(graph, lambda node, chain: True)
+    assert sorted(f.op for f in done) == sorted(ops), done
+    return graph
+
+
+@pytest.mark.parametrize("variant", [None, "t64", "naive"])
+def test_fused_linear_epilogues(device, variant):
+    """act(a @ w + bias) + residual on the tiled, matrix-vector and generic kernels, odd sizes,
+    batched, a strided residual view."""
+    b = GraphBuilder()
+    a = b.input("a", (2, 37, 45))
+    w = b.weight("w", f32(70, 45))
+    y = b.gelu(b.add(b.matmul(a, w, transpose_b=True), b.weight("bias", f32(70))))
+    b.output("full", b.add(b.input("res", (2, 37, 70)), y))
+    b.output("relu", b.relu(b.add(b.matmul(a, b.weight("wn", f32(45, 29))), b.weight("bn", f32(29)))))
+    rt = b.transpose(b.input("rt", (70, 37)))  # residual through a transposed view
+    b.output("res_only", b.add(b.matmul(b.input("a2", (37, 45)), w, transpose_b=True), rt))
+    one = b.input("one", (1, 96))                 # one row: the matrix-vector kernel
+    b.output("head", b.sigmoid(b.add(b.matmul(one, b.weight("wh", f32(3, 96)), transpose_b=True),
+                                     b.weight("bh", f32(3)))))
+    graph = _fused(b, ["linear"] * 4)
+    inputs = {"a": f32(2, 37, 45), "res": f32(2, 37, 70), "rt": f32(70, 37), "a2": f32(37, 45), "one": f32(1, 96)}
+    used: set[str] = set()
+    check(device, graph, inputs, rtol=1e-4, atol=1e-4, tuning={"linear": variant} if variant else None,
+          kernels=used)
+    if variant is None:
+        assert "flare_mv_mm" in used and any(k.startswith("flare_mm_") for k in used), used
+    elif variant == "naive":
+        assert used == {"flare_matmul"}
+
+
+def test_fused_norm_affine(device):
+    b = GraphBuilder()
+    x = b.input("x", (3, 1000))
+    b.output("layer", b.add(b.mul(b.layer_norm(x), b.weight("g", f32(1000))), b.weight("be", f32(1000))))
+    b.output("rms", b.mul(b.rms_norm(b.transpose(b.input("xt", (24, 5))), eps=1e-6), b.weight("g2", f32(24))))
+    graph = _fused(b, ["norm_affine"] * 2)
+    check(device, graph, {"x": f32(3, 1000), "xt": f32(24, 5)}, rtol=1e-4, atol=1e-5)
+
+
+def _attention_chain(b, q, k, v, mask=None, scale=1.0):
+    s = b.matmul(q, k, transpose_b=True)
+    return b.matmul(b.softmax(s, mask, scale=scale) if mask is not None else b.softmax(s, scale=scale), v)
+
+
+def test_fused_attention(device):
+    """Heads as batch, a broadcast mask, keys longer than a block, strided views of q/k/v."""
+    b = GraphBuilder()
+    q, k, v = b.input("q", (2, 3, 5, 8)), b.input("k", (2, 3, 300, 8)), b.input("v", (2, 3, 300, 6))
+    b.output("masked", _attention_chain(b, q, k, v, b.input("m", (2, 1, 1, 300)), scale=0.35))
+    heads = [b.permute(b.input(n, (7, 2, 16)), axes=(1, 0, 2)) for n in ("qh", "kh", "vh")]
+    b.output("views", _attention_chain(b, *heads, scale=0.25))
+    graph = _fused(b, ["attention"] * 2)
+    m = np.where(RNG.random((2, 1, 1, 300)) < 0.3, -1e9, 0.0).astype(np.float32)
+    inputs = {"q": f32(2, 3, 5, 8), "k": f32(2, 3, 300, 8), "v": f32(2, 3, 300, 6), "m": m,
+              "qh": f32(7, 2, 16), "kh": f32(7, 2, 16), "vh": f32(7, 2, 16)}
+    used: set[str] = set()
+    check(device, graph, inputs, rtol=1e-4, atol=1e-5, kernels=used)
+    assert used == {"flare_attention"}
+
+
+def test_attention_beyond_the_shared_rows_is_left_unfused():
+    from flare.fusion import fuse
+
+    for keys, supported in ((5000, False), (4096, True)):
+        b = GraphBuilder()
+        b.output("y", _attention_chain(b, b.input("q", (2, 1, 8)), b.input("k", (2, keys, 8)),
+                                       b.input("v", (2, keys, 4)), scale=0.5))
+        seen = []
+        fuse(b.build(), lambda node, chain: seen.append(lowering.supported(node)) or False)
+        assert seen == [supported]

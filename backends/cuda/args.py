@@ -13,7 +13,7 @@ from typing import Sequence
 from flare.backend import Binding
 from flare.dtypes import itemsize
 
-MAX_TENSORS = 4
+MAX_TENSORS = 6
 MAX_INTS = 8
 MAX_FLOATS = 4
 DTYPE_CODES = {"f32": 0, "f16": 1, "i32": 2, "i64": 3}
@@ -33,7 +33,7 @@ class TensorDesc(ctypes.Structure):
 
 
 class KArgs(ctypes.Structure):
-    """Mirror of `struct KArgs`: up to four tensors, a work count, ints and floats."""
+    """Mirror of `struct KArgs`: up to six tensors, a work count, ints and floats."""
 
     _fields_ = [
         ("t", TensorDesc * MAX_TENSORS),
@@ -43,7 +43,7 @@ class KArgs(ctypes.Structure):
     ]
 
 
-assert ctypes.sizeof(TensorDesc) == 88 and ctypes.sizeof(KArgs) == 440, "layout must match common.cuh"
+assert ctypes.sizeof(TensorDesc) == 88 and ctypes.sizeof(KArgs) == 616, "layout must match common.cuh"
 
 
 def pad4(shape: Sequence[int], strides: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -46,7 +46,7 @@ MM_TILE_SIZE = {"s": 32, "m": 64, "l": 128}
 # one-thread-per-output kernel.
 MM_VARIANTS = ("auto", *MM_TILES, "naive")
 MMID_VARIANTS = ("mv", "naive")
-KERNEL_VARIANTS = {"matmul": MM_VARIANTS, "conv1d": MM_VARIANTS, "mul_mat_id": MMID_VARIANTS}
+KERNEL_VARIANTS = {"matmul": MM_VARIANTS, "linear": MM_VARIANTS, "conv1d": MM_VARIANTS, "mul_mat_id": MMID_VARIANTS}
 MV_MAX_ROWS = 4           # matmuls with at most this many rows use the matrix-vector kernel (MV_MAX_M)
 MV_OUTPUTS_PER_BLOCK = 16  # 8 warps x MV_ROWS (matmul.cu)
 TOPK_P = 2048
@@ -103,6 +103,8 @@ def _launch(module: str, kernel: str, n: int, node: Tensor, *tensors, ints=(), f
         return []
     args = KArgs()
     for slot, t in enumerate(tensors):
+        if t is None:  # an unused slot (kernels with fixed slots for optional operands)
+            continue
         if isinstance(t, tuple):
             fill(args.t[slot], *t)
         else:
@@ -161,14 +163,32 @@ def matmul_plan(m: int, n: int, k: int, a_kcontig: bool, b_kstride: int, b_nstri
     return "tiled", f"flare_mm_{tile}_{layout}" + ("_h" if b_dtype == "f16" else "")
 
 
+EPILOGUE_ACTS = {"none": 0, "gelu": 1, "relu": 2, "sigmoid": 3}  # common.cuh ACT_*
+
+
 def _matmul(node: Tensor, b: BindingOf, tuning: Tuning = None) -> list[Launch]:
-    x, w, out = b(node.srcs[0]), b(node.srcs[1]), b(node)
+    return _matmul_launches(node, b(node.srcs[0]), b(node.srcs[1]), b(node), bool(node.params.get("transpose_b")),
+                            (tuning or {}).get("matmul"))
+
+
+def _linear(node: Tensor, b: BindingOf, tuning: Tuning = None) -> list[Launch]:
+    """The fused `linear` op: the matmul kernels with their epilogue act(v + bias) + residual."""
+    p = node.params
+    bias = b(node.srcs[2]) if p.get("has_bias") else None
+    residual = b(node.srcs[-1]) if p.get("has_residual") else None
+    return _matmul_launches(node, b(node.srcs[0]), b(node.srcs[1]), b(node), bool(p.get("transpose_b")),
+                            (tuning or {}).get("linear", (tuning or {}).get("matmul")),
+                            (EPILOGUE_ACTS[p.get("act", "none")], bias, residual))
+
+
+def _matmul_launches(node: Tensor, x: Binding, w: Binding, out: Binding, transpose_b: bool, variant: str | None,
+                     epilogue: tuple[int, Binding | None, Binding | None] = (0, None, None)) -> list[Launch]:
     if _size(out.shape) == 0:
         return []  # (a 2-D grid of zero blocks is not a launch)
     batch = tuple(out.shape[:-2])
     m, n = out.shape[-2:]
     k = x.shape[-1]
-    if node.params.get("transpose_b"):
+    if transpose_b:
         w_mat_strides = (w.strides[-1], w.strides[-2])  # [N, K] read as [K, N]
     else:
         w_mat_strides = (w.strides[-2], w.strides[-1])
@@ -179,21 +199,26 @@ def _matmul(node: Tensor, b: BindingOf, tuning: Tuning = None) -> list[Launch]:
     lx = (x, pad + batch + (m, k), zero + xb + (x.strides[-2], x.strides[-1]))
     lw = (w, pad + batch + (k, n), zero + wb + w_mat_strides)
     lo = (out, pad + batch + (m, n), zero + tuple(out.strides[:-2]) + tuple(out.strides[-2:]))
+    act, bias, residual = epilogue
+    lr = None if residual is None else (residual, lo[1], zero + tuple(residual.strides))
+    tail = (None, bias, lr)  # slots 3..5: t4 = bias, t5 = residual (flare_epilogue)
+    ep_ints = (act, (1 if bias is not None else 0) | (2 if residual is not None else 0))
     nbatch = _size(batch)
     a_kcontig = x.dtype == "f32" and (x.strides[-1] == 1 or k == 1)
     b_kstride = w_mat_strides[0] if k > 1 else 1
     b_nstride = w_mat_strides[1] if n > 1 else 1
-    variant = (tuning or {}).get("matmul")
     kind, kernel = matmul_plan(m, n, k, a_kcontig, b_kstride, b_nstride, w.dtype,
                                variant if variant in MM_VARIANTS and variant != "auto" else None)
     if kind == "naive" or w.dtype not in ("f32", "f16") or nbatch > MAX_GRID or -(-m // 32) > MAX_GRID:
         # (batches beyond grid z, or rows beyond grid y, go one thread per output)
-        return _launch("matmul", "flare_matmul", _size(out.shape), node, lx, lw, lo)
+        return _launch("matmul", "flare_matmul", _size(out.shape), node, lx, lw, lo, *tail,
+                       ints=(0, 0, 0, 0, *ep_ints))
     if kind == "mv":  # one block per batch, all m <= MV_MAX_ROWS rows of it together
         vec = 2 if k % 4 == 0 and _aligned4(w, w_mat_strides[1], *wb) else 0
         gy = min(nbatch, MAX_GRID)
         grid = (-(-n // MV_OUTPUTS_PER_BLOCK), gy, -(-nbatch // gy))
-        return _launch("matmul", kernel, nbatch, node, lx, lw, lo, ints=(vec,), grid=grid, block=(256, 1, 1))
+        return _launch("matmul", kernel, nbatch, node, lx, lw, lo, *tail, ints=(vec, 0, 0, 0, *ep_ints), grid=grid,
+                       block=(256, 1, 1))
     vec = 0
     if kernel.endswith(("_nt", "_nn")):
         if k % 4 == 0 and _aligned4(x, x.strides[-2], *xb):
@@ -204,8 +229,36 @@ def _matmul(node: Tensor, b: BindingOf, tuning: Tuning = None) -> list[Launch]:
             vec |= 2
     side = MM_TILE_SIZE[kernel.split("_")[2]]
     grid = (-(-n // side), -(-m // side), nbatch)
-    return _launch("matmul", kernel, _size(out.shape), node, lx, lw, lo, ints=(vec,), grid=grid,
-                   block=(256, 1, 1))
+    return _launch("matmul", kernel, _size(out.shape), node, lx, lw, lo, *tail, ints=(vec, 0, 0, 0, *ep_ints),
+                   grid=grid, block=(256, 1, 1))
+
+
+def _attention(node: Tensor, b: BindingOf) -> list[Launch]:
+    """The fused `attention` op: one block per query row (attention.cu)."""
+    q, k, v, out = b(node.srcs[0]), b(node.srcs[1]), b(node.srcs[2]), b(node)
+    batch = tuple(out.shape[:-2])
+    pad = (1,) * (2 - len(batch))
+    zero = (0,) * len(pad)
+    lq, dk, lk, dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
+
+    def layout(t: Binding, rows: int, cols: int):
+        bs = broadcast_strides(t.shape[:-2], t.strides[:-2], batch)
+        return (t, pad + batch + (rows, cols), zero + bs + (t.strides[-2], t.strides[-1]))
+
+    if node.params.get("has_mask"):
+        mb = b(node.srcs[3])
+        scores = batch + (lq, lk)
+        mask = (mb, pad + scores, zero + broadcast_strides(mb.shape, mb.strides, scores))
+    else:
+        mask = None
+    rows = _size(batch) * lq
+    return _launch("attention", "flare_attention", rows, node, layout(q, lq, dk), layout(k, lk, dk),
+                   layout(v, lk, dv), mask, (out, pad + batch + (lq, dv), zero + tuple(out.strides)),
+                   ints=(1 if mask is not None else 0,), floats=(node.params.get("scale", 1.0),),
+                   grid=row_grid(rows), block=row_block(max(lk, dv)))
+
+
+ATTENTION_MAX_KEYS, ATTENTION_MAX_DIM = 4096, 256  # attention.cu's shared rows
 
 
 def _rows(shape) -> int:
@@ -213,11 +266,18 @@ def _rows(shape) -> int:
 
 
 def _norm(node: Tensor, b: BindingOf) -> list[Launch]:
+    """layer_norm, rms_norm, and the fused norm_affine (times gamma, plus beta, same pass)."""
     x, out = b(node.srcs[0]), b(node)
-    mode = 0 if node.op == "layer_norm" else 1
+    if node.op == "norm_affine":
+        mode = 0 if node.params.get("norm", "layer") == "layer" else 1
+        gamma = b(node.srcs[1])
+        beta = b(node.srcs[2]) if node.params.get("has_beta") else None
+        affine = 1 | (2 if beta is not None else 0)
+    else:
+        mode, gamma, beta, affine = (0 if node.op == "layer_norm" else 1), None, None, 0
     rows = _rows(x.shape) if x.shape[-1] else 0
-    return _launch("norm", "flare_norm", rows, node, x, out, ints=(mode,), floats=(node.params["eps"],),
-                   grid=row_grid(rows), block=row_block(x.shape[-1]))
+    return _launch("norm", "flare_norm", rows, node, x, out, gamma, beta, ints=(mode, affine),
+                   floats=(node.params["eps"],), grid=row_grid(rows), block=row_block(x.shape[-1]))
 
 
 def _softmax(node: Tensor, b: BindingOf) -> list[Launch]:
@@ -356,6 +416,8 @@ LOWERINGS: dict[str, Callable[[Tensor, BindingOf], list[Launch]]] = {
     **{op: _binary for op in BINARY_CODES},
     "matmul": _matmul,
     "layer_norm": _norm, "rms_norm": _norm,
+    # fused ops (flare.fusion makes them only where supports() says yes)
+    "linear": _linear, "norm_affine": _norm, "attention": _attention,
     "softmax": _softmax,
     "get_rows": _get_rows, "set_rows": _set_rows, "gather": _gather, "top_k": _top_k,
     "rope": _rope, "conv1d": _conv1d, "mul_mat_id": _mul_mat_id,
@@ -374,10 +436,13 @@ def supported(node: Tensor) -> bool:
         return False
     if node.op in ("argmax", "max") and any(d == 0 for d in node.srcs[0].shape):
         return False
+    if node.op == "attention":
+        q, k = node.srcs[0], node.srcs[1]
+        return k.shape[-2] <= ATTENTION_MAX_KEYS and q.shape[-1] <= ATTENTION_MAX_DIM
     return True
 
 
-TUNED = frozenset({"matmul", "conv1d", "mul_mat_id"})  # lowerings that read the split's tuning
+TUNED = frozenset({"matmul", "linear", "conv1d", "mul_mat_id"})  # lowerings that read the split's tuning
 
 
 def lower(node: Tensor, binding_of: BindingOf, tuning: Tuning = None) -> list[Launch]:

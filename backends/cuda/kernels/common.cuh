@@ -50,7 +50,7 @@ struct TensorDesc {
     int ndim;                // rank before padding (informational)
 };
 
-#define FLARE_MAX_TENSORS 4
+#define FLARE_MAX_TENSORS 6
 #define FLARE_MAX_INTS 8
 #define FLARE_MAX_FLOATS 4
 
@@ -62,7 +62,7 @@ struct KArgs {
 };
 
 static_assert(sizeof(TensorDesc) == 88, "TensorDesc layout changed: update flare/backends/cuda/args.py");
-static_assert(sizeof(KArgs) == 440, "KArgs layout changed: update flare/backends/cuda/args.py");
+static_assert(sizeof(KArgs) == 616, "KArgs layout changed: update flare/backends/cuda/args.py");
 
 #ifdef FLARE_EMULATE
 #define FLARE_KERNEL(name)                                                             \
@@ -153,6 +153,36 @@ FLARE_DEVICE void flare_copy_elem(const TensorDesc& src, i64 soff, const TensorD
     } else {
         flare_store(dst, doff, flare_load(src, soff));
     }
+}
+
+// ---- activations (shared by the unary kernel and the fused matmul epilogue) ---------------
+
+FLARE_DEVICE float flare_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+FLARE_DEVICE float flare_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// fused epilogue activation codes: keep in step with lowering.py (EPILOGUE_ACTS)
+enum { ACT_NONE = 0, ACT_GELU, ACT_RELU, ACT_SIGMOID };
+FLARE_DEVICE float flare_activation(int act, float x) {
+    switch (act) {
+        case ACT_GELU: return flare_gelu(x);
+        case ACT_RELU: return x > 0.0f ? x : 0.0f;
+        case ACT_SIGMOID: return flare_sigmoid(x);
+        default: return x;
+    }
+}
+
+// The fused matmul epilogue (op `linear`): act(v + bias[n]) + residual[b0, b1, m, n].
+// i[4] = ACT_*, i[5] bit 0: bias in t4 (a row of N), bit 1: residual in t5 (the output's
+// [B0,B1,M,N] layout, any strides). A plain matmul has i[4] = i[5] = 0.
+FLARE_DEVICE float flare_epilogue(const KArgs& A, float v, i64 b0, i64 b1, i64 m, i64 n) {
+    const int flags = (int)A.i[5];
+    if (flags & 1) v += flare_load(A.t[4], A.t[4].offset + n * A.t[4].stride[3]);
+    v = flare_activation((int)A.i[4], v);
+    if (flags & 2) {
+        const TensorDesc& r = A.t[5];
+        v += flare_load(r, r.offset + b0 * r.stride[0] + b1 * r.stride[1] + m * r.stride[2] + n * r.stride[3]);
+    }
+    return v;
 }
 
 // ---- block-wide helpers (one block per row) ------------------------------------------

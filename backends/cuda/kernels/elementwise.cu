@@ -8,9 +8,9 @@ enum { B_ADD = 0, B_SUB, B_MUL, B_DIV };
 FLARE_DEVICE float flare_unary_op(int op, float x, float scale, float bias) {
     switch (op) {
         case U_RELU: return x > 0.0f ? x : 0.0f;
-        case U_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+        case U_GELU: return flare_gelu(x);
         case U_SILU: return x / (1.0f + expf(-x));
-        case U_SIGMOID: return 1.0f / (1.0f + expf(-x));
+        case U_SIGMOID: return flare_sigmoid(x);
         case U_TANH: return tanhf(x);
         case U_EXP: return expf(x);
         case U_SQRT: return sqrtf(x);

@@ -24,8 +24,8 @@ enum { L_NT = 0, L_NN = 1, L_ST = 2 };
 
 // t0 = a [B0,B1,M,K], t1 = b [B0,B1,K,N] (transpose_b is a stride swap done on the
 // host; batch strides are 0 where broadcast), t2 = out [B0,B1,M,N];
-// i[0] bit 0: a rows may be read as float4, bit 1: b likewise.
-// grid = (ceil(N/BN), ceil(M/BM), B0*B1), block = 256.
+// i[0] bit 0: a rows may be read as float4, bit 1: b likewise; i[4], i[5], t4, t5: the
+// fused epilogue (flare_epilogue). grid = (ceil(N/BN), ceil(M/BM), B0*B1), block = 256.
 template <int BM, int BN, int BK, int TM, int TN, int LAYOUT, bool BHALF>
 FLARE_DEVICE void flare_mm_tiled(const KArgs& A) {
     static_assert((BM / TM) * (BN / TN) == MM_THREADS, "a tile is 256 threads");
@@ -97,7 +97,7 @@ FLARE_DEVICE void flare_mm_tiled(const KArgs& A) {
         if (gm >= M) continue;
         for (int j = 0; j < TN; ++j) {
             const i64 gn = n0 + tx + j * (BN / TN);  // neighbouring threads store neighbouring n
-            if (gn < N) flare_store(o, po + gm * o.stride[2] + gn * o.stride[3], acc[i][j]);
+            if (gn < N) flare_store(o, po + gm * o.stride[2] + gn * o.stride[3], flare_epilogue(A, acc[i][j], b0, b1, gm, gn));
         }
     }
 }
@@ -142,7 +142,7 @@ FLARE_DEVICE void flare_mv(const KArgs& A) {
     const i64 K = x.shape[3], N = o.shape[3];
     const i64 p = (i64)blockIdx.z * gridDim.y + blockIdx.y;  // beyond 65535 continues in z
     if (p >= A.n) return;  // whole block
-    i64 px, pw, po, swn, sxm = 0, som = 0;
+    i64 px, pw, po, swn, sxm = 0, som = 0, b0 = 0, b1 = 0;
     int M = 1;
     if (IDS) {
         const TensorDesc& ids = A.t[2];
@@ -154,7 +154,8 @@ FLARE_DEVICE void flare_mv(const KArgs& A) {
         po = o.offset + t * o.stride[1] + j * o.stride[2];
         swn = w.stride[2];
     } else {
-        const i64 b1 = p % o.shape[1], b0 = p / o.shape[1];
+        b1 = p % o.shape[1];
+        b0 = p / o.shape[1];
         M = (int)o.shape[2];
         px = x.offset + b0 * x.stride[0] + b1 * x.stride[1];
         pw = w.offset + b0 * w.stride[0] + b1 * w.stride[1];
@@ -203,7 +204,8 @@ FLARE_DEVICE void flare_mv(const KArgs& A) {
         for (int mi = 0; mi < MV_MAX_M; ++mi) {
             if (mi >= M) break;  // uniform across the warp: every lane takes part in the sum
             const float v = flare_warp_sum(acc[r][mi]);
-            if (lane == 0 && n < N) flare_store(o, po + mi * som + n * o.stride[3], v);
+            if (lane == 0 && n < N)
+                flare_store(o, po + mi * som + n * o.stride[3], IDS ? v : flare_epilogue(A, v, b0, b1, mi, n));
         }
     }
 }
@@ -229,7 +231,7 @@ FLARE_KERNEL(flare_matmul) {
     i64 pb = b.offset + c[0] * b.stride[0] + c[1] * b.stride[1] + c[3] * b.stride[3];
     float acc = 0.0f;
     for (i64 k = 0; k < K; ++k) acc += flare_load(a, pa + k * a.stride[3]) * flare_load(b, pb + k * b.stride[2]);
-    flare_store(A.t[2], A.t[2].offset + e, acc);
+    flare_store(A.t[2], A.t[2].offset + e, flare_epilogue(A, acc, c[0], c[1], c[2], c[3]));
 }
 
 // t0 = w [1,E,N,K] (f32 or f16), t1 = x [1,T,k,K] (stride 0 on k when x is [T,K]),

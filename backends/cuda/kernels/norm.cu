@@ -14,7 +14,8 @@
 FLARE_DEVICE i64 flare_row_id() { return (i64)blockIdx.y * gridDim.x + blockIdx.x; }
 
 // t0 = x [4D, rows over the first three axes], t1 = out; i[0] = 0 layer_norm,
-// 1 rms_norm; f[0] = eps; n = rows
+// 1 rms_norm; f[0] = eps; n = rows. Fused `norm_affine`: i[1] bit 0: times gamma (t2, a
+// row of D), bit 1: plus beta (t3).
 FLARE_KERNEL(flare_norm) {
     __shared__ float scratch[32];
     const i64 r = flare_row_id();
@@ -47,7 +48,13 @@ FLARE_KERNEL(flare_norm) {
         ss += d * d;
     }
     const float inv = 1.0f / sqrtf(flare_block_sum(ss, scratch) / (float)D + A.f[0]);
-    for (i64 j = threadIdx.x; j < D; j += step) flare_store(A.t[1], po + j, (FLARE_NORM_IN(j) - mean) * inv);
+    const int affine = (int)A.i[1];
+    for (i64 j = threadIdx.x; j < D; j += step) {
+        float v = (FLARE_NORM_IN(j) - mean) * inv;
+        if (affine & 1) v *= flare_load(A.t[2], A.t[2].offset + j * A.t[2].stride[3]);
+        if (affine & 2) v += flare_load(A.t[3], A.t[3].offset + j * A.t[3].stride[3]);
+        flare_store(A.t[1], po + j, v);
+    }
 #undef FLARE_NORM_IN
 }
 

@@ -44,7 +44,7 @@ enum {
     GRAPH_EXEC_UPDATE_FAILURE = 910
 };
 
-#define KARGS_SIZE 440  /* sizeof(KArgs), static_asserted in kernels/common.cuh */
+#define KARGS_SIZE 616  /* sizeof(KArgs), static_asserted in kernels/common.cuh */
 #define MAX_OBJ 4096
 
 typedef const char* (*HostKernel)(const void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned);
