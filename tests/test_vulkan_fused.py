@@ -149,7 +149,7 @@ def attention_ref(q, k, v, mask, scale):
 
 @pytest.mark.parametrize("qs,ks,vs,ms", [((2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 6), (2, 1, 1, 7)),
                                          ((1, 4, 33, 13), (1, 4, 41, 13), (1, 4, 41, 9), None),
-                                         ((3, 2, 17), (1, 70, 17), (1, 70, 19), (2, 70))])
+                                         ((3, 2, 17), (1, 45, 17), (1, 45, 19), (2, 45))])
 def test_attention(dev, qs, ks, vs, ms):
     """Masked and unmasked, a key/value head shared by every batch (stride 0), odd sizes."""
     q, k, v = f32(*qs), f32(*ks), f32(*vs)
@@ -174,3 +174,23 @@ def test_attention_of_head_views(dev):
                                                    scale=0.5), heads(b, "v", v)), {"q": q, "k": k, "v": v}, "attention")
     t = lambda x: np.transpose(x, (1, 0, 2))  # noqa: E731
     np.testing.assert_allclose(got, attention_ref(t(q), t(k), t(v), None, 0.5), rtol=ACC[0], atol=ACC[1])
+
+
+@pytest.mark.parametrize("profile,keys,fused", [("cpu", 48, True), ("cpu", 49, False), ("gpu", 300, True),
+                                                ("gpu", 513, False)])
+def test_attention_key_limits(profile, keys, fused):
+    """Longer rows of keys than the profile's limit keep the chain unfused (kernels.py says why)."""
+    (device,) = VulkanBackend.open_devices({"kernel_profile": profile})
+    try:
+        q, k, v = f32(2, 5, 8), f32(2, keys, 8), f32(2, keys, 3)
+        b = GraphBuilder()
+        b.output("out", b.matmul(b.softmax(b.matmul(b.input("q", q.shape), b.input("k", k.shape), transpose_b=True),
+                                           scale=0.3), b.input("v", v.shape)))
+        graph = b.build()
+        assert [f.op for f in fuse(graph, lambda node, chain: device.supports(node))] == (["attention"] if fused else [])
+        if fused:
+            with HandBound(device, graph, gap=1) as hb:
+                got = hb.run({"q": q, "k": k, "v": v})["out"]
+            np.testing.assert_allclose(got, attention_ref(q, k, v, None, 0.3), rtol=ACC[0], atol=ACC[1])
+    finally:
+        device.close()
