@@ -279,9 +279,50 @@ def _stacks_rows(ta: TensorArg, tb: TensorArg) -> bool:
     return (b1 == 1 or s1 == m * rs) and (b0 == 1 or s0 == b1 * m * rs)
 
 
+@dataclass(frozen=True)
+class Epilogue:
+    """The fused `linear` node's epilogue (common.glsl EPILOGUE): its code and the bias and
+    residual descriptors laid out on the dispatch's output coordinates."""
+
+    code: int = 0
+    bias: TensorArg | None = None
+    residual: TensorArg | None = None
+
+    def swapped(self) -> "Epilogue":
+        """The same epilogue for an output written transposed (matvec with swapped operands)."""
+        return Epilogue(self.code, *(None if t is None else _swap_last(t) for t in (self.bias, self.residual)))
+
+    def stacked(self, rows: int) -> "Epilogue | None":
+        """On [1, 1, B0*B1*M, N] output coordinates, or None when the residual's batches are
+        not rows stacked at its row stride."""
+        def flat(t: TensorArg | None, is_bias: bool) -> TensorArg | None:
+            if t is None:
+                return None
+            (b0, b1, m, n), (s0, s1, sm, sn) = t.shape, t.strides
+            if not is_bias and not ((b1 == 1 or s1 == m * sm) and (b0 == 1 or s0 == b1 * m * sm)):
+                raise ValueError
+            return TensorArg(t.binding, (1, 1, rows, n), (0, 0, 0 if is_bias else sm, sn), t.elem_offset)
+        try:
+            return Epilogue(self.code, flat(self.bias, True), flat(self.residual, False))
+        except ValueError:
+            return None
+
+    def args(self, placeholder: TensorArg) -> list[TensorArg]:
+        return [self.bias or placeholder, self.residual or placeholder]
+
+
+NO_EPILOGUE = Epilogue()
+EPI_ACT = {"none": 0, "gelu": 1, "relu": 2, "sigmoid": 3}
+
+
+def _swap_last(t: TensorArg) -> TensorArg:
+    return TensorArg(t.binding, t.shape[:2] + (t.shape[3], t.shape[2]), t.strides[:2] + (t.strides[3], t.strides[2]),
+                     t.elem_offset)
+
+
 def _matvec(name: str, x: TensorArg, y: TensorArg, out: TensorArg, ids: TensorArg | None, program: SplitProgram,
-            device: Any, op: str) -> Dispatch:
-    """out[b, i, j] = sum_k x[b, i, k] * y[b, j, k] (or y = w[ids[i]] with ids)."""
+            device: Any, op: str, epi: Epilogue = NO_EPILOGUE) -> Dispatch:
+    """out[b, i, j] = sum_k x[b, i, k] * y[b, j, k] (or y = w[ids[i]] with ids), then the epilogue."""
     rows = variants.pick(op, program.tuning, device, family="matvec")
     mode = (1 if _vec_ok(x, 3) else 0) | (2 if _vec_ok(y, 3) else 0) | (4 if ids is not None else 0)
     I = x.shape[1] * x.shape[2] if ids is not None else x.shape[2]
@@ -290,7 +331,9 @@ def _matvec(name: str, x: TensorArg, y: TensorArg, out: TensorArg, ids: TensorAr
     groups = (-(-J // rows.nr), I, batch)
     _check_grid(groups, device)
     dts = (x.binding.dtype, y.binding.dtype, (ids or x).binding.dtype, out.binding.dtype)
-    return Dispatch(name, "matvec", _spec(mode, *dts) + rows.spec(), [x, y, ids or x, out], [], groups, writes=[3])
+    bias, res = epi.args(x)
+    return Dispatch(name, "matvec", _spec(mode, *dts) + rows.spec() + (epi.code,), [x, y, ids or bias, out, res], [],
+                    groups, writes=[3])
 
 
 def _check_grid(groups: tuple[int, int, int], device: Any) -> None:
@@ -299,7 +342,7 @@ def _check_grid(groups: tuple[int, int, int], device: Any) -> None:
 
 
 def _tiled(name: str, ta: TensorArg, tb: TensorArg, to: TensorArg, program: SplitProgram, device: Any, op: str, *,
-           conv: list[int] | None = None, ids: TensorArg | None = None) -> Dispatch:
+           conv: list[int] | None = None, ids: TensorArg | None = None, epi: Epilogue = NO_EPILOGUE) -> Dispatch:
     """matmul.comp with the tile the tuning (or the device default) names; matmul_generic.comp
     when no tile fits the device."""
     M = ta.shape[2]
@@ -320,38 +363,94 @@ def _tiled(name: str, ta: TensorArg, tb: TensorArg, to: TensorArg, program: Spli
             raise Unsupported("no matmul tile fits this device")
         groups = (-(-N // 16), -(-M // 16), batch)
         _check_grid(groups, device)
-        return Dispatch(name, "matmul_generic", _spec(0, *dts), [ta, tb, to], [], groups, writes=[2])
-    ti = ids if ids is not None else ta  # binding 4 is read only with IDS
+        return Dispatch(name, "matmul_generic", _spec(0, *dts) + (epi.code,), [ta, tb, to, *epi.args(ta)], [], groups,
+                        writes=[2])
+    bias, res = epi.args(ta)
+    ti = ids if ids is not None else bias  # binding 4: ids with IDS, the bias with an epilogue
     groups = (-(-N // tile.bn), -(-M // tile.bm), batch)
     _check_grid(groups, device)
-    return Dispatch(name, "matmul", _spec(mode, *dts) + tile.spec(), [ta, tb, to, ti], list(conv or []), groups,
-                    writes=[2])
+    return Dispatch(name, "matmul", _spec(mode, *dts) + tile.spec() + (epi.code,), [ta, tb, to, ti, res],
+                    list(conv or []), groups, writes=[2])
+
+
+def _batched(t: Binding, batch: tuple[int, int], rows: int, cols: int, row_stride: int, col_stride: int) -> TensorArg:
+    """A [..., rows, cols] matmul operand on the output's two batch axes (stride 0 where it broadcasts)."""
+    tb = (1,) * (2 - (len(t.shape) - 2)) + tuple(t.shape[:-2])
+    ts = (0,) * (2 - (len(t.strides) - 2)) + tuple(t.strides[:-2])
+    strides = tuple(0 if d == 1 and ob != 1 else s for d, s, ob in zip(tb, ts, batch))
+    return arg(t, batch + (rows, cols), strides + (row_stride, col_stride))
+
+
+ATTENTION_MAX_KEYS = 512  # attention.comp keeps QR rows of scores in shared memory (MAXN)
+ATTENTION_ROWS = 4  # QR: query rows per workgroup, so each k and v element is loaded once per 4 rows
+# On CPU drivers (kernel profile "cpu"), fused attention only up to this many keys: on lavapipe
+# (12 heads, head size 32, best of 20) it took 0.5 / 1.3 ms against the unfused chain's 1.1 /
+# 2.3 ms at 12 / 24 keys, about even at 40, and 8.1 against 6.5-7.0 ms at 64 (the tiled
+# matmuls load k and v far fewer times than a few query rows per workgroup do).
+ATTENTION_CPU_MAX_KEYS = 48
+
+
+@lowering("attention")
+def _attention(node, program, device):
+    """Fused attention for small heads: one workgroup per query row (attention.comp)."""
+    q, k, v = (_b(program, s) for s in node.srcs[:3])
+    out = _b(program, node)
+    oshape = tuple(out.shape)
+    batch = (1,) * (4 - len(oshape)) + oshape[:-2]
+    M, N = q.shape[-2], k.shape[-2]
+    tq = _batched(q, batch, M, q.shape[-1], q.strides[-2], q.strides[-1])
+    tk = _batched(k, batch, N, k.shape[-1], k.strides[-2], k.strides[-1])
+    tv = _batched(v, batch, N, v.shape[-1], v.strides[-2], v.strides[-1])
+    if node.params["has_mask"]:
+        m = _b(program, node.srcs[3])
+        tm, mdt = broadcast_to(m, batch + (M, N)), m.dtype
+    else:
+        tm, mdt = tq, q.dtype
+    params = [f32_bits(node.params["scale"]), int(node.params["has_mask"])]
+    groups = _numel(oshape[:-2]) * -(-M // ATTENTION_ROWS)
+    return [Dispatch(node.name, "attention", _spec(0, q.dtype, k.dtype, v.dtype, mdt) + _rows(node, program, device)
+                     + (ATTENTION_ROWS,), [tq, tk, tv, tm, arg(out)], params, grid(groups, device), writes=[4])]
 
 
 @lowering("matmul")
 def _matmul(node, program, device):
-    a, b = (_b(program, s) for s in node.srcs)
-    out = _b(program, node)
+    a, b = (_b(program, s) for s in node.srcs[:2])
+    return _matmul_dispatches(node, a, b, _b(program, node), program, device)
+
+
+@lowering("linear")
+def _linear(node, program, device):
+    """The fused matmul (flare.ops.fused): the epilogue runs in the matmul's store, whichever
+    kernel (tile, matvec, generic) the shapes choose."""
+    p = node.params
+    bias = _b(program, node.srcs[2]) if p["has_bias"] else None
+    res = _b(program, node.srcs[-1]) if p["has_residual"] else None
+    code = (1 if bias is not None else 0) | (2 if res is not None else 0) | (EPI_ACT[p["act"]] << 2)
+    a, b = (_b(program, s) for s in node.srcs[:2])
+    return _matmul_dispatches(node, a, b, _b(program, node), program, device, (code, bias, res))
+
+
+def _matmul_dispatches(node, a: Binding, b: Binding, out: Binding, program, device,
+                       fused: tuple[int, Binding | None, Binding | None] | None = None) -> list[Dispatch]:
     oshape = tuple(out.shape)
     batch = (1,) * (4 - len(oshape)) + oshape[:-2]
     M, N = oshape[-2], oshape[-1]
     K = a.shape[-1]
-
-    def batched(t: Binding, rows: int, cols: int, row_stride: int, col_stride: int) -> TensorArg:
-        tb = (1,) * (2 - (len(t.shape) - 2)) + tuple(t.shape[:-2])
-        ts = (0,) * (2 - (len(t.strides) - 2)) + tuple(t.strides[:-2])
-        strides = tuple(0 if d == 1 and ob != 1 else s for d, s, ob in zip(tb, ts, batch))
-        return arg(t, batch + (rows, cols), strides + (row_stride, col_stride))
-
-    ta = batched(a, M, K, a.strides[-2], a.strides[-1])
+    ta = _batched(a, batch, M, K, a.strides[-2], a.strides[-1])
     if node.params.get("transpose_b", False):  # b is [..., N, K]
-        tb = batched(b, K, N, b.strides[-1], b.strides[-2])
+        tb = _batched(b, batch, K, N, b.strides[-1], b.strides[-2])
     else:
-        tb = batched(b, K, N, b.strides[-2], b.strides[-1])
+        tb = _batched(b, batch, K, N, b.strides[-2], b.strides[-1])
     ostrides = contiguous_strides(batch + (M, N))
     to = arg(out, batch + (M, N), ostrides)
+    epi = NO_EPILOGUE
+    if fused is not None:
+        code, bias, res = fused
+        epi = Epilogue(code, None if bias is None else arg(bias, batch + (M, N), (0, 0, 0, bias.strides[0])),
+                       None if res is None else broadcast_to(res, batch + (M, N)))
     stacked_rows = batch[0] * batch[1] * M
-    if _stacks_rows(ta, tb) and -(-stacked_rows // 16) <= device.info.max_workgroup_count[1]:
+    stacked_epi = epi.stacked(stacked_rows)
+    if stacked_epi is not None and _stacks_rows(ta, tb) and -(-stacked_rows // 16) <= device.info.max_workgroup_count[1]:
         # a linear layer over a batch: one [B*M, K] x [K, N] product fills tiles better
         rows = stacked_rows
         ta = TensorArg(ta.binding, (1, 1, rows, K), (0, 0) + ta.strides[2:], ta.elem_offset)
@@ -359,20 +458,30 @@ def _matmul(node, program, device):
         to = TensorArg(to.binding, (1, 1, rows, N), (0, 0, N, 1), to.elem_offset)
         batch, M = (1, 1), rows
         ostrides = (0, 0, N, 1)
+        epi = stacked_epi
     if M <= MATVEC_MAX_ROWS and M <= N:   # few rows of a: rows of b^T as y
-        return [_matvec(node.name, ta, _rows_view(tb, 3, 2), to, None, program, device, "matmul")]
+        return [_matvec(node.name, ta, _rows_view(tb, 3, 2), to, None, program, device, "matmul", epi)]
     if N <= MATVEC_MAX_ROWS:              # few columns of b: swap, out^T[n, m] = b^T[n, :] . a[m, :]
         to_t = arg(out, batch + (N, M), ostrides[:2] + (ostrides[3], ostrides[2]))
-        return [_matvec(node.name, _rows_view(tb, 3, 2), ta, to_t, None, program, device, "matmul")]
-    return [_tiled(node.name, ta, tb, to, program, device, "matmul")]
+        return [_matvec(node.name, _rows_view(tb, 3, 2), ta, to_t, None, program, device, "matmul", epi.swapped())]
+    return [_tiled(node.name, ta, tb, to, program, device, "matmul", epi=epi)]
 
 
-@lowering("layer_norm", "rms_norm", "softmax")
+@lowering("layer_norm", "rms_norm", "softmax", "norm_affine")
 def _rownorm(node, program, device):
     x = _b(program, node.srcs[0])
     out = _b(program, node)
     tx = arg(x)
-    if node.op == "softmax":
+    tbeta = tx  # binding 4: beta of norm_affine, else not read
+    if node.op == "norm_affine":  # the norm, times gamma (in the mask's slot), plus beta: one pass
+        p = node.params
+        mode = (0 if p["norm"] == "layer" else 1) | 4 | (8 if p["has_beta"] else 0)
+        g = _b(program, node.srcs[1])
+        tm, mdt = broadcast_to(g, x.shape), g.dtype
+        if p["has_beta"]:
+            tbeta = broadcast_to(_b(program, node.srcs[2]), x.shape)
+        params = [f32_bits(p["eps"])]
+    elif node.op == "softmax":
         mode = 2
         if len(node.srcs) > 1:
             m = _b(program, node.srcs[1])
@@ -386,7 +495,7 @@ def _rownorm(node, program, device):
         params = [f32_bits(node.params.get("eps", 1e-5 if node.op == "layer_norm" else 1e-6))]
     rows = _numel(x.shape[:-1])
     return [Dispatch(node.name, "rownorm", _spec(mode, x.dtype, mdt, out.dtype) + _rows(node, program, device),
-                     [tx, tm, arg(out)], params, grid(rows, device), writes=[2])]
+                     [tx, tm, arg(out), tbeta], params, grid(rows, device), writes=[2])]
 
 
 def _rows(node: Tensor, program: SplitProgram, device: Any) -> tuple[int, ...]:
@@ -501,6 +610,9 @@ SRC_DTYPES: dict[str, tuple[tuple[str, ...], ...]] = {
     "conv1d": (FLOAT_IN,),
     "mul_mat_id": (("f32", "f16"), ("f32", "f16"), INDEX),
     "set_rows": (ANY, INDEX, ANY),
+    "linear": (FLOAT_IN, FLOAT_IN, ("f32",)),  # bias and residual: f32 (flare.ops.fused)
+    "norm_affine": (FLOAT_IN, ("f32",)),
+    "attention": (FLOAT_IN, FLOAT_IN, FLOAT_IN, ("f32", "f16")),
 }
 
 
@@ -517,24 +629,30 @@ def supports(node: Tensor, device: Any) -> bool:
     for t in (node, *node.srcs):
         if t.size >= MAX_ELEMENTS or (t.dtype == "i64" and t.size >= MAX_ELEMENTS // 2):
             return False
-    n_buffers = {"mul_mat_id": 4, "matmul": 4, "conv1d": 4, "reduce": 2, "top_k": 2}.get(node.op, 3)
+    n_buffers = {"mul_mat_id": 5, "matmul": 5, "linear": 5, "conv1d": 5, "reduce": 2, "top_k": 2,
+                 "layer_norm": 4, "rms_norm": 4, "softmax": 4, "norm_affine": 4, "attention": 5}.get(node.op, 3)
     if n_buffers + 1 > device.info.max_storage_buffers_per_stage:
         return False
+    if node.op == "attention":
+        keys = node.srcs[1].shape[-2]
+        limit = ATTENTION_CPU_MAX_KEYS if device.kernel_profile == "cpu" else ATTENTION_MAX_KEYS
+        if node.dtype != "f32" or keys > limit:
+            return False
     if node.op == "rope" and node.srcs[0].shape[-1] % 2:
         return False
     if node.op == "pad" and node.params.get("mode", "constant") not in ("constant", "reflect"):
         return False
-    if node.op in ("matmul", "mul_mat_id"):
+    if node.op in ("matmul", "linear", "mul_mat_id"):
         out = node.shape
-        batch = _numel(out[:-2]) if node.op == "matmul" else 1
-        rows = out[-2] if node.op == "matmul" else out[0] * out[1]
+        batch = _numel(out[:-2]) if node.op != "mul_mat_id" else 1
+        rows = out[-2] if node.op != "mul_mat_id" else out[0] * out[1]
         mx, my, mz = device.info.max_workgroup_count
         if -(-out[-1] // 16) > mx or rows > my or batch > mz:  # the smallest tile / one matvec row per group
             return False
     if not device.info.subgroup_ops & SUBGROUP_ARITHMETIC:  # matvec and row kernels reduce with subgroup ops
-        if node.op in ROW_OPS or node.op == "mul_mat_id":
+        if node.op in ROW_OPS or node.op in ("mul_mat_id", "norm_affine", "attention"):
             return False
-        if node.op == "matmul" and min(node.shape[-2], node.shape[-1]) <= MATVEC_MAX_ROWS:
+        if node.op in ("matmul", "linear") and min(node.shape[-2], node.shape[-1]) <= MATVEC_MAX_ROWS:
             return False
     return True
 

@@ -21,8 +21,8 @@ N_SPEC = 5
 
 # shader name -> number of data buffers (bindings 1..n); binding 0 is the metadata buffer
 SHADERS: dict[str, int] = {
-    "eltwise": 3, "eltwise_chain": 6, "copy": 3, "matmul": 4, "matmul_generic": 3, "matvec": 4, "rownorm": 3, "reduce": 2,
-    "get_rows": 3, "set_rows": 3, "gather": 3, "rope": 3, "conv1d": 3, "top_k": 2, "mul_mat_id": 4,
+    "eltwise": 3, "eltwise_chain": 6, "copy": 3, "matmul": 5, "matmul_generic": 5, "matvec": 5, "rownorm": 4, "reduce": 2,
+    "get_rows": 3, "set_rows": 3, "gather": 3, "rope": 3, "conv1d": 3, "top_k": 2, "mul_mat_id": 4, "attention": 5,
 }
 
 

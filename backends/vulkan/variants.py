@@ -73,7 +73,7 @@ ROWS: dict[str, Rows] = {"wg8": Rows(8), "wg32": Rows(32), "wg128": Rows(128), "
 # op -> variant table (conv1d and mul_mat_id run on the matmul / matvec shaders)
 TABLES: dict[str, dict[str, Any]] = {
     "matmul": MATMUL, "conv1d": MATMUL, "mul_mat_id": MATVEC, "matvec": MATVEC,
-    "softmax": ROWS, "layer_norm": ROWS, "rms_norm": ROWS,
+    "softmax": ROWS, "layer_norm": ROWS, "rms_norm": ROWS, "norm_affine": ROWS, "attention": ROWS,
     "sum": ROWS, "mean": ROWS, "max": ROWS, "argmax": ROWS, "top_k": ROWS,
 }
 DEFAULT_GPU = {"matmul": "t64", "matvec": "wg128", "rows": "wg128"}

@@ -159,3 +159,14 @@ float eltwise_op(uint mode, float x, float y, float scale, float bias) {
     if (mode == 18u) return -x;
     return x * x;
 }
+
+// linear's epilogue (the fused matmul node), applied to an output value v before its store:
+// EPI bits 1 bias (+ bias), 2 residual (+ residual after the activation), act = EPI >> 2
+// (0 none, 1 gelu, 2 relu, 3 sigmoid). Bias and residual are f32 descriptors laid out on the
+// output's coordinates c (the bias with stride 0 on every axis but the last).
+#define EPILOGUE(EPI, v, EB, tbias, ER, tres, c) { \
+    if (((EPI) & 1u) != 0u) v += uintBitsToFloat(EB[offset_at(tbias, c)]); \
+    if (((EPI) >> 2) == 1u) v = gelu_erf(v); \
+    else if (((EPI) >> 2) == 2u) v = max(v, 0.0); \
+    else if (((EPI) >> 2) == 3u) v = sigmoid(v); \
+    if (((EPI) & 2u) != 0u) v += uintBitsToFloat(ER[offset_at(tres, c)]); }

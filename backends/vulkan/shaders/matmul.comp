@@ -22,7 +22,9 @@
 //             n runs over (batch, output position) and out is [1, B, Cout, Lout].
 // Anything else is a plain strided load, so batched, broadcast (stride 0) and transposed
 // operands all work; batches are the z grid.
-#define NT 4u
+// EPI (constant 11, not with IDS or CONV): the fused `linear` node's epilogue (common.glsl),
+// bias in binding 4 and residual in binding 5, applied in registers before the store.
+#define NT 5u
 layout(local_size_x_id = 5) in;
 layout(std430, set = 0, binding = 1) readonly buffer BufA { uint a[]; };
 layout(std430, set = 0, binding = 1) readonly buffer BufA2 { uvec2 a2[]; };
@@ -31,7 +33,8 @@ layout(std430, set = 0, binding = 2) readonly buffer BufB { uint b[]; };
 layout(std430, set = 0, binding = 2) readonly buffer BufB2 { uvec2 b2[]; };
 layout(std430, set = 0, binding = 2) readonly buffer BufB4 { uvec4 b4[]; };
 layout(std430, set = 0, binding = 3) buffer BufO { uint o[]; };
-layout(std430, set = 0, binding = 4) readonly buffer BufI { uint ids[]; };  // IDS only (else a bound again)
+layout(std430, set = 0, binding = 4) readonly buffer BufI { uint ids[]; };  // IDS: ids; EPI bias: bias (else a)
+layout(std430, set = 0, binding = 5) buffer BufR { uint res[]; };  // EPI residual (else a; may alias the output)
 #include "common.glsl"
 
 layout(constant_id = 5) const uint WG = 64;
@@ -40,6 +43,7 @@ layout(constant_id = 7) const uint BN = 32;
 layout(constant_id = 8) const uint BK = 16;
 layout(constant_id = 9) const uint TM = 4;
 layout(constant_id = 10) const uint TN = 4;
+layout(constant_id = 11) const uint EPI = 0;
 
 const bool A_VEC = (MODE & 1u) != 0u;
 const bool B_VEC = (MODE & 2u) != 0u;
@@ -54,7 +58,7 @@ shared uint pair_id[IDS ? BN : 1u];  // IDS: the (token, slot) pairs of this til
 shared uint pair_count;
 
 // per-dispatch values, set once by main()
-Tensor ta, tb, to, ti;
+Tensor ta, tb, to, ti, tres;
 uint M, K;
 uint N;
 uint lid;
@@ -78,7 +82,8 @@ void setup() {
     ta = tensor_desc(0u);  // [B0, B1, M, K]
     tb = tensor_desc(1u);  // [B0, B1, K, N], or x [1, B, Cin, Lin] (CONV)
     to = tensor_desc(2u);  // [B0, B1, M, N], or [1, B, Cout, Lout] (CONV)
-    ti = tensor_desc(3u);  // ids [1, 1, T, k] (IDS)
+    ti = tensor_desc(3u);  // ids [1, 1, T, k] (IDS), or the bias on the output's coordinates (EPI)
+    tres = tensor_desc(4u);  // the residual on the output's coordinates (EPI)
     M = ta.ne[2];
     K = ta.ne[3];
     N = CONV ? to.ne[1] * to.ne[3] : to.ne[3];
@@ -234,7 +239,9 @@ void tile(const uint tr, const uint tc) {
             if (CONV) oe = offset_at(to, uvec4(0u, n / Lout, m, n % Lout));
             else if (IDS) { uint p = pair_id[n - n0]; oe = offset_at(to, uvec4(0u, p / to.ne[2], p % to.ne[2], m)); }
             else oe = offset_at(to, uvec4(b0, b1, m, n));
-            STOREF(o, DT2, oe, acc[i * TN + j])
+            float v = acc[i * TN + j];
+            if (EPI != 0u) EPILOGUE(EPI, v, ids, ti, res, tres, uvec4(b0, b1, m, n))
+            STOREF(o, DT2, oe, v)
         }
     }
 }

@@ -4,14 +4,18 @@
 // out[b0,b1,m,n] = sum_k a[b0,b1,m,k] * b[b0,b1,k,n]; a and b are strided descriptors
 // (transpose_b and batch broadcasting are stride tricks done on the host), so the same
 // kernel serves every layout. 16x16 output tiles, K in steps of 16 through shared memory;
-// the sum runs in k order, in f32.
-#define NT 3u
+// the sum runs in k order, in f32. EPI (constant 5): the fused `linear` node's epilogue
+// (common.glsl), bias in binding 4 and residual in binding 5.
+#define NT 5u
 #define TILE 16u
 layout(local_size_x = 16, local_size_y = 16) in;
 layout(std430, set = 0, binding = 1) buffer BufA { uint a[]; };
 layout(std430, set = 0, binding = 2) buffer BufB { uint b[]; };
 layout(std430, set = 0, binding = 3) buffer BufO { uint o[]; };
+layout(std430, set = 0, binding = 4) buffer BufBias { uint eb[]; };
+layout(std430, set = 0, binding = 5) buffer BufR { uint res[]; };
 #include "common.glsl"
+layout(constant_id = 5) const uint EPI = 0;
 
 shared float As[TILE][TILE];
 shared float Bs[TILE][TILE];
@@ -40,6 +44,7 @@ void main() {
         barrier();
     }
     if (m < M && n < N) {
+        if (EPI != 0u) EPILOGUE(EPI, acc, eb, tensor_desc(3u), res, tensor_desc(4u), uvec4(b0, b1, m, n))
         STOREF(o, DT2, to.off + ((b0 * to.ne[1] + b1) * M + m) * N + n, acc)
     }
 }

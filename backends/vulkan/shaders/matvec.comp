@@ -14,7 +14,9 @@
 //      picks row i = (t, slot)'s expert (clamped into range, never an OOB read); out is
 //      [1, T, k, N] (binding 4).
 // Without IDS, binding 3 is not read (the host binds x there).
-#define NT 4u
+// EPI (constant 7, not with IDS): the fused `linear` node's epilogue (common.glsl), bias in
+// binding 3 and residual in binding 5, both laid out on the output's coordinates.
+#define NT 5u
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 layout(local_size_x_id = 5) in;
@@ -26,10 +28,12 @@ layout(std430, set = 0, binding = 2) readonly buffer BufY2 { uvec2 y2[]; };
 layout(std430, set = 0, binding = 2) readonly buffer BufY4 { uvec4 y4[]; };
 layout(std430, set = 0, binding = 3) buffer BufI { uint ids[]; };
 layout(std430, set = 0, binding = 4) buffer BufO { uint o[]; };
+layout(std430, set = 0, binding = 5) buffer BufR { uint res[]; };  // EPI residual (else x)
 #include "common.glsl"
 
 layout(constant_id = 5) const uint WG = 32;
 layout(constant_id = 6) const uint NR = 4;
+layout(constant_id = 7) const uint EPI = 0;
 
 const bool X_VEC = (MODE & 1u) != 0u;
 const bool Y_VEC = (MODE & 2u) != 0u;
@@ -52,6 +56,7 @@ void main() {
     Tensor ty = tensor_desc(1u);
     Tensor ti = tensor_desc(2u);
     Tensor to = tensor_desc(3u);
+    Tensor tr = tensor_desc(4u);
     const uint lid = gl_LocalInvocationID.x;
     const uint K = tx.ne[3];
     const uint i = gl_WorkGroupID.y;
@@ -99,7 +104,12 @@ void main() {
     [[unroll]] for (uint r = 0u; r < NR; r++) acc[r] = subgroupAdd(acc[r]);
     if (gl_NumSubgroups == 1u) {  // uniform: one subgroup needs no shared memory or barrier
         if (lid == 0u) {
-            for (uint r = 0u; r < nr; r++) { oc.w = j0 + r; STOREF(o, DT3, offset_at(to, oc), acc[r]) }
+            for (uint r = 0u; r < nr; r++) {
+                oc.w = j0 + r;
+                float v = acc[r];
+                if (EPI != 0u) EPILOGUE(EPI, v, ids, ti, res, tr, oc)
+                STOREF(o, DT3, offset_at(to, oc), v)
+            }
         }
         return;
     }
@@ -111,6 +121,7 @@ void main() {
         float s = 0.0;
         for (uint g = 0u; g < gl_NumSubgroups; g++) s += red[lid * WG + g];
         oc.w = j0 + lid;
+        if (EPI != 0u) EPILOGUE(EPI, s, ids, ti, res, tr, oc)
         STOREF(o, DT3, offset_at(to, oc), s)
     }
 }
