@@ -255,13 +255,172 @@ HOT static void wdot(int64_t M, int64_t N, int64_t K, const float *a, int64_t ld
         }
 }
 
+
+/* ---- packed weights ------------------------------------------------------------
+ * A constant weight stored [N, K] is packed once at compile time (commands.py, `pack_weight`)
+ * into panels of 16 output columns, each [K][16] contiguous, zero-padded to a multiple of 16
+ * columns: the layout onnxruntime's MLAS pre-packs initializers into. A register-blocked
+ * microkernel then reads one 16-column panel row per k with aligned-width loads and broadcasts
+ * a's element: AVX-512 keeps 8 rows x 32 columns (16 zmm accumulators), AVX2 6 rows x 16 columns
+ * (12 ymm). Panels outer, row blocks inner, so a panel (<= 192 KiB at K = 1536) stays in L2 while
+ * every row block meets it and the weight is streamed from memory once. No K blocking: routed
+ * only up to PACKED_MAX_ROWS rows (commands.py), where a's rows fit L2. */
+#define PANEL 16
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#include <immintrin.h>
+#define PACKED_SIMD 1
+#define AVX512 __attribute__((target("avx512f,avx2,fma")))
+#define AVX2F __attribute__((target("avx2,fma")))
+#define INL static inline __attribute__((always_inline))
+
+INL AVX512 void ptile512(const int MR, int64_t K, const float *a, int64_t lda, const float *p0, const float *p1,
+                          float *o, int64_t ldo, int64_t ncols) {
+    __m512 c0[8], c1[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) { c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps(); }
+    for (int64_t k = 0; k < K; ++k) {
+        const __m512 w0 = _mm512_loadu_ps(p0 + k * PANEL), w1 = _mm512_loadu_ps(p1 + k * PANEL);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            const __m512 x = _mm512_set1_ps(a[r * lda + k]);
+            c0[r] = _mm512_fmadd_ps(x, w0, c0[r]);
+            c1[r] = _mm512_fmadd_ps(x, w1, c1[r]);
+        }
+    }
+    if (ncols >= 2 * PANEL) {
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) { _mm512_storeu_ps(o + r * ldo, c0[r]); _mm512_storeu_ps(o + r * ldo + PANEL, c1[r]); }
+    } else {
+        const __mmask16 m0 = ncols >= PANEL ? 0xFFFF : (__mmask16)((1u << ncols) - 1u);
+        const __mmask16 m1 = ncols <= PANEL ? 0 : (__mmask16)((1u << (ncols - PANEL)) - 1u);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            _mm512_mask_storeu_ps(o + r * ldo, m0, c0[r]);
+            _mm512_mask_storeu_ps(o + r * ldo + PANEL, m1, c1[r]);
+        }
+    }
+}
+
+AVX512 static void pgemm_avx512(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *pw,
+                                float *o, int64_t ldo) {
+    const int64_t panels = (N + PANEL - 1) / PANEL;
+    for (int64_t p = 0; p < panels; p += 2) {
+        const float *p0 = pw + p * K * PANEL, *p1 = p + 1 < panels ? p0 + K * PANEL : p0;
+        const int64_t nc = N - p * PANEL < 2 * PANEL ? N - p * PANEL : 2 * PANEL;
+        float *oc = o + p * PANEL;
+        int64_t m = 0;
+        for (; m + 8 <= M; m += 8) ptile512(8, K, a + m * lda, lda, p0, p1, oc + m * ldo, ldo, nc);
+        const float *am = a + m * lda;
+        float *om = oc + m * ldo;
+        switch (M - m) {
+        case 7: ptile512(7, K, am, lda, p0, p1, om, ldo, nc); break;
+        case 6: ptile512(6, K, am, lda, p0, p1, om, ldo, nc); break;
+        case 5: ptile512(5, K, am, lda, p0, p1, om, ldo, nc); break;
+        case 4: ptile512(4, K, am, lda, p0, p1, om, ldo, nc); break;
+        case 3: ptile512(3, K, am, lda, p0, p1, om, ldo, nc); break;
+        case 2: ptile512(2, K, am, lda, p0, p1, om, ldo, nc); break;
+        case 1: ptile512(1, K, am, lda, p0, p1, om, ldo, nc); break;
+        default: break;
+        }
+    }
+}
+
+INL AVX2F void ptile256(const int MR, int64_t K, const float *a, int64_t lda, const float *p0,
+                         float *o, int64_t ldo, int64_t ncols) {
+    __m256 c0[6], c1[6];
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) { c0[r] = _mm256_setzero_ps(); c1[r] = _mm256_setzero_ps(); }
+    for (int64_t k = 0; k < K; ++k) {
+        const __m256 w0 = _mm256_loadu_ps(p0 + k * PANEL), w1 = _mm256_loadu_ps(p0 + k * PANEL + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < MR; ++r) {
+            const __m256 x = _mm256_broadcast_ss(a + r * lda + k);
+            c0[r] = _mm256_fmadd_ps(x, w0, c0[r]);
+            c1[r] = _mm256_fmadd_ps(x, w1, c1[r]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) {
+        if (ncols >= PANEL) { _mm256_storeu_ps(o + r * ldo, c0[r]); _mm256_storeu_ps(o + r * ldo + 8, c1[r]); }
+        else {
+            float t[PANEL];
+            _mm256_storeu_ps(t, c0[r]); _mm256_storeu_ps(t + 8, c1[r]);
+            for (int64_t j = 0; j < ncols; ++j) o[r * ldo + j] = t[j];
+        }
+    }
+}
+
+AVX2F static void pgemm_avx2(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *pw,
+                             float *o, int64_t ldo) {
+    const int64_t panels = (N + PANEL - 1) / PANEL;
+    for (int64_t p = 0; p < panels; ++p) {
+        const float *p0 = pw + p * K * PANEL;
+        const int64_t nc = N - p * PANEL < PANEL ? N - p * PANEL : PANEL;
+        float *oc = o + p * PANEL;
+        int64_t m = 0;
+        for (; m + 6 <= M; m += 6) ptile256(6, K, a + m * lda, lda, p0, oc + m * ldo, ldo, nc);
+        const float *am = a + m * lda;
+        float *om = oc + m * ldo;
+        switch (M - m) {
+        case 5: ptile256(5, K, am, lda, p0, om, ldo, nc); break;
+        case 4: ptile256(4, K, am, lda, p0, om, ldo, nc); break;
+        case 3: ptile256(3, K, am, lda, p0, om, ldo, nc); break;
+        case 2: ptile256(2, K, am, lda, p0, om, ldo, nc); break;
+        case 1: ptile256(1, K, am, lda, p0, om, ldo, nc); break;
+        default: break;
+        }
+    }
+}
+#endif
+
+/* portable fallback over the same layout (machines without AVX2) */
+static void pgemm_plain(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *pw,
+                        float *o, int64_t ldo) {
+    for (int64_t p = 0; p * PANEL < N; ++p) {
+        const float *pp = pw + p * K * PANEL;
+        const int64_t nc = N - p * PANEL < PANEL ? N - p * PANEL : PANEL;
+        for (int64_t m = 0; m < M; ++m) {
+            float acc[PANEL] = {0};
+            for (int64_t k = 0; k < K; ++k) {
+                const float x = a[m * lda + k];
+                for (int j = 0; j < PANEL; ++j) acc[j] += x * pp[k * PANEL + j];
+            }
+            for (int64_t j = 0; j < nc; ++j) o[m * ldo + p * PANEL + j] = acc[j];
+        }
+    }
+}
+
+typedef void (*pgemm_t)(int64_t, int64_t, int64_t, const float *, int64_t, const float *, float *, int64_t);
+static pgemm_t g_pgemm = 0;
+
+int32_t flare_packed_isa(int32_t want);
+
+static void pgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *pw, float *o, int64_t ldo) {
+    if (!g_pgemm) flare_packed_isa(-1);
+    g_pgemm(M, N, K, a, lda, pw, o, ldo);
+}
+
+/* which microkernel pgemm runs: 0 plain C, 1 AVX2, 2 AVX-512. `want` < 0 keeps the best the CPU
+ * has; else the best at or below `want` (tests run every variant the machine supports). */
+int32_t flare_packed_isa(int32_t want) {
+    g_pgemm = pgemm_plain;
+#ifdef PACKED_SIMD
+    __builtin_cpu_init();
+    if ((want < 0 || want >= 2) && __builtin_cpu_supports("avx512f")) { g_pgemm = pgemm_avx512; return 2; }
+    if ((want < 0 || want >= 1) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        g_pgemm = pgemm_avx2; return 1;
+    }
+#endif
+    return 0;
+}
+
 /* Routes (ip[7], chosen by commands.py): */
-enum { R_GEMM = 0, R_GEMV_T = 1, R_GEMV_N = 2, R_WDOT = 3, R_SWAP = 4, R_SMALL = 5 };
+enum { R_GEMM = 0, R_GEMV_T = 1, R_GEMV_N = 2, R_WDOT = 3, R_SWAP = 4, R_SMALL = 5, R_PACKED = 6 };
 
 static int k_matmul(const flare_cmd *c) {
     const int64_t M = c->ip[0], N = c->ip[1], K = c->ip[2];
     const int route = (int)c->ip[7];
-    if (route != R_SMALL && route != R_WDOT && !g_sgemm) return ERR_NOBLAS;
+    if (route != R_SMALL && route != R_WDOT && route != R_PACKED && !g_sgemm) return ERR_NOBLAS;
     for (int64_t i0 = 0; i0 < c->ne[0]; ++i0)
         for (int64_t i1 = 0; i1 < c->ne[1]; ++i1) {
             const float *a = (const float *)c->src[0] + i0 * c->ss[0][0] + i1 * c->ss[0][1];
@@ -271,6 +430,7 @@ static int k_matmul(const flare_cmd *c) {
             case R_GEMV_T: gemv(NT, N, K, b, c->ip[6], a, c->ss[0][3], 0.0f, o, 1); break;
             case R_GEMV_N: gemv(TR, K, N, b, c->ip[6], a, c->ss[0][3], 0.0f, o, 1); break;
             case R_WDOT: wdot(M, N, K, a, c->ip[4], b, c->ip[6], o, c->os[2]); break;
+            case R_PACKED: pgemm(M, N, K, a, c->ip[4], b, o, c->os[2]); break;
             case R_SMALL:
                 small_gemm(M, N, K, a, c->ss[0][2], c->ss[0][3], b, c->ss[1][2], c->ss[1][3] == 1 ? 1 : c->ss[1][3], o, c->os[2]);
                 break;
