@@ -73,7 +73,7 @@ def test_native_index_error_names_node():
 
 # Shapes past the small-matmul kernel, so each route of k_matmul is taken. A constant weight
 # stored [N, K] runs the pre-packed microkernel (`packed_*`: odd N, K and row tails, panel counts
-# odd and even, batch folded into rows); the same shapes with the right operand an input (not
+# odd and even, batch folded into rows, K blocks and row chunks); the same shapes with the right operand an input (not
 # packable) take gemv, the streaming kernel (wdot, up to 16 rows), (W a^T)^T up to 64 rows, GEMM;
 # plus per-batch GEMMs and a plain [K, N] weight.  name -> (a shape, b shape, transpose_b, b is a weight)
 MATMULS = {
@@ -91,6 +91,7 @@ MATMULS = {
     "packed_even_panels": ((17, 64), (64, 64), True, True),
     "packed_many_rows": ((100, 96), (80, 96), True, True),
     "packed_folded_batch": ((3, 7, 48), (50, 48), True, True),
+    "packed_k_blocks_row_chunks": ((100, 1000), (37, 1000), True, True),  # K in 3 blocks, rows 48+48+4
 }
 
 
