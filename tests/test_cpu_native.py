@@ -158,7 +158,7 @@ def test_packed_linear_epilogue_and_shared_pack():
             want = 0.5 * z * (1 + np.vectorize(erf)(z / sqrt(2))) + r
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
         assert len(dev.packs._entries) == 1
-        assert dev.packs.nbytes() == 48 * 24 * 4
+        assert dev.packs.nbytes() == dev.describe()["prepacked_bytes"] == 48 * 24 * 4
         pg.release()
         assert dev.packs.nbytes() == 0
     assert LEDGER.snapshot().count() == before

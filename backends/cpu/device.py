@@ -151,6 +151,8 @@ class CpuDevice(Device):
         if self.native is not None:
             info["blas"] = self.native.blas.path
             info["blas_threads"] = self.native.blas.threads()
+            # constant weights copied into the packed-panel layout (native/packing.py), shared by all plans
+            info["prepacked_bytes"] = self.packs.nbytes()
         return info
 
     def compile(self, program: SplitProgram) -> PreparedSplit:
