@@ -145,6 +145,9 @@ class PreparedGraph:
         self.tuning = {e: dict(t) for e, t in (tuning or {}).items()}
         self.devices = {d.name: d for d in session.devices}
         self._plans: dict[str, OrderedDict[tuple, EntryPlan]] = {e: OrderedDict() for e in entries}
+        # plans kept per entry (least recently used dropped first); a model whose shapes vary
+        # more (exact sequence lengths) may raise it: a plan is host objects, its arena is the workspace's
+        self.max_plans = MAX_PLANS_PER_ENTRY
         self._current: dict[str, EntryPlan] = {}
         self._weights: dict[tuple[str, str], Buffer] = {}
         self._states: dict[str, tuple[str, Buffer, Tensor]] = {}
@@ -351,7 +354,7 @@ class PreparedGraph:
         self._bind(plan, fresh=True)
         cache[key] = plan
         self.stats["plans_built"] += 1
-        while len(cache) > MAX_PLANS_PER_ENTRY:
+        while len(cache) > self.max_plans:
             _, old = cache.popitem(last=False)
             old.release_captures()
         self._current[entry] = plan

@@ -71,38 +71,97 @@ def test_native_index_error_names_node():
         pg.release()
 
 
-# Shapes past the small-matmul kernel, so each BLAS route of k_matmul is taken:
-# gemv of a stored-transposed and a plain weight, the streaming kernel (wdot, up to 16 rows,
-# with a row tail), (W a^T)^T for up to 64 rows, plain GEMM,
-# batch folded into rows (shared weight), per-batch GEMMs, and a transposed view of a.
+# Shapes past the small-matmul kernel, so each route of k_matmul is taken. A constant weight
+# stored [N, K] runs the pre-packed microkernel (`packed_*`: odd N, K and row tails, panel counts
+# odd and even, batch folded into rows, K blocks and row chunks); the same shapes with the right operand an input (not
+# packable) take gemv, the streaming kernel (wdot, up to 16 rows), (W a^T)^T up to 64 rows, GEMM;
+# plus per-batch GEMMs and a plain [K, N] weight.  name -> (a shape, b shape, transpose_b, b is a weight)
 MATMULS = {
-    "gemv_wT": ((1, 96), (80, 96), True),
-    "gemv_w": ((1, 96), (96, 80), False),
-    "wdot_wT": ((14, 96), (83, 96), True),
-    "swap_wT": ((40, 96), (80, 96), True),
-    "many_rows_wT": ((100, 96), (80, 96), True),
-    "folded_batch": ((3, 20, 48), (64, 48), True),
-    "per_batch": ((2, 3, 20, 48), (2, 3, 30, 48), True),
-    "plain": ((40, 48), (48, 64), False),
+    "gemv_wT": ((1, 96), (80, 96), True, True),
+    "gemv_w": ((1, 96), (96, 80), False, True),
+    "wdot_wT": ((14, 96), (83, 96), True, False),
+    "swap_wT": ((40, 96), (80, 96), True, False),
+    "many_rows_wT": ((100, 96), (80, 96), True, False),
+    "folded_batch": ((3, 20, 48), (64, 48), True, False),
+    "per_batch": ((2, 3, 20, 48), (2, 3, 30, 48), True, False),
+    "plain": ((40, 48), (48, 64), False, True),
+    "packed_odd": ((13, 29), (37, 29), True, True),
+    "packed_row_tail": ((9, 96), (83, 96), True, True),
+    "packed_two_rows": ((2, 201), (17, 201), True, True),
+    "packed_even_panels": ((17, 64), (64, 64), True, True),
+    "packed_many_rows": ((100, 96), (80, 96), True, True),
+    "packed_folded_batch": ((3, 7, 48), (50, 48), True, True),
+    "packed_k_blocks_row_chunks": ((100, 1000), (37, 1000), True, True),  # K in 3 blocks, rows 48+48+4
 }
 
 
 @pytest.mark.parametrize("native_on", [pytest.param(True, marks=needs_native), False], ids=["native", "numpy"])
 @pytest.mark.parametrize("name", sorted(MATMULS))
 def test_matmul_routes(name, native_on):
-    sa, sb, tb = MATMULS[name]
+    sa, sb, tb, is_weight = MATMULS[name]
     rng = np.random.default_rng(7)
     a, w = rng.uniform(-1, 1, sa).astype(np.float32), rng.uniform(-1, 1, sb).astype(np.float32)
 
     def entry(b, shapes):
-        b.output("y", b.matmul(b.input("a", sa), b.weight("w", w), transpose_b=tb))
+        rhs = b.weight("w", w) if is_weight else b.input("w", sb)
+        b.output("y", b.matmul(b.input("a", sa), rhs, transpose_b=tb))
 
+    inputs = {"a": a} if is_weight else {"a": a, "w": w}
     with Session(["cpu"], config={"cpu": {"native": native_on}}) as sess:
-        pg = sess.prepare({"full": entry}, {"full": {"a": sa}})
-        got = pg.execute("full", a=a)["y"]
+        pg = sess.prepare({"full": entry}, {"full": {k: v.shape for k, v in inputs.items()}})
+        got = pg.execute("full", **inputs)["y"]
+        splits = [p.describe() for p in pg.current_plan("full").programs if p is not None]
         pg.release()
     want = np.matmul(a.astype(np.float64), np.swapaxes(w, -1, -2) if tb else w)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    if native_on:
+        assert sum(d["prepacked_weights"] for d in splits) == (1 if name.startswith("packed_") else 0)
+
+
+@needs_native
+@pytest.mark.parametrize("isa", [0, 1, 2], ids=native.PACKED_ISAS)
+def test_packed_microkernel_variants(isa):
+    """Every packed microkernel the machine has (plain C, AVX2, AVX-512) on the packed shapes."""
+    lib = native.load().lib
+    if lib.flare_packed_isa(isa) != isa:
+        lib.flare_packed_isa(-1)
+        pytest.skip(f"this CPU lacks {native.PACKED_ISAS[isa]}")
+    try:
+        for name in sorted(n for n in MATMULS if n.startswith("packed_")):
+            test_matmul_routes(name, True)
+    finally:
+        lib.flare_packed_isa(-1)
+
+
+@needs_native
+def test_packed_linear_epilogue_and_shared_pack():
+    """A fused linear (bias, GELU, residual) on a packed weight, at two input shapes: the two plans
+    share one packed copy, freed with the last plan."""
+    rng = np.random.default_rng(3)
+    w, bias = rng.uniform(-1, 1, (40, 24)).astype(np.float32), rng.uniform(-1, 1, 40).astype(np.float32)
+
+    def entry(b, shapes):
+        x = b.input("x", shapes["x"])
+        r = b.input("r", shapes["r"])
+        b.output("y", b.add(b.gelu(b.add(b.matmul(x, b.weight("w", w), transpose_b=True), b.weight("b", bias))), r))
+
+    before = LEDGER.snapshot().count()
+    with Session(["cpu"]) as sess:
+        dev = sess.devices[0]
+        pg = sess.prepare({"full": entry}, {"full": {"x": (5, 24), "r": (5, 40)}})
+        for rows in (5, 11):
+            x = rng.uniform(-1, 1, (rows, 24)).astype(np.float32)
+            r = rng.uniform(-1, 1, (rows, 40)).astype(np.float32)
+            got = pg.execute("full", x=x, r=r)["y"]
+            z = x.astype(np.float64) @ w.T.astype(np.float64) + bias
+            from math import erf, sqrt
+            want = 0.5 * z * (1 + np.vectorize(erf)(z / sqrt(2))) + r
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        assert len(dev.packs._entries) == 1
+        assert dev.packs.nbytes() == dev.describe()["prepacked_bytes"] == 48 * 24 * 4
+        pg.release()
+        assert dev.packs.nbytes() == 0
+    assert LEDGER.snapshot().count() == before
 
 
 @needs_native

@@ -78,6 +78,7 @@ def test_workspace_reused_no_ledger_growth(devices):
         long_batch = [LONG] * 2
         m.embed(long_batch)
         m.embed(QUICKSTART)
+        m.embed(["short"])   # every shape once: a plan may own device resources of its own
         peak = LEDGER.live_bytes()
         for _ in range(2):  # repeated requests, short after long
             sim = m.similarity(QUICKSTART)
@@ -123,7 +124,7 @@ def test_plugin_registered_and_cli(capsys):
     from flare.plugin_manager import PluginManager
 
     spec = PluginManager().models()["minilm-l6"]
-    assert set(spec.graph({}).entries) == {"embed"}
+    assert set(spec.graph({}).entries) == {"embed", "embed_packed"}
     with Session(["cpu"]) as session:
         batch = pad_batch(encode(QUICKSTART))
         emb = session.prepare_model("minilm-l6").execute("embed", ids=batch.ids, mask=batch.mask)["embeddings"]
@@ -147,3 +148,25 @@ def test_text_that_is_not_utf8_is_refused_not_replaced():
         check_text(["ok", b"caf\xe9"])
     with pytest.raises(InputError, match=r"sentence 1: not UTF-8 \(byte 0xff at character 1\)"):
         check_text([b"x\xff".decode("utf-8", "surrogateescape")])
+
+
+def test_token_layout():
+    from flare.models.minilm.runner import token_layout
+
+    tokens, spread = token_layout((3, 1, 2), 4, 4)
+    assert tokens.tolist() == [0, 1, 2, 4, 8, 9, 0, 0]          # rounded up to 8 with fillers at 0
+    assert spread.tolist() == [[0, 1, 2, 0], [3, 0, 0, 0], [4, 5, 0, 0]]
+    assert len(token_layout((4, 4), 4, 16)[0]) == 8             # never more than the padded layout
+
+
+def test_token_packed_entry_equals_padded(devices):
+    """embed_packed (dense layers on real tokens only) gives the padded entry's embeddings."""
+    from flare.models.minilm.runner import token_layout
+
+    batch = pad_batch(encode([LONG, "short", QUICKSTART[0]]), 48)
+    tokens, spread = token_layout(batch.lengths, 48, 16)
+    with Session(devices) as session, MiniLM(session) as m:
+        padded = m.pg.execute("embed", ids=batch.ids, mask=batch.mask)["embeddings"].copy()
+        packed = m.pg.execute("embed_packed", ids=batch.ids, mask=batch.mask, tokens=tokens,
+                              spread=spread)["embeddings"]
+    np.testing.assert_allclose(packed, padded, atol=2e-6)

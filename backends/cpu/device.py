@@ -15,6 +15,7 @@ import numpy as np
 from flare.backend import (Backend, Binding, BufferType, Device, MemoryInfo, PreparedSplit, ProbeResult,
                            SplitProgram, numpy_view)
 from .native.compile import compile_native
+from .native.packing import PackCache
 from flare.errors import AllocationError, BackendUnavailable
 from flare.graph import Tensor
 from flare.ledger import LEDGER
@@ -90,6 +91,7 @@ class CpuDevice(Device):
         self.native_reason = native_mod.REASON if native else "disabled by the device config (native = false)"
         self.threads = threads
         self._views: dict[int, dict[tuple, np.ndarray]] = {}  # id(buffer handle) -> binding key -> view
+        self.packs = PackCache(lambda nbytes, tag: self.alloc(nbytes, tag=tag))
 
     def buffer_type(self) -> BufferType:
         limit = self.max_buffer or self.memory_limit or (1 << 62)
@@ -149,6 +151,8 @@ class CpuDevice(Device):
         if self.native is not None:
             info["blas"] = self.native.blas.path
             info["blas_threads"] = self.native.blas.threads()
+            # constant weights copied into the packed-panel layout (native/packing.py), shared by all plans
+            info["prepacked_bytes"] = self.packs.nbytes()
         return info
 
     def compile(self, program: SplitProgram) -> PreparedSplit:

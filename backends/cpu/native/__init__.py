@@ -22,6 +22,7 @@ typedef struct {
 void flare_set_blas(void *sgemm, void *sgemv, int ilp64);
 int64_t flare_run(const flare_cmd *cmds, int64_t n, int32_t *err);
 int32_t flare_kind_count(void);
+int32_t flare_packed_isa(int32_t want);
 """
 
 
@@ -32,6 +33,7 @@ class Native:
     blas: Blas
 
 
+PACKED_ISAS = ("plain C", "AVX2", "AVX-512")  # flare_packed_isa's return values
 _NATIVE: Native | None = None
 _TRIED = False
 REASON = "not loaded yet"
@@ -64,7 +66,8 @@ def load() -> Native | None:
         module.lib.flare_set_blas(module.ffi.cast("void *", blas.sgemm), module.ffi.cast("void *", blas.sgemv),
                                   int(blas.ilp64))
         _NATIVE = Native(module.lib, module.ffi, blas)
-        REASON = f"C kernels (cffi), BLAS {os.path.basename(blas.path)}"
+        isa = PACKED_ISAS[module.lib.flare_packed_isa(-1)]
+        REASON = f"C kernels (cffi, packed-weight microkernel {isa}), BLAS {os.path.basename(blas.path)}"
     except ImportError as exc:
         REASON = f"cffi is not installed ({exc})"
     except Exception as exc:  # no compiler, read-only cache...: the NumPy path still works

@@ -25,6 +25,7 @@ ACTIVATIONS = {"none": 0, "gelu": 1, "relu": 2, "sigmoid": 3}
 SMALL_GEMM = 4096      # M*N*K at or below which the plain C loop beats BLAS's dispatch
 WDOT_MAX_ROWS = 16     # a [M, K] @ W^T (W stored [N, K]) streams W once up to this many rows
 SWAP_MAX_ROWS = 64     # ... and runs as OpenBLAS (W a^T)^T up to this many
+PACKED_MAX_ROWS = 1 << 30  # a constant weight pre-packed into panels (packing.py) up to this many rows
 
 Cmd = dict  # kind, out, src (list of arrays or None), ne, os, ss, ip, fp, flags, scratch (floats needed)
 Translator = Callable[[Tensor, np.ndarray, Sequence[np.ndarray]], "list[Cmd] | None"]
@@ -202,7 +203,23 @@ def matmul_cmd(kind: str, node: Tensor, out: np.ndarray, a: np.ndarray, b: np.nd
                scratch=m * n * 4 if route == R_SWAP else 0)
 
 
-R_GEMM, R_GEMV_T, R_GEMV_N, R_WDOT, R_SWAP, R_SMALL = range(6)  # the route enum of kernels.c
+R_GEMM, R_GEMV_T, R_GEMV_N, R_WDOT, R_SWAP, R_SMALL, R_PACKED = range(7)  # the route enum of kernels.c
+
+
+def prepackable(c: Cmd, w: np.ndarray) -> bool:
+    """Whether matmul/linear command c (right operand w, a constant weight stored [N, K]) should
+    run the packed microkernel instead: a route that reads w as [N, K] rows, w shared by every batch."""
+    m, n, k = c["ip"][0], c["ip"][1], c["ip"][2]
+    return (c["ip"][7] in (R_WDOT, R_SWAP, R_GEMM) and c["ip"][5] == 112 and c["ss"][1][2] == 1
+            and c["ss"][1][0] == c["ss"][1][1] == 0 and w.ndim == 2 and w.shape == (n, k)
+            and w.strides[1] == 4 and c["ip"][3] == 111 and c["ss"][0][3] == 1 and 1 < m <= PACKED_MAX_ROWS)
+
+
+def use_packed(c: Cmd, packed: np.ndarray) -> None:
+    """Point c at the packed copy of its weight (R_PACKED needs no scratch)."""
+    c["src"][1] = packed
+    c["ip"][7] = R_PACKED
+    c["scratch"] = 0
 
 
 def _route(m: int, n: int, k: int, ta, tb, ast, bst) -> int:

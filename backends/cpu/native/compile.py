@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from flare.backend import SplitProgram
+from flare.graph import WEIGHT
 from flare.ops import OPS
 
 from . import Native
-from .commands import Cmd, translate
+from .commands import Cmd, prepackable, translate, use_packed
 from .program import CommandList, NativeSplit
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
     fallback: list[str] = []
     pending: list[tuple[str, list[Cmd]]] = []
     native_nodes = 0
+    prepacked: list[str] = []
     runs: list[list[tuple[str, list[Cmd]]]] = []
     order: list[Any] = []  # ("run", index) or a NumPy step
     try:
@@ -42,6 +44,10 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
                 cmds = translate(_Untransposed(node), out, srcs)
             else:
                 cmds = translate(node, out, srcs)
+                if cmds and node.op in ("matmul", "linear") and node.params.get("transpose_b") \
+                        and node.srcs[1].storage.role == WEIGHT and prepackable(cmds[0], srcs[1]):
+                    use_packed(cmds[0], device.packs.get(srcs[1], node.srcs[1].name, owned))
+                    prepacked.append(node.name)
             if cmds is None:
                 if pending:
                     runs.append(pending)
@@ -73,7 +79,8 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
             buf.release()
         raise
     info = {"executor": "native", "native_nodes": native_nodes, "numpy_nodes": fallback,
-            "calls_into_c": sum(1 for s in steps if isinstance(s, CommandList))}
+            "calls_into_c": sum(1 for s in steps if isinstance(s, CommandList)),
+            "prepacked_weights": len(prepacked)}
     return NativeSplit(steps, owned, info)
 
 

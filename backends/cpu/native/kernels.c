@@ -255,13 +255,216 @@ HOT static void wdot(int64_t M, int64_t N, int64_t K, const float *a, int64_t ld
         }
 }
 
+
+/* ---- packed weights ------------------------------------------------------------
+ * A constant weight stored [N, K] is packed once at compile time (commands.py, `pack_weight`)
+ * into panels of 16 output columns, each [K][16] contiguous, zero-padded to a multiple of 16
+ * columns: the layout onnxruntime's MLAS pre-packs initializers into. A register-blocked
+ * microkernel then reads one 16-column panel row per k with aligned-width loads and broadcasts
+ * a's element: AVX-512 keeps 8 rows x 32 columns (16 zmm accumulators), AVX2 6 rows x 16 columns
+ * (12 ymm). Panels outer, row blocks inner, so a panel (<= 192 KiB at K = 1536) stays in L2 while
+ * every row block meets it and the weight is streamed from memory once. K runs in blocks of
+ * about KC_MAX (a row block's slice of a stays in L1) and rows in chunks whose a fits L2
+ * (pgemm_chunked): measured (bench/cpu_packed_gemm.py) 1.1-1.7x OpenBLAS at MiniLM's shapes
+ * from 8 to 448 rows. */
+#define PANEL 16
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#include <immintrin.h>
+#define PACKED_SIMD 1
+#define AVX512 __attribute__((target("avx512f,avx2,fma")))
+#define AVX2F __attribute__((target("avx2,fma")))
+#define INL static inline __attribute__((always_inline))
+
+INL AVX512 void ptile512(const int MR, int64_t K, const float *a, int64_t lda, const float *p0, const float *p1,
+                          float *o, int64_t ldo, int64_t ncols, int acc) {
+    __m512 c0[8], c1[8];
+    const __mmask16 m0 = ncols >= PANEL ? 0xFFFF : (__mmask16)((1u << ncols) - 1u);
+    const __mmask16 m1 = ncols >= 2 * PANEL ? 0xFFFF : ncols <= PANEL ? 0 : (__mmask16)((1u << (ncols - PANEL)) - 1u);
+    if (acc) {
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            c0[r] = _mm512_maskz_loadu_ps(m0, o + r * ldo);
+            c1[r] = _mm512_maskz_loadu_ps(m1, o + r * ldo + PANEL);
+        }
+    } else {
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) { c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps(); }
+    }
+    for (int64_t k = 0; k < K; ++k) {
+        const __m512 w0 = _mm512_loadu_ps(p0 + k * PANEL), w1 = _mm512_loadu_ps(p1 + k * PANEL);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            const __m512 x = _mm512_set1_ps(a[r * lda + k]);
+            c0[r] = _mm512_fmadd_ps(x, w0, c0[r]);
+            c1[r] = _mm512_fmadd_ps(x, w1, c1[r]);
+        }
+    }
+    if (ncols >= 2 * PANEL) {
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) { _mm512_storeu_ps(o + r * ldo, c0[r]); _mm512_storeu_ps(o + r * ldo + PANEL, c1[r]); }
+    } else {
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            _mm512_mask_storeu_ps(o + r * ldo, m0, c0[r]);
+            _mm512_mask_storeu_ps(o + r * ldo + PANEL, m1, c1[r]);
+        }
+    }
+}
+
+/* K in blocks of about KC_MAX: a row block's slice of a (8 x KC floats) stays in L1 while the
+ * panel slices stream past it; later blocks add to the partial sums already in o. 384 measured
+ * best of 256/384/512 (256 splits K = 384 and re-reads a 1 MiB output chunk; 512 spills L1). */
+#define KC_MAX 384
+#define KBLOCKS(K, kc) const int64_t nkb_ = ((K) + KC_MAX - 1) / KC_MAX, kc = ((K) + nkb_ - 1) / nkb_
+
+AVX512 static void pgemm_avx512(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *pw,
+                                float *o, int64_t ldo) {
+    const int64_t panels = (N + PANEL - 1) / PANEL;
+    KBLOCKS(K, kc);
+    for (int64_t kb = 0; kb < K; kb += kc) {
+        const int64_t kn = K - kb < kc ? K - kb : kc;
+        const int acc = kb > 0;
+        for (int64_t p = 0; p < panels; p += 2) {
+            const float *p0 = pw + p * K * PANEL + kb * PANEL, *p1 = p + 1 < panels ? p0 + K * PANEL : p0;
+            const int64_t nc = N - p * PANEL < 2 * PANEL ? N - p * PANEL : 2 * PANEL;
+            float *oc = o + p * PANEL;
+            int64_t m = 0;
+            for (; m + 8 <= M; m += 8) ptile512(8, kn, a + m * lda + kb, lda, p0, p1, oc + m * ldo, ldo, nc, acc);
+            const float *am = a + m * lda + kb;
+            float *om = oc + m * ldo;
+            switch (M - m) {
+            case 7: ptile512(7, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            case 6: ptile512(6, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            case 5: ptile512(5, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            case 4: ptile512(4, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            case 3: ptile512(3, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            case 2: ptile512(2, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            case 1: ptile512(1, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            default: break;
+            }
+        }
+    }
+}
+
+INL AVX2F void ptile256(const int MR, int64_t K, const float *a, int64_t lda, const float *p0,
+                         float *o, int64_t ldo, int64_t ncols, int acc) {
+    __m256 c0[6], c1[6];
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) {
+        if (!acc) { c0[r] = _mm256_setzero_ps(); c1[r] = _mm256_setzero_ps(); }
+        else if (ncols >= PANEL) { c0[r] = _mm256_loadu_ps(o + r * ldo); c1[r] = _mm256_loadu_ps(o + r * ldo + 8); }
+        else {
+            float t[PANEL] = {0};
+            for (int64_t j = 0; j < ncols; ++j) t[j] = o[r * ldo + j];
+            c0[r] = _mm256_loadu_ps(t); c1[r] = _mm256_loadu_ps(t + 8);
+        }
+    }
+    for (int64_t k = 0; k < K; ++k) {
+        const __m256 w0 = _mm256_loadu_ps(p0 + k * PANEL), w1 = _mm256_loadu_ps(p0 + k * PANEL + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < MR; ++r) {
+            const __m256 x = _mm256_broadcast_ss(a + r * lda + k);
+            c0[r] = _mm256_fmadd_ps(x, w0, c0[r]);
+            c1[r] = _mm256_fmadd_ps(x, w1, c1[r]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) {
+        if (ncols >= PANEL) { _mm256_storeu_ps(o + r * ldo, c0[r]); _mm256_storeu_ps(o + r * ldo + 8, c1[r]); }
+        else {
+            float t[PANEL];
+            _mm256_storeu_ps(t, c0[r]); _mm256_storeu_ps(t + 8, c1[r]);
+            for (int64_t j = 0; j < ncols; ++j) o[r * ldo + j] = t[j];
+        }
+    }
+}
+
+AVX2F static void pgemm_avx2(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *pw,
+                             float *o, int64_t ldo) {
+    const int64_t panels = (N + PANEL - 1) / PANEL;
+    KBLOCKS(K, kc);
+    for (int64_t kb = 0; kb < K; kb += kc) {
+        const int64_t kn = K - kb < kc ? K - kb : kc;
+        const int acc = kb > 0;
+        for (int64_t p = 0; p < panels; ++p) {
+            const float *p0 = pw + p * K * PANEL + kb * PANEL;
+            const int64_t nc = N - p * PANEL < PANEL ? N - p * PANEL : PANEL;
+            float *oc = o + p * PANEL;
+            int64_t m = 0;
+            for (; m + 6 <= M; m += 6) ptile256(6, kn, a + m * lda + kb, lda, p0, oc + m * ldo, ldo, nc, acc);
+            const float *am = a + m * lda + kb;
+            float *om = oc + m * ldo;
+            switch (M - m) {
+            case 5: ptile256(5, kn, am, lda, p0, om, ldo, nc, acc); break;
+            case 4: ptile256(4, kn, am, lda, p0, om, ldo, nc, acc); break;
+            case 3: ptile256(3, kn, am, lda, p0, om, ldo, nc, acc); break;
+            case 2: ptile256(2, kn, am, lda, p0, om, ldo, nc, acc); break;
+            case 1: ptile256(1, kn, am, lda, p0, om, ldo, nc, acc); break;
+            default: break;
+            }
+        }
+    }
+}
+#endif
+
+/* portable fallback over the same layout (machines without AVX2) */
+static void pgemm_plain(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *pw,
+                        float *o, int64_t ldo) {
+    for (int64_t p = 0; p * PANEL < N; ++p) {
+        const float *pp = pw + p * K * PANEL;
+        const int64_t nc = N - p * PANEL < PANEL ? N - p * PANEL : PANEL;
+        for (int64_t m = 0; m < M; ++m) {
+            float acc[PANEL] = {0};
+            for (int64_t k = 0; k < K; ++k) {
+                const float x = a[m * lda + k];
+                for (int j = 0; j < PANEL; ++j) acc[j] += x * pp[k * PANEL + j];
+            }
+            for (int64_t j = 0; j < nc; ++j) o[m * ldo + p * PANEL + j] = acc[j];
+        }
+    }
+}
+
+typedef void (*pgemm_t)(int64_t, int64_t, int64_t, const float *, int64_t, const float *, float *, int64_t);
+static pgemm_t g_pgemm = 0;
+
+/* Rows per chunk: a chunk's rows of a (at most PGEMM_A_BYTES) stay in L2 while every panel passes;
+ * the weight streams once per chunk (once in all up to that many rows: MiniLM batch 1). */
+#define PGEMM_A_BYTES (256 * 1024)
+static void pgemm_chunked(pgemm_t f, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *pw,
+                          float *o, int64_t ldo) {
+    int64_t mc = PGEMM_A_BYTES / (K * (int64_t)sizeof(float)) / 24 * 24;
+    if (mc < 24) mc = 24;
+    for (int64_t m = 0; m < M; m += mc) f(M - m < mc ? M - m : mc, N, K, a + m * lda, lda, pw, o + m * ldo, ldo);
+}
+
+int32_t flare_packed_isa(int32_t want);
+
+static void pgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *pw, float *o, int64_t ldo) {
+    if (!g_pgemm) flare_packed_isa(-1);
+    pgemm_chunked(g_pgemm, M, N, K, a, lda, pw, o, ldo);
+}
+
+/* which microkernel pgemm runs: 0 plain C, 1 AVX2, 2 AVX-512. `want` < 0 keeps the best the CPU
+ * has; else the best at or below `want` (tests run every variant the machine supports). */
+int32_t flare_packed_isa(int32_t want) {
+    g_pgemm = pgemm_plain;
+#ifdef PACKED_SIMD
+    __builtin_cpu_init();
+    if ((want < 0 || want >= 2) && __builtin_cpu_supports("avx512f")) { g_pgemm = pgemm_avx512; return 2; }
+    if ((want < 0 || want >= 1) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        g_pgemm = pgemm_avx2; return 1;
+    }
+#endif
+    return 0;
+}
+
 /* Routes (ip[7], chosen by commands.py): */
-enum { R_GEMM = 0, R_GEMV_T = 1, R_GEMV_N = 2, R_WDOT = 3, R_SWAP = 4, R_SMALL = 5 };
+enum { R_GEMM = 0, R_GEMV_T = 1, R_GEMV_N = 2, R_WDOT = 3, R_SWAP = 4, R_SMALL = 5, R_PACKED = 6 };
 
 static int k_matmul(const flare_cmd *c) {
     const int64_t M = c->ip[0], N = c->ip[1], K = c->ip[2];
     const int route = (int)c->ip[7];
-    if (route != R_SMALL && route != R_WDOT && !g_sgemm) return ERR_NOBLAS;
+    if (route != R_SMALL && route != R_WDOT && route != R_PACKED && !g_sgemm) return ERR_NOBLAS;
     for (int64_t i0 = 0; i0 < c->ne[0]; ++i0)
         for (int64_t i1 = 0; i1 < c->ne[1]; ++i1) {
             const float *a = (const float *)c->src[0] + i0 * c->ss[0][0] + i1 * c->ss[0][1];
@@ -271,6 +474,7 @@ static int k_matmul(const flare_cmd *c) {
             case R_GEMV_T: gemv(NT, N, K, b, c->ip[6], a, c->ss[0][3], 0.0f, o, 1); break;
             case R_GEMV_N: gemv(TR, K, N, b, c->ip[6], a, c->ss[0][3], 0.0f, o, 1); break;
             case R_WDOT: wdot(M, N, K, a, c->ip[4], b, c->ip[6], o, c->os[2]); break;
+            case R_PACKED: pgemm(M, N, K, a, c->ip[4], b, o, c->os[2]); break;
             case R_SMALL:
                 small_gemm(M, N, K, a, c->ss[0][2], c->ss[0][3], b, c->ss[1][2], c->ss[1][3] == 1 ? 1 : c->ss[1][3], o, c->os[2]);
                 break;
