@@ -20,7 +20,7 @@ def config(name: str, model: str, options: dict, **top):
     return parse_config({"model": model, **top, "options": options}, name=name, known_backends=["cpu"])
 
 
-SHORT_AUDIO = {"synthetic_seconds": 1.5, "max_batch": 64, "block": 16}
+SHORT_AUDIO = {"synthetic_seconds": 1.5, "max_batch": 64}
 
 
 def test_silero_prepared_vs_rebuilt_without_workspace_sharing_is_identical(tmp_path):
@@ -33,8 +33,8 @@ def test_silero_prepared_vs_rebuilt_without_workspace_sharing_is_identical(tmp_p
     assert result.outputs.identical and result.ok
     assert [r.work for r in result.requests] == pytest.approx([0.7, 1.5])
     plan_a, plan_b = result.summaries["A"].memory_plan, result.summaries["B"].memory_plan
-    assert set(plan_a["entries"]) == set(plan_b["entries"]) == {"stream", "frontend", "recur"}
-    arena = plan_a["entries"]["frontend"]["arena"]["cpu:0"]
+    assert set(plan_a["entries"]) == set(plan_b["entries"]) == {"stream", "offline"}
+    arena = plan_a["entries"]["offline"]["arena"]["cpu:0"]
     assert arena["lower_bound"] <= arena["planned"] <= arena["naive"]
     # one workspace per entry point: the arenas add up instead of overlapping
     assert sum(plan_b["workspace_bytes"].values()) >= sum(plan_a["workspace_bytes"].values())

@@ -105,6 +105,27 @@ def test_mul_mat_id_with_many_pairs_runs_tiled_per_expert(profile):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("profile", ["cpu", "gpu"])
+def test_lstm_runs_the_whole_recurrence_in_one_dispatch(profile):
+    """17 steps over 2 batch rows, H = 40 (not a power of two): one lstm.comp dispatch, the
+    private-rows variant on the CPU-driver profile and the subgroup variant on the GPU one."""
+    T, B, H = 17, 2, 40
+    inputs = {"x": f32(T, B, 4 * H), "w": f32(4 * H, H) / np.float32(np.sqrt(H)), "h0": f32(B, H), "c0": f32(B, H)}
+    b = GraphBuilder()
+    b.output("out", b.lstm(*(b.input(k, v.shape) for k, v in inputs.items())))
+    graph = b.build()
+    want = evaluate(graph, inputs)[0]["out"]
+    (device,) = VulkanBackend.open_devices({"kernel_profile": profile})
+    try:
+        with HandBound(device, graph, gap=1) as hb:
+            got = hb.run(inputs)["out"]
+            (d,) = hb.split.dispatches
+            assert d.shader == "lstm" and d.spec[0] == (1 if profile == "cpu" else 0) and d.groups == (B, 1, 1)
+    finally:
+        device.close()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_unknown_or_unrunnable_variant_falls_back_to_the_default(dev):
     big = variants.Tile(4096, 64, 64, 16, 1, 1)
     assert not variants.fits(big, dev.info)

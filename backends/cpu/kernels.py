@@ -179,6 +179,29 @@ def _conv1d(out, x, p):
     out[...] = (cols @ wm.T).reshape(b, lout, cout).transpose(0, 2, 1)
 
 
+@kernel("lstm")
+def _lstm(out, x, p):
+    """The NumPy path: one [B, H] x [H, 4H] product and the cell update per step, in f32."""
+    xs, w, h0, c0 = x
+    hidden = w.shape[1]
+    wt = np.ascontiguousarray(w.T, dtype=np.float32)
+    h = h0.astype(np.float32, copy=True)
+    c = c0.astype(np.float32, copy=True)
+    z = np.empty((xs.shape[1], 4 * hidden), np.float32)
+    for t in range(xs.shape[0]):
+        np.matmul(h, wt, out=z)
+        z += xs[t]
+        _sigmoid(z[:, :2 * hidden], [z[:, :2 * hidden]], p)
+        _sigmoid(z[:, 3 * hidden:], [z[:, 3 * hidden:]], p)
+        np.tanh(z[:, 2 * hidden:3 * hidden], out=z[:, 2 * hidden:3 * hidden])
+        c *= z[:, hidden:2 * hidden]
+        c += z[:, :hidden] * z[:, 2 * hidden:3 * hidden]
+        np.tanh(c, out=h)
+        h *= z[:, 3 * hidden:]
+        out[t, :, :hidden] = h
+        out[t, :, hidden:] = c
+
+
 @kernel("pad")
 def _pad(out, x, p):
     pads = [tuple(pr) for pr in p["pads"]]

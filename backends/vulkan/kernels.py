@@ -579,6 +579,35 @@ def _conv1d(node, program, device):
                      [stride, padding, dilation], elementwise_grid(_numel(out.shape), device), writes=[2])]
 
 
+# lstm.comp: the CPU-driver variant keeps each invocation's four W_hh rows private (up to this
+# many hidden units); every variant keeps h, c (and, on GPUs, the 4H pre-activations) in
+# shared memory, up to LSTM_MAX_HIDDEN units.
+LSTM_PRIVATE_MAX_HIDDEN = 256
+LSTM_MAX_HIDDEN = 1024
+LSTM_GPU_WG = 256
+
+
+def _lstm_shape(node: Tensor, device: Any) -> tuple[int, int, bool]:
+    """(workgroup size, HCAP, private rows) of lstm.comp for this node on this device."""
+    hidden = node.srcs[1].shape[1]
+    hcap = max(32, 1 << (hidden - 1).bit_length())
+    if device.kernel_profile == "cpu" and hidden <= LSTM_PRIVATE_MAX_HIDDEN and hcap <= device.info.max_workgroup_invocations:
+        return hcap, hcap, True
+    return min(LSTM_GPU_WG, device.info.max_workgroup_invocations), hcap, False
+
+
+@lowering("lstm")
+def _lstm(node, program, device):
+    """The whole recurrence in one dispatch, one workgroup per batch row (lstm.comp)."""
+    x, w, h0, c0 = (_b(program, s) for s in node.srcs)
+    out = _b(program, node)
+    wg, hcap, private = _lstm_shape(node, device)
+    groups = (x.shape[1], 1, 1)
+    _check_grid(groups, device)
+    return [Dispatch(node.name, "lstm", _spec(int(private), x.dtype, w.dtype, h0.dtype, c0.dtype) + (wg, hcap),
+                     [arg4(x), arg4(w), arg4(h0), arg4(c0), arg4(out)], [], groups, writes=[4])]
+
+
 @lowering("mul_mat_id")
 def _mul_mat_id(node, program, device):
     w, x, ids = (_b(program, s) for s in node.srcs)
@@ -613,6 +642,7 @@ SRC_DTYPES: dict[str, tuple[tuple[str, ...], ...]] = {
     "linear": (FLOAT_IN, FLOAT_IN, ("f32",)),  # bias and residual: f32 (flare.ops.fused)
     "norm_affine": (FLOAT_IN, ("f32",)),
     "attention": (FLOAT_IN, FLOAT_IN, FLOAT_IN, ("f32", "f16")),
+    "lstm": (("f32",),),
 }
 
 
@@ -630,7 +660,8 @@ def supports(node: Tensor, device: Any) -> bool:
         if t.size >= MAX_ELEMENTS or (t.dtype == "i64" and t.size >= MAX_ELEMENTS // 2):
             return False
     n_buffers = {"mul_mat_id": 5, "matmul": 5, "linear": 5, "conv1d": 5, "reduce": 2, "top_k": 2,
-                 "layer_norm": 4, "rms_norm": 4, "softmax": 4, "norm_affine": 4, "attention": 5}.get(node.op, 3)
+                 "layer_norm": 4, "rms_norm": 4, "softmax": 4, "norm_affine": 4, "attention": 5,
+                 "lstm": 5}.get(node.op, 3)
     if n_buffers + 1 > device.info.max_storage_buffers_per_stage:
         return False
     if node.op == "attention":
@@ -640,6 +671,13 @@ def supports(node: Tensor, device: Any) -> bool:
             return False
     if node.op == "rope" and node.srcs[0].shape[-1] % 2:
         return False
+    if node.op == "lstm":
+        _, hcap, private = _lstm_shape(node, device)
+        shared = 4 * hcap * (2 if private else 6)
+        if node.srcs[1].shape[1] > LSTM_MAX_HIDDEN or shared > device.info.max_shared_memory:
+            return False
+        if node.shape[1] > device.info.max_workgroup_count[0]:
+            return False
     if node.op == "pad" and node.params.get("mode", "constant") not in ("constant", "reflect"):
         return False
     if node.op in ("matmul", "linear", "mul_mat_id"):
@@ -650,7 +688,7 @@ def supports(node: Tensor, device: Any) -> bool:
         if -(-out[-1] // 16) > mx or rows > my or batch > mz:  # the smallest tile / one matvec row per group
             return False
     if not device.info.subgroup_ops & SUBGROUP_ARITHMETIC:  # matvec and row kernels reduce with subgroup ops
-        if node.op in ROW_OPS or node.op in ("mul_mat_id", "norm_affine", "attention"):
+        if node.op in ROW_OPS or node.op in ("mul_mat_id", "norm_affine", "attention", "lstm"):
             return False
         if node.op in ("matmul", "linear") and min(node.shape[-2], node.shape[-1]) <= MATVEC_MAX_ROWS:
             return False

@@ -1,5 +1,5 @@
-"""Neural-network ops: norms, softmax, embedding lookup, rope, conv1d, expert
-matmul, cache writes, gather and cast."""
+"""Neural-network ops: norms, softmax, embedding lookup, rope, conv1d, an LSTM
+recurrence, expert matmul, cache writes, gather and cast."""
 from __future__ import annotations
 
 import numpy as np
@@ -131,6 +131,53 @@ def _conv1d_ref(x, p):
 
 
 register(OpDef("conv1d", (2, 2), _conv1d_infer, _conv1d_ref, defaults={"stride": 1, "padding": 0, "dilation": 1}))
+
+
+def _lstm_infer(node, srcs, params):
+    x, w, h0, c0 = srcs
+    for t in srcs:
+        need_dtype(node, "lstm", t, ("f32",))
+    need_rank(node, "lstm", x, (3,))
+    for t in (w, h0, c0):
+        need_rank(node, "lstm", t, (2,))
+    steps, batch, gates = x.shape
+    hidden = w.shape[1]
+    if hidden < 1 or w.shape[0] != 4 * hidden:
+        raise ShapeError(f"lstm: w_hh {w.name!r} {w.shape} must be [4H, H] (gate blocks i, f, g, o)", node)
+    if gates != 4 * hidden:
+        raise ShapeError(f"lstm: x {x.name!r} {x.shape} must be [T, B, 4H] with H = {hidden} from w_hh", node)
+    for t, what in ((h0, "h0"), (c0, "c0")):
+        if tuple(t.shape) != (batch, hidden):
+            raise ShapeError(f"lstm: {what} {t.name!r} {t.shape} must be [B, H] = ({batch}, {hidden})", node)
+    return (steps, batch, 2 * hidden), "f32"
+
+
+def _sigmoid64(v):
+    return 1.0 / (1.0 + np.exp(-v))
+
+
+def _lstm_ref(x, p):
+    xs, w, h, c = (a.astype(np.float64) for a in x)
+    hidden = w.shape[1]
+    out = np.empty(xs.shape[:2] + (2 * hidden,))
+    for t in range(xs.shape[0]):
+        z = xs[t] + h @ w.T
+        i, f, o = (_sigmoid64(z[:, k * hidden:(k + 1) * hidden]) for k in (0, 1, 3))
+        g = np.tanh(z[:, 2 * hidden:3 * hidden])
+        c = f * c + i * g
+        h = o * np.tanh(c)
+        out[t, :, :hidden], out[t, :, hidden:] = h, c
+    return out.astype(np.float32)
+
+
+# lstm(x, w_hh, h0, c0): T steps of an LSTM recurrence in one node, so a backend runs the
+# whole sequence without returning to the host (one kernel on a GPU, one loop in C).
+# x [T, B, 4H] is the input projection x_t W_ih^T + b_ih + b_hh (batched over all steps
+# by the caller: it does not depend on the recurrence); w_hh [4H, H] in PyTorch's gate
+# order (i, f, g, o); h0, c0 [B, H]. Output [T, B, 2H]: row t holds h_t then c_t, so the
+# hidden states are a strided slice and the final state is the last row.
+register(OpDef("lstm", (4, 4), _lstm_infer, _lstm_ref,
+               doc="T LSTM steps from input projections x [T,B,4H], w_hh [4H,H], h0, c0 [B,H] -> [T,B,2H] (h_t, c_t)"))
 
 
 def _mul_mat_id_infer(node, srcs, params):

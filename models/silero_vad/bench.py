@@ -54,7 +54,7 @@ class SileroVadWorkload(Workload):
     tolerance = 1e-4
     default_requests = 8
     options = {
-        "mode": Option(str, "offline", "flare: offline (batched frontend, blocked LSTM) or streaming (chunk by chunk)",
+        "mode": Option(str, "offline", "flare: offline (batched frontend, one lstm node) or streaming (chunk by chunk)",
                        choices=("offline", "streaming")),
         "audio": Option("paths", ("sample",), "WAV files (relative to the TOML), or \"sample\" for the shipped "
                         "18 s speech sample; requests cycle through them", shapes_requests=True, keywords=("sample",)),
@@ -62,8 +62,7 @@ class SileroVadWorkload(Workload):
                          minimum=1, shapes_requests=True),
         "synthetic_seconds": Option(float, 0.0, "add a synthetic clip of this many seconds to the pool (0: none)",
                                     minimum=0.0, shapes_requests=True),
-        "max_batch": Option(int, 2048, "flare offline: most windows per frontend execute", minimum=32),
-        "block": Option(int, 64, "flare offline: LSTM steps per recur execute", minimum=1),
+        "max_batch": Option(int, 2048, "flare offline: most windows per execute", minimum=32),
         "threads": Option(int, 1, "onnxruntime: intra-op threads", minimum=1),
     }
 
@@ -89,10 +88,10 @@ class SileroVadWorkload(Workload):
         from flare.models.silero_vad.weights import load_weights
 
         raw = load_weights()          # read once: a rebuilt graph measures the graph's lifecycle, not file I/O
-        mode, block, max_batch = config.options["mode"], config.options["block"], config.options["max_batch"]
+        mode, max_batch = config.options["mode"], config.options["max_batch"]
 
         def build(session: Any) -> SileroVad:
-            return SileroVad(session, weights=raw, block=block, max_batch=max_batch)
+            return SileroVad(session, weights=raw, max_batch=max_batch)
 
         def infer(vad: SileroVad, request: Request) -> np.ndarray:
             return vad.speech_probs(request.payload, mode)

@@ -6,17 +6,15 @@ reflect-pad 64 on the right, STFT as a conv1d with a fixed [258, 1, 256] basis
 (strides 1, 2, 2, 1) down to [128, 1], one PyTorch LSTMCell step (hidden 128),
 ReLU, a 1x1 conv and a sigmoid.
 
-Three entry points share weights and state (see `ENTRIES`):
+Two entry points share weights and state (see `ENTRIES`):
 - `stream`: one 512-sample chunk; the 64-sample context and the LSTM h/c live
   in state tensors, so a caller just feeds chunks and resets between files.
-- `frontend`: all windows of a file at once -> LSTM input projections
-  (x @ W_ih^T + b_ih + b_hh) [N, 512]. Everything that does not depend on the
-  recurrence is batched here; that is where the time goes.
-- `recur`: T steps of the recurrence only (h @ W_hh^T + gates), then the head
-  batched over the T hidden states. State carries h/c from block to block.
-
-The LSTM's gate rows are reordered once at load time from PyTorch's (i, f, g, o)
-to (i, f, o, g) so one sigmoid covers three gates and one tanh the fourth.
+- `offline`: N consecutive windows at once. Everything that does not depend on
+  the recurrence (STFT, encoder, the LSTM's input projection x @ W_ih^T + b) is
+  batched over all N; then one `lstm` node runs the N steps of the recurrence
+  (one kernel on a GPU, one loop in C on the CPU: no host round trip per step),
+  and the head is batched over the N hidden states. h/c carry over in state, so
+  a long file is a few executes of one or two cached sizes.
 """
 from __future__ import annotations
 
@@ -39,13 +37,11 @@ GATES = 4 * HIDDEN
 
 def prepare_weights(raw: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """ONNX-named tensors -> the layouts the graph uses (done once, on the host)."""
-    order = np.concatenate([np.arange(0, 2 * HIDDEN), np.arange(3 * HIDDEN, 4 * HIDDEN),
-                            np.arange(2 * HIDDEN, 3 * HIDDEN)])  # i f g o -> i f o g
     w = {
         "frontend/stft.basis": raw["stft.basis"],
-        "frontend/lstm.w_ih": raw["lstm.w_ih"][order],   # the input projection is batched with the frontend
-        "frontend/lstm.bias": (raw["lstm.b_ih"] + raw["lstm.b_hh"])[order],
-        "lstm/w_hh": raw["lstm.w_hh"][order],
+        "frontend/lstm.w_ih": raw["lstm.w_ih"],   # the input projection is batched with the frontend
+        "frontend/lstm.bias": raw["lstm.b_ih"] + raw["lstm.b_hh"],
+        "lstm/w_hh": raw["lstm.w_hh"],            # gate order i, f, g, o: the lstm op's
         "head/w": raw["head.w"].reshape(HIDDEN, 1),
         "head/b": raw["head.b"].reshape(1),
     }
@@ -71,7 +67,7 @@ _ENCODER = ((1,), (2,), (2,), (1,))  # strides of the four conv layers
 
 
 def frontend(b: GraphBuilder, w: _Weights, windows: Tensor) -> Tensor:
-    """windows [B, 576] -> LSTM input projections [B, 512] (gate order i, f, o, g).
+    """windows [B, 576] -> LSTM input projections [B, 512] (gate order i, f, g, o).
 
     Nodes are named `frontend/...` (weights `frontend/...` too) for placement."""
     b = Scope(b, "frontend")
@@ -90,17 +86,18 @@ def frontend(b: GraphBuilder, w: _Weights, windows: Tensor) -> Tensor:
     return b.add(b.matmul(feats, w["frontend/lstm.w_ih"], transpose_b=True), w["frontend/lstm.bias"])
 
 
-def lstm_step(b: GraphBuilder | Scope, w: _Weights, xp: Tensor, h: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
-    """One recurrence step from a precomputed input projection xp [1, 512]."""
-    gates = b.add(xp, b.matmul(h, w["lstm/w_hh"], transpose_b=True))
-    sig = b.sigmoid(b.slice(gates, axis=1, start=0, stop=3 * HIDDEN))
-    g = b.tanh(b.slice(gates, axis=1, start=3 * HIDDEN, stop=GATES))
-    i = b.slice(sig, axis=1, start=0, stop=HIDDEN)
-    f = b.slice(sig, axis=1, start=HIDDEN, stop=2 * HIDDEN)
-    o = b.slice(sig, axis=1, start=2 * HIDDEN, stop=3 * HIDDEN)
-    c_new = b.add(b.mul(f, c), b.mul(i, g))
-    h_new = b.mul(o, b.tanh(c_new))
-    return h_new, c_new
+def recurrence(b: GraphBuilder, w: _Weights, xproj: Tensor, h: Tensor, c: Tensor) -> Tensor:
+    """Input projections [T, 512] -> hidden states [T, 128] (a strided view of the lstm
+    node's output); the last step's h and c are written back to the state tensors."""
+    lstm = Scope(b, "lstm")
+    steps = xproj.shape[0]
+    seq = lstm.lstm(lstm.reshape(xproj, shape=(steps, 1, GATES)), w["lstm/w_hh"], h, c)  # [T, 1, 2H]
+    seq = lstm.reshape(seq, shape=(steps, 2 * HIDDEN))                                   # row t: h_t, c_t
+    last = lstm.slice(seq, axis=0, start=steps - 1, stop=steps)
+    st = Scope(b, "state")
+    st.copy_into(h, st.slice(last, axis=1, start=0, stop=HIDDEN))
+    st.copy_into(c, st.slice(last, axis=1, start=HIDDEN, stop=2 * HIDDEN))
+    return lstm.slice(seq, axis=1, start=0, stop=HIDDEN)
 
 
 def head(b: GraphBuilder, w: _Weights, hs: Tensor) -> Tensor:
@@ -108,16 +105,6 @@ def head(b: GraphBuilder, w: _Weights, hs: Tensor) -> Tensor:
     b = Scope(b, "head")
     logits = b.add(b.matmul(b.relu(hs), w["head/w"]), w["head/b"])
     return b.sigmoid(logits)
-
-
-def concat_tree(b: GraphBuilder | Scope, parts: list[Tensor], axis: int) -> Tensor:
-    """Concatenate many tensors pairwise (log depth, O(n log n) copying, not O(n^2))."""
-    while len(parts) > 1:
-        nxt = [b.concat(parts[k], parts[k + 1], axis=axis) for k in range(0, len(parts) - 1, 2)]
-        if len(parts) % 2:
-            nxt.append(parts[-1])
-        parts = nxt
-    return parts[0]
 
 
 # -- entry points -------------------------------------------------------------
@@ -134,36 +121,16 @@ def build_stream(b: GraphBuilder, weights: Mapping[str, np.ndarray], shapes: Map
     # The context write reads `window` (a copy), so it may come right away; placed
     # here it joins the frontend's split instead of forming one of its own.
     st.copy_into(ctx, st.slice(window, axis=1, start=CHUNK, stop=WINDOW))
-    h_new, c_new = lstm_step(Scope(b, "lstm"), w, xp, h, c)
-    prob = head(b, w, h_new)
-    st.copy_into(h, h_new)
-    st.copy_into(c, c_new)
-    b.output("prob", prob)
+    b.output("prob", head(b, w, recurrence(b, w, xp, h, c)))
 
 
-def build_frontend(b: GraphBuilder, weights: Mapping[str, np.ndarray], shapes: Mapping[str, tuple]) -> None:
-    """`frontend`: windows [N, 576] -> xproj [N, 512]; stateless."""
+def build_offline(b: GraphBuilder, weights: Mapping[str, np.ndarray], shapes: Mapping[str, tuple]) -> None:
+    """`offline`: windows [N, 576] -> probs [N, 1]; h and c carried in state."""
     w = _Weights(b, weights)
     windows = b.input("windows", shapes["windows"])
-    b.output("xproj", frontend(b, w, windows))
-
-
-def build_recur(b: GraphBuilder, weights: Mapping[str, np.ndarray], shapes: Mapping[str, tuple]) -> None:
-    """`recur`: xproj [T, 512] -> probs [T, 1]; h and c carried in state."""
-    w = _Weights(b, weights)
-    xproj = b.input("xproj", shapes["xproj"])
-    steps = xproj.shape[0]
     h = b.state(STATE_H, (1, HIDDEN))
     c = b.state(STATE_C, (1, HIDDEN))
-    lstm = Scope(b, "lstm")
-    h_t, c_t, hs = h, c, []
-    for t in range(steps):
-        h_t, c_t = lstm_step(lstm, w, lstm.slice(xproj, axis=0, start=t, stop=t + 1), h_t, c_t)
-        hs.append(h_t)
-    b.output("probs", head(b, w, concat_tree(lstm, hs, axis=0)))
-    st = Scope(b, "state")
-    st.copy_into(h, h_t)
-    st.copy_into(c, c_t)
+    b.output("probs", head(b, w, recurrence(b, w, frontend(b, w, windows), h, c)))
 
 
-ENTRIES = {"stream": build_stream, "frontend": build_frontend, "recur": build_recur}
+ENTRIES = {"stream": build_stream, "offline": build_offline}

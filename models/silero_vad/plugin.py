@@ -26,17 +26,14 @@ def graph_weights() -> dict[str, np.ndarray]:
 
 
 def model_graph(options: Mapping[str, Any]) -> ModelGraph:
-    """ModelSpec.graph: the three entry points over one weight set. Options: `weights`
-    (raw ONNX-named arrays; default the wheel's), `block` (LSTM steps per `recur`
-    execute, default 64)."""
+    """ModelSpec.graph: the two entry points over one weight set. Option: `weights`
+    (raw ONNX-named arrays; default the wheel's)."""
     from .runner import MIN_BATCH, WINDOW
 
     raw = options.get("weights")
     w = G.prepare_weights(raw) if raw is not None else graph_weights()
-    block = int(options.get("block", 64))
     entries = {name: (lambda b, shapes, fn=fn: fn(b, w, shapes)) for name, fn in G.ENTRIES.items()}
-    shapes = {"stream": {"chunk": (1, CHUNK)}, "frontend": {"windows": (MIN_BATCH, WINDOW)},
-              "recur": {"xproj": (block, G.GATES)}}
+    shapes = {"stream": {"chunk": (1, CHUNK)}, "offline": {"windows": (MIN_BATCH, WINDOW)}}
     return ModelGraph(entries, shapes, name="silero-vad")
 
 

@@ -1,15 +1,16 @@
 """SileroVad: the model prepared on a Flare session, in streaming or offline mode.
 
-One `PreparedGraph` holds the three entry points of `graph.ENTRIES`; they share
+One `PreparedGraph` holds the two entry points of `graph.ENTRIES`; they share
 weights, the LSTM state and the workspace. Each file starts from reset state,
 so a request never sees the previous one.
 
-Offline (the fast path for whole files): all windows go through the `frontend`
-entry at once (batch sizes are rounded up to a power of two, at most
-`max_batch`, so a handful of plans serve every file length and a short file
-after a long one reuses the long one's memory); then `recur` runs the LSTM
-recurrence `block` steps per execute. Streaming: one `stream` execute per
-512-sample chunk, with the 64-sample context and h/c kept in state tensors.
+Offline (the fast path for whole files): consecutive windows go through the
+`offline` entry in pieces whose sizes are powers of two (at most `max_batch`),
+so a handful of plans serve every file length and a short file after a long one
+reuses the long one's memory; the LSTM state carries from piece to piece, and
+zero windows pad only the last piece, after every real step. Streaming: one
+`stream` execute per 512-sample chunk, with the 64-sample context and h/c kept
+in state tensors.
 """
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from flare.session import Session
     from flare.workspace import GraphWorkspace
 
-from . import graph as G
 from .numpy_reference import CHUNK, WINDOW, windows
 from .segments import Segment, VadParams, segments
 
@@ -59,14 +59,13 @@ class SileroVad:
 
     def __init__(self, session: "Session", *, workspace: "GraphWorkspace | None" = None,
                  placement: "Callable[[Tensor, list[str]], str | None] | None" = None,
-                 weights: Mapping[str, np.ndarray] | None = None, block: int = 64, max_batch: int = 2048):
-        if block < 1 or max_batch < MIN_BATCH:
-            raise ValueError(f"block must be >= 1 and max_batch >= {MIN_BATCH}")
-        self.block = int(block)
+                 weights: Mapping[str, np.ndarray] | None = None, max_batch: int = 2048):
+        if max_batch < MIN_BATCH:
+            raise ValueError(f"max_batch must be >= {MIN_BATCH}")
         self.max_batch = int(max_batch)
         self.session = session
         # the runtime reads the registered ModelSpec (graph, placement) to prepare it
-        self.pg = session.prepare_model("silero-vad", {"weights": weights, "block": self.block},
+        self.pg = session.prepare_model("silero-vad", {"weights": weights},
                                         workspace=workspace, placement=placement)
 
     # -- lifecycle ----------------------------------------------------------------
@@ -107,28 +106,21 @@ class SileroVad:
 
     # -- offline -------------------------------------------------------------------
     def probs_offline(self, audio: np.ndarray, progress: Progress | None = None) -> np.ndarray:
-        """Per-chunk probabilities of a whole file: batched frontend, blocked recurrence."""
+        """Per-chunk probabilities of a whole file: batched frontend, the recurrence in one node."""
         win = windows(_mono16k(audio))
         n = len(win)
         self.reset()
-        xproj = np.empty((n, G.GATES), np.float32)
+        probs = np.empty(n, np.float32)
         lo = 0
         while lo < n:
             for size in _pieces(min(self.max_batch, n - lo), self.max_batch):
                 part = win[lo:lo + size]
                 batch = part if len(part) == size else np.concatenate(
-                    [part, np.zeros((size - len(part), WINDOW), np.float32)])
-                xproj[lo:lo + len(part)] = self.pg.execute("frontend", windows=batch)["xproj"][:len(part)]
+                    [part, np.zeros((size - len(part), WINDOW), np.float32)])  # only the file's last piece
+                probs[lo:lo + len(part)] = self.pg.execute("offline", windows=batch)["probs"][:len(part), 0]
                 lo += len(part)
-        probs = np.empty(n, np.float32)
-        block = np.zeros((self.block, G.GATES), np.float32)
-        for lo in range(0, n, self.block):
-            part = xproj[lo:lo + self.block]
-            block[:len(part)] = part
-            block[len(part):] = 0.0  # steps past the end: computed, discarded (state is reset per file)
-            probs[lo:lo + len(part)] = self.pg.execute("recur", xproj=block)["probs"][:len(part), 0]
-            if progress is not None:
-                progress(min(lo + self.block, n), n)
+                if progress is not None:
+                    progress(lo, n)
         return probs
 
     # -- segments ------------------------------------------------------------------

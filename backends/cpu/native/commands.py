@@ -19,7 +19,7 @@ from flare.graph import Tensor
 # kernel ids: the order of the enum in kernels.c
 KINDS = ("copy4 copy2 copy8 add sub mul div scale relu sigmoid silu gelu tanh exp sqrt neg sqr matmul "
          "layer_norm rms_norm softmax get_rows rope conv1d pad sum mean max argmax top_k gather mul_mat_id "
-         "set_rows cast_f32_i32 cast_i32_f32 cast_f16_f32 linear norm_affine").split()
+         "set_rows cast_f32_i32 cast_i32_f32 cast_f16_f32 linear norm_affine lstm").split()
 K = {name: i for i, name in enumerate(KINDS)}
 ACTIVATIONS = {"none": 0, "gelu": 1, "relu": 2, "sigmoid": 3}
 SMALL_GEMM = 4096      # M*N*K at or below which the plain C loop beats BLAS's dispatch
@@ -376,6 +376,24 @@ def _conv1d(node, out, srcs):
     return [cmd("conv1d", out, [x, w], [1, b, cout, lout], [0, *estrides(out)], [[0, *estrides(x)]],
                 ip=(p["stride"], p["padding"], p["dilation"], cin, k, length),
                 scratch=b * lout * (cin * k + cout) * 4)]
+
+
+@translator("lstm")
+def _lstm(node, out, srcs):
+    x, w, h0, c0 = srcs
+    if not _f32(out, *srcs) or not w.flags.c_contiguous or not out.flags.c_contiguous:
+        return None
+    steps, batch, _ = x.shape
+    hidden = w.shape[1]
+    return [cmd("lstm", out, [x, w, h0, c0], [1, steps, batch, 2 * hidden], [0, *estrides(out)],
+                [[0, *estrides(x)], [0, 0, *estrides(h0)], [0, 0, *estrides(c0)]], ip=(hidden, 0),
+                scratch=(batch * 6 + 4) * hidden * 4)]
+
+
+def use_packed_lstm(c: Cmd, packed: np.ndarray) -> None:
+    """Point lstm command c at the packed panels of its W_hh (ip[1] = 1: pgemm per step)."""
+    c["src"][1] = packed
+    c["ip"][1] = 1
 
 
 @translator("pad")

@@ -15,7 +15,7 @@ from flare.graph import WEIGHT
 from flare.ops import OPS
 
 from . import Native
-from .commands import Cmd, prepackable, translate, use_packed
+from .commands import Cmd, prepackable, translate, use_packed, use_packed_lstm
 from .program import CommandList, NativeSplit
 
 if TYPE_CHECKING:
@@ -47,6 +47,10 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
                 if cmds and node.op in ("matmul", "linear") and node.params.get("transpose_b") \
                         and node.srcs[1].storage.role == WEIGHT and prepackable(cmds[0], srcs[1]):
                     use_packed(cmds[0], device.packs.get(srcs[1], node.srcs[1].name, owned))
+                    prepacked.append(node.name)
+                elif cmds and node.op == "lstm" and node.srcs[1].storage.role == WEIGHT:
+                    # W_hh in panels: each step's W h is then broadcast FMAs, no horizontal sums
+                    use_packed_lstm(cmds[0], device.packs.get(srcs[1], node.srcs[1].name, owned))
                     prepacked.append(node.name)
             if cmds is None:
                 if pending:

@@ -41,6 +41,7 @@ enum {
     K_CAST_F32_I32, K_CAST_I32_F32, K_CAST_F16_F32,
     /* fused */
     K_LINEAR, K_NORM_AFFINE,
+    K_LSTM,
     K_COUNT
 };
 
@@ -797,6 +798,50 @@ static void k_norm_affine(const flare_cmd *c) {
     }
 }
 
+/* ---- lstm: T steps of the recurrence in one command ----------------------------------------
+ * x [T, B, 4H] f32 (strides ss[0][1..3]); w [4H, H] contiguous; h0, c0 [B, H] (strides ss[1], ss[2]
+ * [2..3]); out [T, B, 2H] contiguous: h_t then c_t. ne = {1, T, B, 2H}; ip[0] = H; ip[1] = 1: w is
+ * the packed copy of a constant W_hh (pgemm per step), else w [4H, H] rows (wdot per step).
+ * scratch: see below. Gate order i, f, g, o (flare.ops.nn). Each step is
+ * one product for all batch rows and the cell update per row. */
+/* the cell update of one batch row: z holds W_hh h (gate blocks i, f, g, o), x the input
+ * projection (unit stride here: the loop vectorizes) */
+HOT static void lstm_cell(int64_t H, const float *restrict z, const float *restrict x, float *restrict hb,
+                          float *restrict cb, float *restrict ot) {
+#pragma omp simd
+    for (int64_t u = 0; u < H; ++u) {
+        const float cn = sigmoid_f(z[H + u] + x[H + u]) * cb[u] + sigmoid_f(z[u] + x[u]) * vtanh(z[2 * H + u] + x[2 * H + u]);
+        const float hn = sigmoid_f(z[3 * H + u] + x[3 * H + u]) * vtanh(cn);
+        cb[u] = cn; hb[u] = hn; ot[u] = hn; ot[H + u] = cn;
+    }
+}
+
+static void k_lstm(const flare_cmd *c) {
+    const int64_t T = c->ne[1], B = c->ne[2], H = c->ip[0];
+    const float *x = (const float *)c->src[0], *w = (const float *)c->src[1];
+    const float *h0 = (const float *)c->src[2], *c0 = (const float *)c->src[3];
+    /* scratch: h [B, H], c [B, H], z [B, 4H], and a contiguous copy of one x row [4H] */
+    float *h = (float *)c->scratch, *cs = h + B * H, *z = cs + B * H, *xrow = z + B * 4 * H, *out = (float *)c->out;
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t u = 0; u < H; ++u) {
+            h[b * H + u] = h0[b * c->ss[1][2] + u * c->ss[1][3]];
+            cs[b * H + u] = c0[b * c->ss[2][2] + u * c->ss[2][3]];
+        }
+    const int64_t xs = c->ss[0][3];
+    for (int64_t t = 0; t < T; ++t) {
+        if (c->ip[1]) pgemm(B, 4 * H, H, h, H, w, z, 4 * H);  /* w: packed panels (packing.py) */
+        else wdot(B, 4 * H, H, h, H, w, H, z, 4 * H);
+        for (int64_t b = 0; b < B; ++b) {
+            const float *xt = x + t * c->ss[0][1] + b * c->ss[0][2];
+            if (xs != 1) {
+                for (int64_t j = 0; j < 4 * H; ++j) xrow[j] = xt[j * xs];
+                xt = xrow;
+            }
+            lstm_cell(H, z + b * 4 * H, xt, h + b * H, cs + b * H, out + (t * B + b) * 2 * H);
+        }
+    }
+}
+
 /* ---- the loop ------------------------------------------------------------------------ */
 static int run_one(const flare_cmd *c) {
     switch (c->kind) {
@@ -835,6 +880,7 @@ static int run_one(const flare_cmd *c) {
     case K_CAST_F16_F32: k_cast_f16_f32(c); return 0;
     case K_LINEAR: return k_linear(c);
     case K_NORM_AFFINE: k_norm_affine(c); return 0;
+    case K_LSTM: k_lstm(c); return 0;
     default: return ERR_KIND;
     }
 }

@@ -9,6 +9,9 @@ Tolerances (|got - ref| <= atol + rtol*|ref|, the reference in float64):
 - reductions, norms, softmax, matmul, conv1d, mul_mat_id, rope: rtol 1e-4,
   atol 1e-5 — f32 accumulation in a different order than NumPy's pairwise sum
   gives errors growing with the reduction length (here <= 64) times f32 eps.
+- lstm: the same — each step is a length-H dot product (H <= 300 here) and a few
+  transcendentals; the cell is contractive (|f| < 1, |tanh| <= 1), so per-step
+  errors do not compound over the steps (measured: 2-4e-7 after 64 steps).
 """
 from __future__ import annotations
 
@@ -110,6 +113,7 @@ def _cases() -> list[Case]:
         _in(b, i, "x", f32(r, 1, 2, 33)), b.weight("w", f32(r, 3, 2, 5)), stride=2, dilation=2, padding=2)))
     cases.append(simple("conv1d_pointwise", "conv1d", ACCUM, lambda b, r, i: b.conv1d(
         _in(b, i, "x", f32(r, 2, 8, 9)), b.weight("w", f32(r, 5, 8, 1)))))
+    cases.append(simple("lstm", "lstm", ACCUM, lambda b, r, i: _lstm(b, r, i, steps=6, batch=2, hidden=5)))
     cases.append(simple("pad_constant", "pad", EXACT, lambda b, r, i: b.pad(
         _in(b, i, "x", f32(r, 2, 5)), pads=((1, 0), (2, 3)), value=0.5)))
     cases.append(simple("pad_reflect", "pad", EXACT, lambda b, r, i: b.pad(
@@ -215,7 +219,26 @@ def _gpu_kernel_cases() -> list[Case]:
         simple("eltwise_run_bias_gelu", "gelu", TRANSC, lambda b, r, i: b.mul(b.gelu(b.scale(b.add(
             _in(b, i, "x", f32(r, 3, 5, 7)), _in(b, i, "bias", f32(r, 7))), scale=0.5, bias=0.1)), _in(b, i, "y", f32(r, 3, 5, 7)))),
         simple("eltwise_run_lstm_cell", "tanh", TRANSC, _lstm_cell_tail),
+        # the recurrence in one kernel: hidden sizes off the workgroup size, several batch
+        # rows, a strided x, and a hidden size past the private-rows variant of lstm.comp
+        simple("lstm_odd_batched", "lstm", ACCUM, lambda b, r, i: _lstm(b, r, i, steps=9, batch=3, hidden=37)),
+        simple("lstm_permuted_x", "lstm", ACCUM, lambda b, r, i: _lstm(b, r, i, steps=5, batch=2, hidden=12, permuted=True)),
+        simple("lstm_wide", "lstm", ACCUM, lambda b, r, i: _lstm(b, r, i, steps=3, batch=1, hidden=300)),
     ]
+
+
+def _lstm(b, r, i, steps, batch, hidden, permuted=False):
+    """lstm(x, w_hh, h0, c0) with W_hh scaled like a trained layer's (1/sqrt(H)), so gates
+    are not all saturated; `permuted`: x is a [B, T, 4H] input seen as [T, B, 4H] (strided)
+    and W_hh an input, not a constant weight (a backend may pre-pack only the latter)."""
+    shape = (batch, steps, 4 * hidden) if permuted else (steps, batch, 4 * hidden)
+    x = _in(b, i, "x", f32(r, *shape))
+    if permuted:
+        x = b.permute(x, axes=(1, 0, 2))
+    w_hh = f32(r, 4 * hidden, hidden, lo=-1.0, hi=1.0) / np.float32(np.sqrt(hidden))
+    w = _in(b, i, "w_hh", w_hh) if permuted else b.weight("w_hh", w_hh)
+    return b.lstm(x, w, _in(b, i, "h0", f32(r, batch, hidden, lo=-1.0, hi=1.0)),
+                  _in(b, i, "c0", f32(r, batch, hidden, lo=-1.0, hi=1.0)))
 
 
 def _lstm_cell_tail(b, r, i):
