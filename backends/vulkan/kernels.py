@@ -355,8 +355,12 @@ def _tiled(name: str, ta: TensorArg, tb: TensorArg, to: TensorArg, program: Spli
     else:
         N, batch = to.shape[3], to.shape[0] * to.shape[1]
         mode = (1 if _vec_ok(ta, 3) else 0) | (2 if _vec_ok(tb, 2) else 0)
-    tile = variants.pick("matmul" if ids is not None else op, {} if ids is not None else program.tuning, device,
-                         shape=(M, N))
+    if ids is not None:
+        tile = variants.pick_tile(device, (M, N))
+    else:
+        tile = variants.pick(op, program.tuning, device, shape=(M, N))
+        if isinstance(tile, variants.Lanes):
+            return _lanes(name, ta, tb, to, device, tile, conv, epi)
     dts = (ta.binding.dtype, tb.binding.dtype, to.binding.dtype) + ((ids.binding.dtype,) if ids is not None else ())
     if not variants.fits(tile, device.info):
         if conv is not None or ids is not None:
@@ -371,6 +375,31 @@ def _tiled(name: str, ta: TensorArg, tb: TensorArg, to: TensorArg, program: Spli
     _check_grid(groups, device)
     return Dispatch(name, "matmul", _spec(mode, *dts) + tile.spec() + (epi.code,), [ta, tb, to, ti, res],
                     list(conv or []), groups, writes=[2])
+
+
+def _conv_vec_ok(tb: TensorArg, conv: list[int]) -> bool:
+    """conv1d input x [1, B, Cin, Lin] read four taps at a time (matmul_lanes.comp CONV_VEC)."""
+    ks, stride, pad, dil = conv
+    return (tb.binding.dtype == "f32" and dil == 1 and ks % 4 == 0 and stride % 4 == 0 and pad % 4 == 0
+            and tb.strides[3] == 1 and tb.strides[1] % 4 == 0 and tb.strides[2] % 4 == 0 and tb.elem_offset % 4 == 0)
+
+
+def _lanes(name: str, ta: TensorArg, tb: TensorArg, to: TensorArg, device: Any, lanes: "variants.Lanes",
+           conv: list[int] | None, epi: Epilogue) -> Dispatch:
+    """matmul_lanes.comp: a TM x TN block per invocation straight from the buffers (CPU drivers)."""
+    M = ta.shape[2]
+    if conv is not None:
+        N, batch = to.shape[1] * to.shape[3], 1
+        mode = (1 if _vec_ok(ta, 3) else 0) | 4 | (8 if _conv_vec_ok(tb, conv) else 0)
+    else:
+        N, batch = to.shape[3], to.shape[0] * to.shape[1]
+        mode = (1 if _vec_ok(ta, 3) else 0) | (2 if _vec_ok(tb, 2) else 16 if _vec_ok(tb, 3) else 0)
+    dts = (ta.binding.dtype, tb.binding.dtype, to.binding.dtype)
+    groups = (-(-N // (lanes.wg * lanes.tn)), -(-M // lanes.tm), batch)
+    _check_grid(groups, device)
+    bias, res = epi.args(ta)
+    return Dispatch(name, "matmul_lanes", _spec(mode, *dts) + lanes.spec() + (epi.code,),
+                    [ta, tb, to, bias, res], list(conv or []), groups, writes=[2])
 
 
 def _batched(t: Binding, batch: tuple[int, int], rows: int, cols: int, row_stride: int, col_stride: int) -> TensorArg:

@@ -192,6 +192,11 @@ def _gpu_kernel_cases() -> list[Case]:
             _in(b, i, "x", f32(r, 3, 5, 37)), b.weight("w", f32(r, 70, 5, 3)), padding=1)),
         simple("conv1d_tiled_stride_vec", "conv1d", ACCUM, lambda b, r, i: b.conv1d(
             _in(b, i, "x", f32(r, 2, 4, 50)), b.weight("w", f32(r, 6, 4, 4)), stride=3, dilation=2, padding=3)),
+        # taps read four at a time (CPU-driver matmul_lanes CONV_VEC): quads wholly in the
+        # padding, and quads running past the end of the input
+        simple("conv1d_vec_taps_padded", "conv1d", ACCUM, lambda b, r, i: b.conv1d(
+            _in(b, i, "x", f32(r, 2, 3, 44)), b.weight("w", f32(r, 5, 3, 12)), stride=4, padding=4)),
+        mm("matmul_rows_of_b_vec_odd", (13, 10), (10, 36)),                   # b contiguous along n, k = 10
         simple("mul_mat_id_vec", "mul_mat_id", ACCUM, lambda b, r, i: b.mul_mat_id(
             b.weight("w", f32(r, 4, 9, 16)), _in(b, i, "x", f32(r, 3, 16)),
             _in(b, i, "ids", np.array([[0, 3], [2, 2], [1, 0]], np.int32)))),
