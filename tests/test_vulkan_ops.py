@@ -194,6 +194,43 @@ def test_conv1d(dev, kw):
     check(got, conv1d_ref(x, w, **kw), ACC)
 
 
+def test_conv1d_taps_four_at_a_time():
+    """An STFT-like conv (taps a multiple of 4, stride and padding multiples of 4): on a CPU
+    driver the taps are read as vec4 (matmul_lanes.comp CONV_VEC), quads in the padding and
+    past the end included; on both memory kinds."""
+    x, w = f32(3, 2, 52), f32(9, 2, 16)
+    for staged in (False, True):
+        (device,) = VulkanBackend.open_devices({"force_staging": staged})
+        try:
+            got = run(device, lambda b: b.conv1d(b.input("x", x.shape), b.weight("w", w), stride=8, padding=4), {"x": x})
+        finally:
+            device.close()
+        check(got, conv1d_ref(x, w, stride=8, padding=4), ACC)
+
+
+def lstm_ref(x, w, h, c):
+    """docs/ops.md `lstm`, step by step in float64."""
+    H = w.shape[1]
+    h, c = h.astype(np.float64), c.astype(np.float64)
+    out = np.zeros(x.shape[:2] + (2 * H,))
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    for t in range(x.shape[0]):
+        z = x[t].astype(np.float64) + h @ w.astype(np.float64).T
+        c = sig(z[:, H:2 * H]) * c + sig(z[:, :H]) * np.tanh(z[:, 2 * H:3 * H])
+        h = sig(z[:, 3 * H:]) * np.tanh(c)
+        out[t] = np.concatenate([h, c], axis=1)
+    return out
+
+
+@pytest.mark.parametrize("T,B,H", [(1, 1, 128), (23, 2, 19)])
+def test_lstm(dev, T, B, H):
+    x, w = f32(T, B, 4 * H), f32(4 * H, H, lo=-0.3, hi=0.3)
+    h0, c0 = f32(B, H, lo=-1, hi=1), f32(B, H, lo=-1, hi=1)
+    got = run(dev, lambda b: b.lstm(b.input("x", x.shape), b.weight("w", w), b.input("h0", h0.shape),
+                                    b.input("c0", c0.shape)), {"x": x, "h0": h0, "c0": c0})
+    check(got, lstm_ref(x, w, h0, c0), ACC)
+
+
 # -- rows: norms, softmax, rope -----------------------------------------------------------------------
 def test_layer_norm_rms_norm(dev):
     x = f32(3, 4, 37, lo=-3, hi=5)
