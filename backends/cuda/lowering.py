@@ -8,9 +8,9 @@ Conventions shared with kernels/*.cu: tensors are padded to rank 4 on the
 left; broadcasting and `transpose_b` are expressed as strides, never copies;
 outputs are contiguous. Elementwise kernels do one unit of work per thread for
 `n` threads in 1-D blocks of `BLOCK`; row kernels (norms, softmax, reductions,
-top_k) run one block per row (`row_grid`, `row_block`); matmuls pick a tiled,
-matrix-vector or generic kernel by layout, size and the split's tuning
-(`matmul_plan`).
+top_k) run one block per row (`row_grid`, `row_block`), lstm one block per
+batch row; matmuls pick a tiled, matrix-vector or generic kernel by layout,
+size and the split's tuning (`matmul_plan`).
 """
 from __future__ import annotations
 
