@@ -267,6 +267,60 @@ def _cast(b):
             "i": np.array([-3, 0, 1 << 20], np.int64)}
 
 
+def _lstm_graph(b, steps, batch, hidden):
+    """lstm with every operand a strided view (x [B, T, 4H] permuted, W_hh and h0 stored
+    transposed, c0 a column slice): the conformance cases use contiguous W_hh, h0, c0."""
+    x = b.permute(b.input("x", (batch, steps, 4 * hidden)), axes=(1, 0, 2))
+    w = b.transpose(b.input("wt", (hidden, 4 * hidden)))
+    h0 = b.transpose(b.input("h0t", (hidden, batch)))
+    c0 = b.slice(b.input("c0w", (batch, hidden + 3)), axis=1, start=2, stop=hidden + 2)
+    b.output("out", b.lstm(x, w, h0, c0))
+
+
+@pytest.mark.parametrize("steps,batch,hidden", [(7, 3, 40), (2, 2, 70)])
+def test_lstm_strided_operands_and_saturated_gates(device, steps, batch, hidden):
+    """lstm.cu with strided W_hh/h0/c0, several units per warp (H > 8 warps), and inputs
+    whose pre-activations reach +-60: sigmoid and tanh must saturate to exact 0/1/+-1,
+    never NaN (expf overflows to inf there)."""
+    b = GraphBuilder()
+    _lstm_graph(b, steps, batch, hidden)
+    x = f32(batch, steps, 4 * hidden)
+    x[:, ::2] *= 30.0  # every other step saturates most gates
+    inputs = {"x": x, "wt": f32(hidden, 4 * hidden, lo=-1.0, hi=1.0) / np.float32(np.sqrt(hidden)),
+              "h0t": f32(hidden, batch, lo=-1.0, hi=1.0), "c0w": f32(batch, hidden + 3, lo=-1.0, hi=1.0)}
+    kernels: set[str] = set()
+    check(device, b.build(), inputs, rtol=1e-4, atol=1e-5, kernels=kernels)
+    assert kernels == {"flare_lstm"}
+
+
+def _fake_binding(shape, dtype="f32"):
+    """A contiguous binding at a made-up address: enough for lowering (no device, no memory)."""
+    from types import SimpleNamespace
+
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.insert(0, acc)
+        acc *= d
+    return SimpleNamespace(shape=tuple(shape), strides=tuple(strides), dtype=dtype, offset=0,
+                           buffer=SimpleNamespace(handle=4096), itemsize=4)
+
+
+def test_lstm_launch_shape_and_limits():
+    """One launch (one block per batch row, one warp per unit up to 8 warps); hidden sizes
+    past lstm.cu's shared rows are declined, not failed at run time."""
+    for hidden, threads in ((5, 160), (2048, 256)):
+        b = GraphBuilder()
+        _lstm_graph(b, 3, 4, hidden)
+        graph = b.build()
+        node = graph.outputs["out"]
+        assert lowering.supported(node)
+        plan = lowering.lower_all(graph.nodes, lambda t: _fake_binding(t.shape))
+        assert [(p.kernel, p.grid, p.block) for p in plan] == [("flare_lstm", (4, 1, 1), (threads, 1, 1))]
+    b = GraphBuilder()
+    _lstm_graph(b, 3, 4, lowering.LSTM_MAX_HIDDEN + 1)
+    assert not lowering.supported(b.build().outputs["out"])
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_kernels_match_reference(device, name):
     b = GraphBuilder()
@@ -468,16 +522,7 @@ def test_export_tuning_times_the_cuda_variants(monkeypatch):
 
 def test_matmul_plans_stay_within_grid_limits():
     """A GPU refuses grids over 65535 blocks in y or z: such matmuls take the 1-D kernel."""
-    from types import SimpleNamespace
-
-    def binding(shape, dtype="f32"):
-        strides, acc = [], 1
-        for d in reversed(shape):
-            strides.insert(0, acc)
-            acc *= d
-        return SimpleNamespace(shape=tuple(shape), strides=tuple(strides), dtype=dtype, offset=0,
-                               buffer=SimpleNamespace(handle=4096), itemsize=4)
-
+    binding = _fake_binding
     b = GraphBuilder()
     x, w = b.input("x", (70000, 2, 8)), b.input("w", (70000, 8, 3))
     node = b.matmul(x, w)

@@ -8,9 +8,9 @@ Conventions shared with kernels/*.cu: tensors are padded to rank 4 on the
 left; broadcasting and `transpose_b` are expressed as strides, never copies;
 outputs are contiguous. Elementwise kernels do one unit of work per thread for
 `n` threads in 1-D blocks of `BLOCK`; row kernels (norms, softmax, reductions,
-top_k) run one block per row (`row_grid`, `row_block`); matmuls pick a tiled,
-matrix-vector or generic kernel by layout, size and the split's tuning
-(`matmul_plan`).
+top_k) run one block per row (`row_grid`, `row_block`), lstm one block per
+batch row; matmuls pick a tiled, matrix-vector or generic kernel by layout,
+size and the split's tuning (`matmul_plan`).
 """
 from __future__ import annotations
 
@@ -370,6 +370,28 @@ def _mul_mat_id(node: Tensor, b: BindingOf, tuning: Tuning = None) -> list[Launc
                    ints=(vec,), grid=grid, block=(256, 1, 1))
 
 
+# lstm.cu keeps h (double-buffered) and c in static shared memory: 3 * 2048 floats = 24 KiB,
+# under the 48 KiB a block may declare statically; larger hidden sizes are declined.
+LSTM_MAX_HIDDEN = 2048    # lstm.cu LSTM_MAX_H
+LSTM_MAX_WARPS = 8        # one warp per hidden unit at a time: at most 256 threads
+
+
+def lstm_block(hidden: int) -> tuple[int, int, int]:
+    """Threads of lstm.cu's block: one warp per hidden unit, at most LSTM_MAX_WARPS warps."""
+    return (32 * min(LSTM_MAX_WARPS, hidden), 1, 1)
+
+
+def _lstm(node: Tensor, b: BindingOf) -> list[Launch]:
+    """The whole recurrence in one launch, one block per batch row (lstm.cu)."""
+    x, w, h0, c0 = (b(s) for s in node.srcs)
+    out = b(node)
+    steps, batch, _ = out.shape
+    if steps == 0:
+        return []
+    return _launch("lstm", "flare_lstm", batch, node, x, w, h0, c0, out,
+                   grid=row_grid(batch), block=lstm_block(w.shape[1]))
+
+
 def _copy(node: Tensor, b: BindingOf) -> list[Launch]:
     x, out = b(node.srcs[0]), b(node)
     return _launch("layout", "flare_copy", _size(x.shape), node, x, out, ints=(0,))
@@ -420,7 +442,7 @@ LOWERINGS: dict[str, Callable[[Tensor, BindingOf], list[Launch]]] = {
     "linear": _linear, "norm_affine": _norm, "attention": _attention,
     "softmax": _softmax,
     "get_rows": _get_rows, "set_rows": _set_rows, "gather": _gather, "top_k": _top_k,
-    "rope": _rope, "conv1d": _conv1d, "mul_mat_id": _mul_mat_id,
+    "rope": _rope, "conv1d": _conv1d, "mul_mat_id": _mul_mat_id, "lstm": _lstm,
     "contiguous": _copy, "cast": _copy, "copy_into": _copy_into,
     "pad": _pad, "concat": _concat,
     **{op: _reduce for op in REDUCE_CODES},
@@ -439,6 +461,8 @@ def supported(node: Tensor) -> bool:
     if node.op == "attention":
         q, k = node.srcs[0], node.srcs[1]
         return k.shape[-2] <= ATTENTION_MAX_KEYS and q.shape[-1] <= ATTENTION_MAX_DIM
+    if node.op == "lstm":  # f32 only (the op's contract); h and c must fit lstm.cu's shared rows
+        return node.srcs[1].shape[1] <= LSTM_MAX_HIDDEN and node.shape[1] <= MAX_GRID * MAX_GRID
     return True
 
 
