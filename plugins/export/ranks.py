@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
@@ -53,18 +54,35 @@ def world() -> Any:
     return MPI.COMM_WORLD
 
 
+BUSY_POLLS = 1000      # polls before a waiting rank starts sleeping between them
+IDLE_POLL_S = 0.001
+
+
 def bcast_json(comm: Any, obj: Any = None, root: int = 0) -> Any:
-    """Broadcast a JSON-able object from `root` (others pass None)."""
-    if comm.Get_rank() == root:
+    """Broadcast a JSON-able object from `root` (others pass None and get it back).
+
+    The size goes first by a non-blocking broadcast that the other ranks poll, sleeping a
+    millisecond between polls once they have waited a moment: a follower waiting for rank 0's
+    next step (an idle server, a tokenizer, a prompt being read) would otherwise spin a core
+    inside MPI, as Open MPI's blocking collectives busy-poll."""
+    rank = comm.Get_rank()
+    if rank == root:
         data = np.frombuffer(json.dumps(obj, sort_keys=True).encode(), np.uint8)
         n = np.array([data.size], np.int64)
     else:
         data, n = None, np.zeros(1, np.int64)
-    comm.Bcast(n, root=root)
-    if comm.Get_rank() != root:
+    req = comm.Ibcast(n, root=root)
+    if rank == root:
+        req.Wait()
+    else:
+        polls = 0
+        while not req.Test():
+            polls += 1
+            if polls > BUSY_POLLS:
+                time.sleep(IDLE_POLL_S)
         data = np.empty(int(n[0]), np.uint8)
     comm.Bcast(data, root=root)
-    return json.loads(data.tobytes().decode()) if comm.Get_rank() != root else obj
+    return json.loads(data.tobytes().decode()) if rank != root else obj
 
 
 def allgather_json(comm: Any, obj: Any) -> list[Any]:

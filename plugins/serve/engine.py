@@ -16,8 +16,6 @@ steps they sleep-poll a non-blocking broadcast rather than spin in MPI.
 """
 from __future__ import annotations
 
-import json
-import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -27,6 +25,7 @@ from flare.dtypes import to_numpy
 from flare.errors import InputError
 from flare.graph import contiguous_strides
 from flare.plugins.export.serving.batch import Chunk, token_lm_inputs
+from flare.plugins.export.ranks import bcast_json
 from flare.plugins.export.serving.engine import Bucket, Engine
 
 EVERY_ROW = frozenset({"decode", "draft", "verify"})   # kinds without out_rows: logits of every token
@@ -124,23 +123,11 @@ class StepEngine(Engine):
     # ---------------------------------------------------------------- ranks
     def _tell(self, msg: dict[str, Any]) -> None:
         if self.comm is not None:
-            data = np.frombuffer(json.dumps(msg).encode(), np.uint8)
-            self.comm.Ibcast(np.array([data.size], np.int64), root=0).Wait()
-            self.comm.Bcast(data, root=0)
+            bcast_json(self.comm, msg)
 
     def _hear(self) -> dict[str, Any]:
-        """Rank 0's next message. Waits on a non-blocking broadcast, sleeping between polls once it has
-        waited a moment: an idle server's other ranks would otherwise spin a core each in MPI."""
-        n = np.zeros(1, np.int64)
-        req = self.comm.Ibcast(n, root=0)
-        polls = 0
-        while not req.Test():
-            polls += 1
-            if polls > 1000:
-                time.sleep(0.001)
-        data = np.empty(int(n[0]), np.uint8)
-        self.comm.Bcast(data, root=0)
-        return json.loads(data.tobytes())
+        """Rank 0's next message (a waiting rank sleeps between polls: `bcast_json`)."""
+        return bcast_json(self.comm, None)
 
     def stop(self) -> None:
         """Rank 0: tell the other ranks the server is done; free this rank's blocks."""
