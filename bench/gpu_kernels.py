@@ -6,7 +6,10 @@
    (so kernel compilation and first-use pipeline creation are not timed), as GFLOPS
    = 2 n^3 / seconds. Input upload and output read-back are inside the time, as in
    every `execute`.
-2. End to end: `flare run <model> --backend B --json` in a fresh process per backend,
+2. Recurrence: a prepared graph of one `lstm` node (T steps, batch 1, hidden 128: silero-
+   vad's cell) as microseconds per step, best of `--repeats` after one warm-up: the
+   sequential part no batching hides (one kernel, one workgroup, on a GPU backend).
+3. End to end: `flare run <model> --backend B --json` in a fresh process per backend,
    reporting the `elapsed_s` the CLI measures (compute on a prepared model, not
    process start-up): MiniLM-L6 on its shipped sentences and silero-vad offline on
    its shipped sample. Best of `--e2e-repeats` processes.
@@ -55,6 +58,34 @@ def matmul_gflops(backend: str, n: int, repeats: int) -> float:
     return 2.0 * n**3 / best / 1e9
 
 
+def lstm_us_per_step(backend: str, steps: int, repeats: int, hidden: int = 128) -> float:
+    """Microseconds per step of a prepared one-`lstm` graph (batch 1) on `backend`."""
+    from flare.ops import OPS
+    from flare.session import Session
+
+    rng = np.random.default_rng(steps)
+    w = (rng.uniform(-1, 1, (4 * hidden, hidden)) / np.sqrt(hidden)).astype(np.float32)
+    x = rng.uniform(-2, 2, (steps, 1, 4 * hidden)).astype(np.float32)
+    h0 = np.zeros((1, hidden), np.float32)
+
+    def build(b, shapes):
+        b.output("y", b.lstm(b.input("x", shapes["x"]), b.weight("w", w), b.input("h", (1, hidden)),
+                             b.input("c", (1, hidden))))
+
+    with Session([backend]) as session:
+        pg = session.prepare({"full": build}, {"full": {"x": x.shape}}, strict=True, name=f"lstm{steps}")
+        got = pg.execute("full", x=x, h=h0, c=h0)["y"]
+        err = float(np.max(np.abs(got - OPS["lstm"].reference([x, w, h0, h0], {}))))
+        if err > 1e-4:
+            raise SystemExit(f"{backend}: lstm T={steps} is wrong (max abs error {err:.2e})")
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            pg.execute("full", x=x, h=h0, c=h0)
+            best = min(best, time.perf_counter() - t0)
+    return best / steps * 1e6
+
+
 def e2e_seconds(backend: str, model: str, repeats: int) -> float:
     """Best `elapsed_s` of `flare run <model> --backend <backend> --json` over fresh processes."""
     cmd = [sys.executable, "-m", "flare.cli", "run", *MODELS[model], "--backend", backend, "--json"]
@@ -81,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", default="cpu,vulkan", help="comma separated; ratios are to the first")
     ap.add_argument("--sizes", default="128,256,512")
     ap.add_argument("--repeats", type=int, default=5, help="matmul executes timed per size (best kept)")
+    ap.add_argument("--lstm-steps", type=int, default=256, help="steps of the lstm recurrence timed (0: none)")
     ap.add_argument("--models", default=",".join(MODELS), help=f"subset of {','.join(MODELS)}; empty for none")
     ap.add_argument("--e2e-repeats", type=int, default=2, help="processes per model and backend (best kept)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -88,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    result: dict = {"uptime": _uptime(), "backends": {}, "matmul_gflops": {}, "e2e_s": {}}
+    result: dict = {"uptime": _uptime(), "backends": {}, "matmul_gflops": {}, "lstm_us_per_step": {}, "e2e_s": {}}
     live = []
     for b in backends:
         ok, why = usable(b)
@@ -97,12 +129,14 @@ def main(argv: list[str] | None = None) -> int:
             live.append(b)
     for n in sizes:
         result["matmul_gflops"][n] = {b: round(matmul_gflops(b, n, args.repeats), 3) for b in live}
+    if args.lstm_steps > 0:
+        result["lstm_us_per_step"] = {b: round(lstm_us_per_step(b, args.lstm_steps, args.repeats), 2) for b in live}
     for m in models:
         result["e2e_s"][m] = {b: e2e_seconds(b, m, args.e2e_repeats) for b in live}
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
-    _print(result, live, sizes, models)
+    _print(result, live, sizes, models, args.lstm_steps)
     return 0
 
 
@@ -113,7 +147,7 @@ def _uptime() -> str:
         return "?"
 
 
-def _print(result: dict, live: list[str], sizes: list[int], models: list[str]) -> None:
+def _print(result: dict, live: list[str], sizes: list[int], models: list[str], lstm_steps: int) -> None:
     for b, state in result["backends"].items():
         if state != "usable":
             print(f"{b}: skipped ({state})")
@@ -125,13 +159,18 @@ def _print(result: dict, live: list[str], sizes: list[int], models: list[str]) -
         row = result["matmul_gflops"][n]
         print(f"{n:>6}" + "".join(f"{row[b]:>12.3f}" for b in live)
               + "".join(f"{row[base] / row[b]:>13.1f}x" for b in live[1:]))
+    if lstm_steps > 0 and live:
+        row = result["lstm_us_per_step"]
+        print(f"\nlstm recurrence (T={lstm_steps}, B=1, H=128), microseconds per step (best of repeats)\n{'':>6}{names}{slower}")
+        print(f"{'':>6}" + "".join(f"{row[b]:>12.2f}" for b in live)
+              + "".join(f"{row[b] / row[base]:>13.1f}x" for b in live[1:]))
     if models:
         print(f"\nend to end, elapsed_s of `flare run ... --json` (best of processes)\n{'model':>16}{names}{slower}")
         for m in models:
             row = result["e2e_s"][m]
             print(f"{m:>16}" + "".join(f"{row[b]:>12.4f}" for b in live)
                   + "".join(f"{row[b] / row[base]:>13.1f}x" for b in live[1:]))
-    print(f"\nload: {result['uptime']}")
+    print(f"\nload when the run started: {result['uptime']}")
 
 
 if __name__ == "__main__":
