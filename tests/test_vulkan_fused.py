@@ -22,7 +22,7 @@ from flare.graph import GraphBuilder
 from flare.ledger import LEDGER
 
 from flare.backends.vulkan import VulkanBackend
-from flare.backends.vulkan.testing import HandBound
+from flare.backends.vulkan.testing import MEMORY_KINDS, HandBound, memory_kind_device
 
 PROBE = VulkanBackend.probe()
 pytestmark = pytest.mark.skipif(not PROBE.usable, reason=f"Vulkan unusable here: {PROBE.reason}")
@@ -34,11 +34,7 @@ ACT_REF = {"none": lambda x: x, "relu": lambda x: np.maximum(x, 0.0), "sigmoid":
            "gelu": lambda x: 0.5 * x * (1 + _erf(x / math.sqrt(2)))}
 
 
-@pytest.fixture(scope="module", params=["mapped", "staged"])
-def dev(request):
-    (device,) = VulkanBackend.open_devices({"force_staging": request.param == "staged"})
-    yield device
-    device.close()
+dev = pytest.fixture(scope="module", params=MEMORY_KINDS)(memory_kind_device)  # mapped and staged memory
 
 
 def f32(*shape):

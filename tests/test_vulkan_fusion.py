@@ -19,18 +19,14 @@ from flare.ledger import LEDGER
 from flare.reference import evaluate
 
 from flare.backends.vulkan import VulkanBackend, fusion
-from flare.backends.vulkan.testing import HandBound
+from flare.backends.vulkan.testing import MEMORY_KINDS, HandBound, memory_kind_device
 
 PROBE = VulkanBackend.probe()
 pytestmark = pytest.mark.skipif(not PROBE.usable, reason=f"Vulkan unusable here: {PROBE.reason}")
 RNG = np.random.default_rng(7)
 
 
-@pytest.fixture(scope="module", params=["mapped", "staged"])
-def dev(request):
-    (device,) = VulkanBackend.open_devices({"force_staging": request.param == "staged"})
-    yield device
-    device.close()
+dev = pytest.fixture(scope="module", params=MEMORY_KINDS)(memory_kind_device)  # mapped and staged memory
 
 
 def f32(*shape):

@@ -24,7 +24,7 @@ from flare.graph import GraphBuilder
 from flare.ledger import LEDGER
 
 from flare.backends.vulkan import VulkanBackend
-from flare.backends.vulkan.testing import HandBound
+from flare.backends.vulkan.testing import MEMORY_KINDS, HandBound, memory_kind_device
 
 PROBE = VulkanBackend.probe()
 pytestmark = pytest.mark.skipif(not PROBE.usable, reason=f"Vulkan unusable here: {PROBE.reason}")
@@ -35,12 +35,7 @@ EXACT = (0.0, 0.0)
 RNG = np.random.default_rng(1234)
 
 
-@pytest.fixture(scope="module", params=["mapped", "staged"])
-def dev(request):
-    (device,) = VulkanBackend.open_devices({"force_staging": request.param == "staged"})
-    assert device.mapped == (request.param == "mapped")
-    yield device
-    device.close()
+dev = pytest.fixture(scope="module", params=MEMORY_KINDS)(memory_kind_device)  # mapped and staged memory
 
 
 def f32(*shape, lo=-2.0, hi=2.0):
@@ -194,18 +189,13 @@ def test_conv1d(dev, kw):
     check(got, conv1d_ref(x, w, **kw), ACC)
 
 
-def test_conv1d_taps_four_at_a_time():
+def test_conv1d_taps_four_at_a_time(dev):
     """An STFT-like conv (taps a multiple of 4, stride and padding multiples of 4): on a CPU
     driver the taps are read as vec4 (matmul_lanes.comp CONV_VEC), quads in the padding and
-    past the end included; on both memory kinds."""
+    past the end included."""
     x, w = f32(3, 2, 52), f32(9, 2, 16)
-    for staged in (False, True):
-        (device,) = VulkanBackend.open_devices({"force_staging": staged})
-        try:
-            got = run(device, lambda b: b.conv1d(b.input("x", x.shape), b.weight("w", w), stride=8, padding=4), {"x": x})
-        finally:
-            device.close()
-        check(got, conv1d_ref(x, w, stride=8, padding=4), ACC)
+    got = run(dev, lambda b: b.conv1d(b.input("x", x.shape), b.weight("w", w), stride=8, padding=4), {"x": x})
+    check(got, conv1d_ref(x, w, stride=8, padding=4), ACC)
 
 
 def lstm_ref(x, w, h, c):

@@ -8,7 +8,7 @@ it must do for the planner's arenas too.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -94,3 +94,23 @@ class HandBound:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+MEMORY_KINDS = ("mapped", "staged")
+
+
+def memory_kind_device(request: Any) -> Iterator[Device]:
+    """Body of a pytest fixture parametrized over `MEMORY_KINDS`: the first Vulkan device with
+    host-mapped memory (lavapipe's default) or with forced staging (device memory the host
+    cannot see, as on a discrete GPU); closed after the module.
+
+        dev = pytest.fixture(scope="module", params=MEMORY_KINDS)(memory_kind_device)
+    """
+    from .backend import VulkanBackend
+
+    (device,) = VulkanBackend.open_devices({"force_staging": request.param == "staged"})
+    try:
+        assert device.mapped == (request.param == "mapped")
+        yield device
+    finally:
+        device.close()
