@@ -27,10 +27,21 @@ import os
 import subprocess
 import sys
 import time
+from typing import Callable
 
 import numpy as np
 
 MODELS = {"minilm": ["minilm-l6"], "silero-offline": ["silero-vad", "--mode", "offline"]}
+
+
+def best_seconds(repeats: int, run: Callable[[], object]) -> float:
+    """The fastest of `repeats` timed calls of `run` (wall clock)."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def matmul_gflops(backend: str, n: int, repeats: int) -> float:
@@ -50,11 +61,7 @@ def matmul_gflops(backend: str, n: int, repeats: int) -> float:
         err = float(np.max(np.abs(got - x @ w.T)))
         if err > 1e-3:
             raise SystemExit(f"{backend}: matmul n={n} is wrong (max abs error {err:.2e})")
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            pg.execute("full", x=x)
-            best = min(best, time.perf_counter() - t0)
+        best = best_seconds(repeats, lambda: pg.execute("full", x=x))
     return 2.0 * n**3 / best / 1e9
 
 
@@ -78,11 +85,7 @@ def lstm_us_per_step(backend: str, steps: int, repeats: int, hidden: int = 128) 
         err = float(np.max(np.abs(got - OPS["lstm"].reference([x, w, h0, h0], {}))))
         if err > 1e-4:
             raise SystemExit(f"{backend}: lstm T={steps} is wrong (max abs error {err:.2e})")
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            pg.execute("full", x=x, h=h0, c=h0)
-            best = min(best, time.perf_counter() - t0)
+        best = best_seconds(repeats, lambda: pg.execute("full", x=x, h=h0, c=h0))
     return best / steps * 1e6
 
 

@@ -360,7 +360,7 @@ def _tiled(name: str, ta: TensorArg, tb: TensorArg, to: TensorArg, program: Spli
     else:
         tile = variants.pick(op, program.tuning, device, shape=(M, N))
         if isinstance(tile, variants.Lanes):
-            return _lanes(name, ta, tb, to, device, tile, conv, epi)
+            return _lanes(name, ta, tb, to, device, tile, (M, N, batch), mode, conv, epi)
     dts = (ta.binding.dtype, tb.binding.dtype, to.binding.dtype) + ((ids.binding.dtype,) if ids is not None else ())
     if not variants.fits(tile, device.info):
         if conv is not None or ids is not None:
@@ -385,15 +385,16 @@ def _conv_vec_ok(tb: TensorArg, conv: list[int]) -> bool:
 
 
 def _lanes(name: str, ta: TensorArg, tb: TensorArg, to: TensorArg, device: Any, lanes: "variants.Lanes",
-           conv: list[int] | None, epi: Epilogue) -> Dispatch:
-    """matmul_lanes.comp: a TM x TN block per invocation straight from the buffers (CPU drivers)."""
-    M = ta.shape[2]
+           dims: tuple[int, int, int], mode: int, conv: list[int] | None, epi: Epilogue) -> Dispatch:
+    """matmul_lanes.comp: a TM x TN block per invocation straight from the buffers (CPU drivers).
+    `dims` (M, N, batch) and `mode` (A_VEC, B_VEC, CONV) as `_tiled` derived them for matmul.comp;
+    the lane kernel's own layout bits are added here: CONV_VEC, and B_NVEC where b is not
+    contiguous along k but is along n."""
+    M, N, batch = dims
     if conv is not None:
-        N, batch = to.shape[1] * to.shape[3], 1
-        mode = (1 if _vec_ok(ta, 3) else 0) | 4 | (8 if _conv_vec_ok(tb, conv) else 0)
-    else:
-        N, batch = to.shape[3], to.shape[0] * to.shape[1]
-        mode = (1 if _vec_ok(ta, 3) else 0) | (2 if _vec_ok(tb, 2) else 16 if _vec_ok(tb, 3) else 0)
+        mode |= 8 if _conv_vec_ok(tb, conv) else 0
+    elif not mode & 2 and _vec_ok(tb, 3):
+        mode |= 16
     dts = (ta.binding.dtype, tb.binding.dtype, to.binding.dtype)
     groups = (-(-N // (lanes.wg * lanes.tn)), -(-M // lanes.tm), batch)
     _check_grid(groups, device)
@@ -701,7 +702,7 @@ def supports(node: Tensor, device: Any) -> bool:
     if node.op == "rope" and node.srcs[0].shape[-1] % 2:
         return False
     if node.op == "lstm":
-        _, hcap, private = _lstm_shape(node, device)
+        hcap = _lstm_shape(node, device)[1]
         shared = 4 * 3 * hcap  # h twice (double-buffered) and c
         if node.srcs[1].shape[1] > LSTM_MAX_HIDDEN or shared > device.info.max_shared_memory:
             return False
