@@ -1,19 +1,25 @@
-"""Package layout: the design puts the import package `flare` in `core/` and
-its plugin subpackages in sibling folders; setuptools needs that mapping
-spelled out, and the subpackage list is found here so nobody keeps it by hand."""
+"""Package layout: `flare` is a namespace package spread over four folders,
+each holding one layer under its own name (core/flare/core, backends/flare/backends,
+plugins/flare/plugins, models/flare/models). Putting the four folders on the path is
+all an editor, import-linter or a plain `PYTHONPATH=core:backends:plugins:models`
+needs to follow every import; setuptools is told where each layer lives so the wheel
+and an editable install hold the same modules."""
 from setuptools import find_namespace_packages, setup
 
-ROOTS = {
-    "flare": "core",
-    "flare.plugins": "plugins",
-    "flare.backends": "backends",
-    "flare.models": "models",
-}
+LAYERS = ("core", "backends", "plugins", "models")
 
 packages = []
-for package, folder in ROOTS.items():
-    packages.append(package)
+package_dir = {}
+for layer in LAYERS:
+    root = f"flare.{layer}"
+    package_dir[root] = f"{layer}/flare/{layer}"
+    packages.append(root)
     # namespace discovery also lists data folders (shaders/, kernels/, data/) so their files ship
-    packages += [f"{package}.{sub}" for sub in find_namespace_packages(folder, exclude=["*__pycache__*"])]
+    packages += [f"{root}.{sub}" for sub in
+                 find_namespace_packages(f"{layer}/flare/{layer}", exclude=["*__pycache__*"])]
 
-setup(packages=packages, package_dir=ROOTS)
+# `flare.session` (core/flare/session/): the quickstart's import path before the runtime
+# moved to `flare.core`, kept so existing code keeps working
+packages.append("flare.session")
+package_dir["flare.session"] = "core/flare/session"
+setup(packages=packages, package_dir=package_dir)

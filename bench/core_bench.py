@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from flare.session import Session
+from flare.core.session import Session
 
 
 def encoder_builder(layers: int, hidden: int, heads: int, ffn: int, seed: int = 0):

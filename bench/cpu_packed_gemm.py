@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from flare.backends.cpu.native import commands
-from flare.session import Session
+from flare.core.session import Session
 
 SHAPES = ((384, 384), (1536, 384), (384, 1536))  # Q/K/V/output, intermediate, output.dense
 

@@ -20,13 +20,13 @@ import time
 
 import numpy as np
 
-from flare.backend import SplitProgram
-from flare.graph import GraphBuilder
-from flare.reference import evaluate
+from flare.core.backend import SplitProgram
+from flare.core.graph import GraphBuilder
+from flare.core.reference import evaluate
 
 from flare.backends.cuda.driver import call
-from flare.backends.cuda.graph_exec import CudaGraphSplit
-from flare.plugins.testing.cuda_emu.devices import bind_graph, open_device
+from flare.backends.cuda.split import CudaGraphSplit
+from flare.backends.cuda_emu.devices import bind_graph, open_device
 
 
 def build(blocks: int, rows: int, dim: int):

@@ -28,12 +28,12 @@ import time
 
 import numpy as np
 
-from flare.backend import SplitProgram
-from flare.graph import GraphBuilder
+from flare.core.backend import SplitProgram
+from flare.core.graph import GraphBuilder
 
 from flare.backends.cuda import lowering
 
-from flare.plugins.testing.cuda_emu.devices import bind_graph, open_device
+from flare.backends.cuda_emu.devices import bind_graph, open_device
 
 
 def time_variants(dev, graph, inputs, names, repeats):

@@ -46,7 +46,7 @@ def best_seconds(repeats: int, run: Callable[[], object]) -> float:
 
 def matmul_gflops(backend: str, n: int, repeats: int) -> float:
     """GFLOPS of a prepared one-matmul graph on `backend` (best of `repeats`)."""
-    from flare.session import Session
+    from flare.core.session import Session
 
     rng = np.random.default_rng(n)
     w = (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32)
@@ -67,8 +67,8 @@ def matmul_gflops(backend: str, n: int, repeats: int) -> float:
 
 def lstm_us_per_step(backend: str, steps: int, repeats: int, hidden: int = 128) -> float:
     """Microseconds per step of a prepared one-`lstm` graph (batch 1) on `backend`."""
-    from flare.ops import OPS
-    from flare.session import Session
+    from flare.core.ops import OPS
+    from flare.core.session import Session
 
     rng = np.random.default_rng(steps)
     w = (rng.uniform(-1, 1, (4 * hidden, hidden)) / np.sqrt(hidden)).astype(np.float32)
@@ -91,7 +91,7 @@ def lstm_us_per_step(backend: str, steps: int, repeats: int, hidden: int = 128) 
 
 def e2e_seconds(backend: str, model: str, repeats: int) -> float:
     """Best `elapsed_s` of `flare run <model> --backend <backend> --json` over fresh processes."""
-    cmd = [sys.executable, "-m", "flare.cli", "run", *MODELS[model], "--backend", backend, "--json"]
+    cmd = [sys.executable, "-m", "flare.core.cli", "run", *MODELS[model], "--backend", backend, "--json"]
     best = float("inf")
     for _ in range(repeats):
         proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
@@ -102,7 +102,7 @@ def e2e_seconds(backend: str, model: str, repeats: int) -> float:
 
 
 def usable(backend: str) -> tuple[bool, str]:
-    from flare.session import Session
+    from flare.core.session import Session
     try:
         with Session([backend]):
             return True, ""

@@ -22,7 +22,7 @@ from flare.models.minilm import numpy_reference
 from flare.models.minilm.runner import MiniLM
 from flare.models.minilm.tokenize import encode, pad_batch
 from flare.models.minilm.weights import all_weights
-from flare.session import Session
+from flare.core.session import Session
 
 
 def timed(fn, repeats: int) -> tuple[np.ndarray, float]:

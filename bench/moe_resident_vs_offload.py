@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from flare.ledger import LEDGER
+from flare.core.ledger import LEDGER
 from flare.models.moe_lm import MoeLM, encode, get_config
 from flare.models.moe_lm import weights as moe_weights
 

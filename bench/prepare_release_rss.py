@@ -26,9 +26,9 @@ def main() -> None:
     ap.add_argument("--cycles", type=int, default=300)
     ap.add_argument("--backend", default="cpu")
     args = ap.parse_args()
-    from flare.ledger import LEDGER
+    from flare.core.ledger import LEDGER
     from flare.models.silero_vad.runner import SileroVad
-    from flare.session import Session
+    from flare.core.session import Session
 
     audio = np.zeros(16000, np.float32)
     with Session(args.backend.split(",")) as sess:

@@ -41,7 +41,7 @@ def workload(n: int, new_tokens: int, gap: float):
 def run_once(core_path: Path, mixed: bool, requests) -> dict:
     from flare.plugins.export import LoadOptions, load_core
     from flare.plugins.export.runtime import CoreRuntime
-    from flare.ledger import LEDGER
+    from flare.core.ledger import LEDGER
     from flare.plugins.export.serving import Engine, Batcher
 
     t0 = time.perf_counter()

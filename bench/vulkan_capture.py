@@ -21,8 +21,8 @@ import time
 
 import numpy as np
 
-from flare.backend import SplitProgram
-from flare.graph import GraphBuilder
+from flare.core.backend import SplitProgram
+from flare.core.graph import GraphBuilder
 from flare.backends.vulkan import VulkanBackend
 from flare.backends.vulkan.testing import HandBound
 

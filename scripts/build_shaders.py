@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _shaderbuild():
-    """Load backends/vulkan/shaderbuild.py by path: works without installing Flare."""
-    path = ROOT / "backends" / "vulkan" / "shaderbuild.py"
+    """Load backends/flare/backends/vulkan/shaderbuild.py by path: works without installing Flare."""
+    path = ROOT / "backends" / "flare" / "backends" / "vulkan" / "shaderbuild.py"
     spec = importlib.util.spec_from_file_location("flare_vulkan_shaderbuild", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -18,6 +18,6 @@ $PY -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q "$work"/dist/flare_runtime-*.whl "pytest>=8" "hypothesis>=6.100" "vulkan>=1.3.275"
 cd "$work"   # away from the source tree, so only the wheel can be imported
 "$work/venv/bin/flare" backends
-"$work/venv/bin/python" -c "import flare, pathlib; p = pathlib.Path(flare.__file__).parent; print('installed at', p); assert 'site-packages' in str(p)"
+"$work/venv/bin/python" -c "import flare.core, pathlib; p = pathlib.Path(flare.core.__file__).parent; print('installed at', p); assert 'site-packages' in str(p)"
 "$work/venv/bin/python" -m pytest -q -p no:cacheprovider --pyargs flare.plugins.testing.conformance --backends=cpu --require-backends
 echo "wheel check passed"

@@ -111,8 +111,7 @@ if ! "$PY" -m pip install -q --no-index --no-deps --no-build-isolation "$ROOT" >
     echo "wheel build failed (log above): using a symlink tree with generated entry points instead"
     SITE="$VENV_SITE"
     mkdir -p "$SITE/flare"
-    for f in core/*; do ln -sfn "$ROOT/$f" "$SITE/flare/$(basename "$f")"; done
-    for sub in plugins backends models; do ln -sfn "$ROOT/$sub" "$SITE/flare/$sub"; done
+    for sub in core plugins backends models; do ln -sfn "$ROOT/$sub/flare/$sub" "$SITE/flare/$sub"; done
     "$PY" - "$SITE" <<'EOF'
 import sys, tomllib, pathlib
 site = pathlib.Path(sys.argv[1])
@@ -172,12 +171,12 @@ TESTS="$ROOT/tests"
 
 # --- 3. probe and tests ------------------------------------------------------------------
 step probe 30 "" "$PY" -c '
-from flare.plugin_manager import get_plugin_manager
+from flare.core.plugin_manager import get_plugin_manager
 for name, spec in get_plugin_manager().backends().items():
     r = spec.backend.probe()
     state = "usable" if r.usable else "UNUSABLE"
     print(f"{name}: {state} - {r.reason}")
-from flare.backends.cuda.device import CudaBackend
+from flare.backends.cuda.backend import CudaBackend
 raise SystemExit(0 if CudaBackend.probe().usable else 1)
 '
 # (--require-backends takes an optional value: always give it one, or it eats the next path)

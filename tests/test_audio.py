@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from flare.models.silero_vad.audio import AudioError, load_audio, read_wav, resample, to_mono
-from flare.errors import InputError
+from flare.core.errors import InputError
 
 
 def riff(fmt: bytes, data: bytes, *, data_size: int | None = None, extra: bytes = b"") -> bytes:

@@ -122,7 +122,7 @@ def test_pair_must_share_model_and_request_options(tmp_path):
 
 def test_an_unusable_backend_is_named_before_anything_runs(tmp_path):
     from flare.plugins.bench.config import check_usable
-    from flare.plugin_manager import get_plugin_manager
+    from flare.core.plugin_manager import get_plugin_manager
 
     spec = get_plugin_manager().backends().get("cuda")
     if spec is None or spec.backend.probe().usable:

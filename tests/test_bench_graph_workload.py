@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from flare.plugin_manager import get_plugin_manager, hookimpl
+from flare.core.plugin_manager import get_plugin_manager, hookimpl
 from flare.plugins.bench import parse_config, run_bench
 from flare.plugins.bench.workload import forget_workloads
-from flare.specs import ModelGraph, ModelSpec
+from flare.core.specs import ModelGraph, ModelSpec
 
 W = np.random.default_rng(3).standard_normal((8, 8)).astype(np.float32)
 

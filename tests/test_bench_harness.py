@@ -12,7 +12,7 @@ from flare.plugins.bench import testing as fake
 from flare.plugins.bench.compare import compare_outputs
 from flare.plugins.bench.order import abba, pairs
 from flare.plugins.bench.report import SCHEMA, to_json
-from flare.cli import main
+from flare.core.cli import main
 
 fake.register()   # the bench-fake workload
 

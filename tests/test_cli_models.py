@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from flare.cli import main
-from flare.plugin_manager import get_plugin_manager, hookimpl
-from flare.specs import ModelGraph, ModelSpec
+from flare.core.cli import main
+from flare.core.plugin_manager import get_plugin_manager, hookimpl
+from flare.core.specs import ModelGraph, ModelSpec
 
 W = np.random.default_rng(5).standard_normal((8, 8)).astype(np.float32)
 

@@ -13,8 +13,8 @@ import warnings
 import numpy as np
 import pytest
 
-from flare.errors import ReleasedError
-from flare.ledger import LEDGER
+from flare.core.errors import ReleasedError
+from flare.core.ledger import LEDGER
 
 RNG = np.random.default_rng(14)
 W = RNG.standard_normal((16, 8)).astype(np.float32)

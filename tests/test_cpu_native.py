@@ -11,12 +11,12 @@ import pytest
 
 from flare.backends.cpu import native
 from flare.plugins.testing.conformance.cases import CASES, FUSED_CASES, case_entry, case_expected
-from flare.ledger import LEDGER
-from flare.session import Session
+from flare.core.ledger import LEDGER
+from flare.core.session import Session
 
 # cases the native path hands to NumPy on purpose (f16 operands of BLAS calls, f32 -> f16 casts)
 # f16 operands of matmul / mul_mat_id and casts to f16 take the NumPy kernel by design (the C
-# executor's GEMMs are f32; see backends/cpu/README.md); every other case must run in C
+# executor's GEMMs are f32; see backends/flare/backends/cpu/README.md); every other case must run in C
 NUMPY_BY_DESIGN = {c.id for c in CASES if (c.op in ("matmul", "mul_mat_id") and "f16" in c.id)} | {"cast_f32_f16"}
 needs_native = pytest.mark.skipif(native.load() is None, reason=f"native CPU executor unavailable: {native.REASON}")
 
@@ -177,7 +177,7 @@ def test_threads_config_sets_the_blas():
 
 
 def test_threads_must_be_a_positive_whole_number(monkeypatch):
-    from flare.errors import InputError
+    from flare.core.errors import InputError
 
     with pytest.raises(InputError, match="threads.*between 1 and 4096"):
         Session(["cpu"], config={"cpu": {"threads": 0}})

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from flare.backends.cpu.kernels import VARIANTS
-from flare.ledger import LEDGER
+from flare.core.ledger import LEDGER
 from flare.plugins.testing.conformance.cases import CASES, case_entry, case_expected
-from flare.session import Session
+from flare.core.session import Session
 
 PAIRS = [(c, v) for c in CASES if c.op in VARIANTS for v in VARIANTS[c.op]]
 

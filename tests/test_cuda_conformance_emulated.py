@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from flare.plugins.testing.cuda_emu.devices import open_device
+from flare.backends.cuda_emu.devices import open_device
 
 
 def test_conformance_suite_passes_on_the_emulated_cuda_device(tmp_path):

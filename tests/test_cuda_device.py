@@ -12,15 +12,15 @@ import ctypes
 import numpy as np
 import pytest
 
-from flare.backend import Binding, SplitProgram
-from flare.dtypes import to_numpy
-from flare.errors import AllocationError, ReleasedError
-from flare.graph import GraphBuilder
-from flare.ledger import LEDGER
+from flare.core.backend import Binding, SplitProgram
+from flare.core.dtypes import to_numpy
+from flare.core.errors import AllocationError, ReleasedError
+from flare.core.graph import GraphBuilder
+from flare.core.ledger import LEDGER
 
 from flare.backends.cuda import device as device_module
 from flare.backends.cuda.driver import CudaError
-from flare.plugins.testing.cuda_emu.devices import KINDS, bind_graph, device_for_test, open_device
+from flare.backends.cuda_emu.devices import KINDS, bind_graph, device_for_test, open_device
 
 
 @pytest.fixture(params=KINDS)
@@ -75,7 +75,7 @@ def mlp_graph(n=4, d=8):
 
 
 def reference(graph, x):
-    from flare.reference import evaluate
+    from flare.core.reference import evaluate
 
     return evaluate(graph, {"x": x})[0]["y"]
 
@@ -341,7 +341,7 @@ def test_supports_kernels_and_views_but_not_host_callbacks():
 def test_direct_construction_initialises_the_driver(emu):
     """CudaDevice calls cuInit itself: a real driver refuses cuDeviceGet before it."""
     from flare.backends.cuda.device import CudaDevice
-    from flare.plugins.testing.cuda_emu.host_driver import HostDriver
+    from flare.backends.cuda_emu.host_driver import HostDriver
 
     driver = HostDriver(emu.driver.library)
     assert int(driver.cuDeviceGet(0)[0]) != 0  # the stand-in enforces the order, as the driver does

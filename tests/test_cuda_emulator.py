@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("cuda.bindings")
 from flare.backends.cuda.args import KArgs  # noqa: E402
 from flare.backends.cuda.compiler import KernelSource  # noqa: E402
-from flare.plugins.testing.cuda_emu.emulator import EmulationError, build_library, host_compiler  # noqa: E402
+from flare.backends.cuda_emu.emulator import EmulationError, build_library, host_compiler  # noqa: E402
 
 PROBES = r'''
 #include "common.cuh"

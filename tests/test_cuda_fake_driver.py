@@ -1,7 +1,7 @@
 """The CUDA backend over the REAL cuda-bindings, with a stand-in libcuda.so.1 instead of a GPU.
 
 `HostDriver` (used by the `emulated` tests) replaces the bindings; here the
-bindings load a small C driver (flare.plugins.testing.cuda_emu.fake_libcuda.c)
+bindings load a small C driver (flare.backends.cuda_emu.fake_libcuda.c)
 through LD_LIBRARY_PATH, resolve its entry points with cuGetProcAddress_v2 and
 call them with C arguments, so argument types, out-parameters and result
 unpacking of every driver call are checked without a GPU. Kernels run in the
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("cuda.bindings")
-from flare.plugins.testing.cuda_emu import fake_driver  # noqa: E402
-from flare.plugins.testing.cuda_emu.emulator import host_compiler  # noqa: E402
+from flare.backends.cuda_emu import fake_driver  # noqa: E402
+from flare.backends.cuda_emu.emulator import host_compiler  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 
@@ -64,10 +64,10 @@ def test_driver_discipline_and_no_leaks(env):
 from cuda.bindings import driver
 assert driver.cuDeviceGet(0)[0] == driver.CUresult.CUDA_ERROR_NOT_INITIALIZED
 import numpy as np
-from flare.backends.cuda.device import CudaBackend
-from flare.graph import GraphBuilder
-from flare.session import Session
-from flare.plugins.testing.cuda_emu.fake_driver import live
+from flare.backends.cuda.backend import CudaBackend
+from flare.core.graph import GraphBuilder
+from flare.core.session import Session
+from flare.backends.cuda_emu.fake_driver import live
 verdict = CudaBackend.probe()
 assert verdict.usable and "stand-in" in verdict.reason, verdict.reason
 w = np.random.default_rng(0).standard_normal((33, 24)).astype(np.float32)

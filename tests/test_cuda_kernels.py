@@ -2,7 +2,7 @@
 
 Two devices: `gpu` (skipped with the probe's reason where there is none) and
 `emulated`, the real CudaDevice over a host stand-in driver with the kernel
-sources compiled as C++ (flare.plugins.testing.cuda_emu.emulator). The emulated run uses
+sources compiled as C++ (flare.backends.cuda_emu.emulator). The emulated run uses
 exactly the launch plans a GPU captures and replays, so kernel logic, argument
 layout, strides/broadcast and dtypes are checked on any machine; the GPU run
 adds the real driver and the GPU's arithmetic.
@@ -15,14 +15,14 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from flare.backend import Binding, SplitProgram
-from flare.dtypes import itemsize, to_numpy
-from flare.graph import GraphBuilder
-from flare.ledger import LEDGER
+from flare.core.backend import Binding, SplitProgram
+from flare.core.dtypes import itemsize, to_numpy
+from flare.core.graph import GraphBuilder
+from flare.core.ledger import LEDGER
 
 from flare.backends.cuda import lowering
 from flare.backends.cuda.compiler import kernel_sources
-from flare.plugins.testing.cuda_emu.devices import KINDS, bind_graph, device_for_test, open_device
+from flare.backends.cuda_emu.devices import KINDS, bind_graph, device_for_test, open_device
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -59,7 +59,7 @@ def run_graph(dev, graph, inputs, state=None, tuning=None, kernels=None):
 
 
 def check(dev, graph, inputs, state=None, rtol=2e-5, atol=2e-5, tuning=None, kernels=None):
-    from flare.reference import evaluate
+    from flare.core.reference import evaluate
 
     want_out, want_state = evaluate(graph, inputs, state)
     got_out, got_state = run_graph(dev, graph, inputs, state, tuning, kernels)
@@ -330,7 +330,7 @@ def test_kernels_match_reference(device, name):
 
 
 def test_every_registered_op_has_a_kernel_or_is_a_view():
-    from flare.ops import OPS
+    from flare.core.ops import OPS
 
     missing = sorted(op for op in OPS if op != "host" and not OPS[op].fused and op not in lowering.LOWERINGS)
     assert not missing, f"ops without a CUDA lowering: {missing}"
@@ -498,9 +498,9 @@ def test_top_k_sorts_rows_in_pieces(device, n, k):
 def test_export_tuning_times_the_cuda_variants(monkeypatch):
     """The exporter's tuning (flare.plugins.export.tuning) times CUDA's kernel variants through a
     Session on cuda-emu and records a choice; every variant computes the same result."""
-    from flare.plugin_manager import PluginManager
+    from flare.core.plugin_manager import PluginManager
     from flare.plugins.export import tuning
-    from flare.session import Session
+    from flare.core.session import Session
 
     probe, why = open_device("emulated")
     if probe is None:
@@ -560,11 +560,11 @@ def test_empty_matmuls_launch_nothing(device):
     check(device, b.build(), {"x": f32(2, 8), "v": f32(2, 8), "ids": np.array([[0], [2]], np.int32)}, kernels=used)
     assert not used
 
-# ---- fused ops (flare.ops.fused): chains merged by the fusion pass, every kernel path of each ----
+# ---- fused ops (flare.core.ops.fused): chains merged by the fusion pass, every kernel path of each ----
 
 def _fused(b, ops):
     """The built graph with every chain fused (as prepare does where the device supports it)."""
-    from flare.fusion import fuse
+    from flare.core.fusion import fuse
 
     graph = b.build()
     done = fuse(graph, lambda node, chain: True)
@@ -629,7 +629,7 @@ def test_fused_attention(device):
 
 
 def test_attention_beyond_the_shared_rows_is_left_unfused():
-    from flare.fusion import fuse
+    from flare.core.fusion import fuse
 
     for keys, supported in ((5000, False), (4096, True)):
         b = GraphBuilder()

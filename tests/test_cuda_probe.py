@@ -115,8 +115,8 @@ def test_real_probe_of_this_machine_says_why():
 
 
 def test_backend_probe_matches_the_facts():
-    from flare.backends.cuda.device import CudaBackend
-    from flare.errors import BackendUnavailable
+    from flare.backends.cuda.backend import CudaBackend
+    from flare.core.errors import BackendUnavailable
 
     verdict = CudaBackend.probe()
     if not verdict.usable:
@@ -141,7 +141,7 @@ def test_plugin_imports_and_probes_without_cuda_bindings():
 
 def test_emulated_backend_is_registered_only_on_request(monkeypatch):
     from flare.backends.cuda import plugin as cuda_plugin
-    from flare.plugins.testing.cuda_emu import plugin
+    from flare.backends.cuda_emu import plugin
 
     monkeypatch.delenv("FLARE_CUDA_EMULATE", raising=False)
     assert [s.name for s in plugin.flare_backends()] == []
@@ -154,8 +154,8 @@ def test_the_cuda_backend_never_imports_the_emulator():
     """The host emulator is a testing plugin: importing and probing the backend leaves it unloaded."""
     code = (
         "import sys\n"
-        "import flare.backends.cuda.plugin, flare.backends.cuda.device, flare.backends.cuda.lowering\n"
-        "flare.backends.cuda.device.CudaBackend.probe()\n"
+        "import flare.backends.cuda.plugin, flare.backends.cuda.device, flare.backends.cuda.backend, flare.backends.cuda.lowering\n"
+        "flare.backends.cuda.backend.CudaBackend.probe()\n"
         "bad = [m for m in sys.modules if m.startswith('flare.plugins.testing')]\n"
         "assert not bad, bad\n"
         "print('ok')\n"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-import flare
+import flare.core
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 PACKAGES = {"flare-backend-mirror": "flare_mirror", "flare-model-tiny": "flare_tiny_moe"}
@@ -62,17 +62,17 @@ def venv(tmp_path_factory: pytest.TempPathFactory):
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", *map(str, dist.glob("*.whl"))],
                    check=True, cwd=root)
     env = {k: v for k, v in os.environ.items() if k != "FLARE_DISABLE_PLUGIN_AUTOLOAD"}
-    where = subprocess.run([str(py), "-c", "import flare, flare_mirror, flare_tiny_moe as m; "
-                            "print(flare.__file__); print(m.__file__)"],
+    where = subprocess.run([str(py), "-c", "import flare.core, flare_mirror, flare_tiny_moe as m; "
+                            "print(flare.core.__file__); print(m.__file__)"],
                            check=True, capture_output=True, text=True, env=env, cwd=root).stdout.split()
-    assert where[0] == flare.__file__, "the venv must import the Flare under test"
+    assert where[0] == flare.core.__file__, "the venv must import the Flare under test"
     assert str(root / "venv") in where[1], "the example must be imported from its installed wheel"
     return py, env, src
 
 
 def _flare(venv, *args: str, rc: int = 0) -> subprocess.CompletedProcess:
     py, env, src = venv
-    done = subprocess.run([str(py), "-m", "flare.cli", *args], capture_output=True, text=True, env=env, cwd=src)
+    done = subprocess.run([str(py), "-m", "flare.core.cli", *args], capture_output=True, text=True, env=env, cwd=src)
     assert done.returncode == rc, done.stderr[-2000:]
     return done
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from flare.cli import main, report_error
-from flare.errors import RUN_FAILED, USAGE, AllocationError, CoreFormatError, InputError, exit_code
+from flare.core.cli import main, report_error
+from flare.core.errors import RUN_FAILED, USAGE, AllocationError, CoreFormatError, InputError, exit_code
 
 
 @pytest.mark.parametrize("argv, what", [

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flare.cli import main
+from flare.core.cli import main
 
 
 def test_export_then_run(tmp_path: Path, capsys) -> None:

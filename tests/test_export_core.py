@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flare.errors import CoreFormatError, FlareError
+from flare.core.errors import CoreFormatError, FlareError
 from flare.plugins.export import LoadOptions, SelectionError, export_core, load_core
 from flare.plugins.export.files import tree_digest
 from flare.plugins.export.runtime import CoreRuntime
@@ -184,7 +184,7 @@ def test_tuned_variants_are_what_the_cpu_device_runs(moe: Path) -> None:
     """The catalog's choices reach the CPU splits: a `packed` choice allocates the
     transposed weight in a buffer of the split (ledger tag cpu:packed), and every
     variant computes the default kernel's result up to rounding."""
-    from flare.ledger import LEDGER
+    from flare.core.ledger import LEDGER
 
     core = load_core(moe)
     with CoreRuntime(core) as rt:

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flare.errors import CoreFormatError
+from flare.core.errors import CoreFormatError
 from flare.plugins.export import LoadOptions, export_core, load_core
 from flare.plugins.export.files import sha256_file, tree_digest
 from flare.plugins.export.testing import ToyLM

@@ -1,4 +1,4 @@
-"""The fusion pass (flare.fusion): random fusable chains give what the unfused graph gives,
+"""The fusion pass (flare.core.fusion): random fusable chains give what the unfused graph gives,
 and chains that must not fuse (shared intermediates, outputs, unsupported) are left alone."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flare.backends.cpu import native
-from flare.fusion import fuse
-from flare.graph import GraphBuilder
-from flare.reference import evaluate
-from flare.session import Session
+from flare.core.fusion import fuse
+from flare.core.graph import GraphBuilder
+from flare.core.reference import evaluate
+from flare.core.session import Session
 
 needs_native = pytest.mark.skipif(native.load() is None, reason=f"native CPU executor unavailable: {native.REASON}")
 # matmul tolerance of the conformance suite (ACCUM); the epilogue adds one f32 rounding per step

@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flare.errors import FlareError
+from flare.core.errors import FlareError
 from flare.models.silero_vad.audio import AudioError, load_audio
 from flare.plugins.export import export_core
 from flare.plugins.export.files import sha256_file, tree_digest

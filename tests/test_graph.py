@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from flare.errors import DTypeError, GraphError, ShapeError
-from flare.graph import Graph, GraphBuilder, Tensor
-from flare.reference import evaluate
+from flare.core.errors import DTypeError, GraphError, ShapeError
+from flare.core.graph import Graph, GraphBuilder, Tensor
+from flare.core.reference import evaluate
 
 
 def test_shape_mismatch_names_the_node():

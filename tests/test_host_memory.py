@@ -14,8 +14,8 @@ import warnings
 import numpy as np
 import pytest
 
-from flare.ledger import LEDGER
-from flare.session import Session
+from flare.core.ledger import LEDGER
+from flare.core.session import Session
 
 CYCLES = 1000
 RSS_BUDGET = 5 << 20

@@ -6,12 +6,12 @@ import json
 import numpy as np
 import pytest
 
-from flare.ledger import LEDGER
+from flare.core.ledger import LEDGER
 from flare.models.minilm import numpy_reference as R
 from flare.models.minilm.runner import MiniLM, split_placement
 from flare.models.minilm.tokenize import encode, pad_batch
 from flare.models.minilm.weights import all_weights, load_config
-from flare.session import Session
+from flare.core.session import Session
 
 QUICKSTART = ["The weather is lovely today.", "It's so sunny outside!", "He drove to the stadium."]
 EXPECTED = np.array([[1.0, 0.6660, 0.1046], [0.6660, 1.0, 0.1411], [0.1046, 0.1411, 1.0]])
@@ -121,7 +121,7 @@ def test_encoder_and_head_on_two_devices_equal_one_device():
 
 
 def test_plugin_registered_and_cli(capsys):
-    from flare.plugin_manager import PluginManager
+    from flare.core.plugin_manager import PluginManager
 
     spec = PluginManager().models()["minilm-l6"]
     assert set(spec.graph({}).entries) == {"embed", "embed_packed"}
@@ -140,7 +140,7 @@ def test_plugin_registered_and_cli(capsys):
 def test_text_that_is_not_utf8_is_refused_not_replaced():
     """The decision (docs/design.md, "Input boundaries"): invalid bytes are an InputError
     naming the sentence and byte, from bytes and from surrogate-escaped command-line text."""
-    from flare.errors import InputError
+    from flare.core.errors import InputError
     from flare.models.minilm.tokenize import check_text
 
     assert check_text(["ok", b"caf\xc3\xa9"]) == ["ok", "café"]

@@ -1,4 +1,4 @@
-"""The ONNX graph of all-MiniLM-L6-v2 (models/minilm/onnx_export.py), run by onnxruntime,
+"""The ONNX graph of all-MiniLM-L6-v2 (models/flare/models/minilm/onnx_export.py), run by onnxruntime,
 gives Flare's embeddings within 1e-5: the bench's onnxruntime peer computes the same model."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ pytest.importorskip("onnxruntime")
 from flare.models.minilm import onnx_export  # noqa: E402
 from flare.models.minilm.runner import MiniLM  # noqa: E402
 from flare.models.minilm.tokenize import encode, pad_batch  # noqa: E402
-from flare.session import Session  # noqa: E402
+from flare.core.session import Session  # noqa: E402
 
 SENTENCES = ["The weather is lovely today.", "It's so sunny outside!", "He drove to the stadium.",
              "A much longer sentence, so that the batch has padding in the shorter rows of it."]

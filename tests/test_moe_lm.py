@@ -7,7 +7,7 @@ import io
 import numpy as np
 import pytest
 
-from flare.errors import ModelError
+from flare.core.errors import ModelError
 from flare.models.moe_lm import MoeLM, Sampling, SeqChunk, encode, get_config, make_inputs
 from flare.models.moe_lm import weights as moe_weights
 from flare.models.moe_lm.numpy_reference import forward
@@ -128,8 +128,8 @@ def test_context_overflow_and_bad_tokens_are_model_errors(resident):
 
 
 def test_vulkan_matches_cpu_within_tolerance(tiny_path, resident):
-    from flare.errors import BackendUnavailable
-    from flare.session import Session
+    from flare.core.errors import BackendUnavailable
+    from flare.core.session import Session
 
     try:
         session = Session(["vulkan", "cpu"])
@@ -176,7 +176,7 @@ def test_cli_streams_tokens(monkeypatch, tmp_path):
 def test_plugin_registers_model_spec(monkeypatch, tmp_path):
     monkeypatch.setenv("FLARE_CACHE_DIR", str(tmp_path))
     from flare.models.moe_lm import plugin
-    from flare.plugin_manager import PluginManager
+    from flare.core.plugin_manager import PluginManager
 
     pm = PluginManager(autoload=False, groups=("flare.backends",))
     pm.register(plugin, name="moe-test")
@@ -184,7 +184,7 @@ def test_plugin_registers_model_spec(monkeypatch, tmp_path):
     assert set(spec.graph({}).entries) == {"prefill", "decode", "mixed"}
     assert spec.run is not None and spec.stage_experts is not None and spec.placement is not None
     from flare.models.moe_lm import MoeLM
-    from flare.session import Session
+    from flare.core.session import Session
 
     with Session(["cpu"], plugins=pm) as session:  # the runtime binds the registered staging callback
         model = MoeLM.load("tiny", experts="offload", session=session)
@@ -195,10 +195,10 @@ def test_plugin_registers_model_spec(monkeypatch, tmp_path):
 
 
 def test_reference_evaluator_runs_the_offload_graph_with_the_stager(offload):
-    """flare.reference.evaluate serves the host node with the same callback (its ctx offers write_rows)."""
-    from flare.graph import GraphBuilder
+    """flare.core.reference.evaluate serves the host node with the same callback (its ctx offers write_rows)."""
+    from flare.core.graph import GraphBuilder
     from flare.models.moe_lm.graph import STAGE_CALLBACK, GraphSpec, build_step, input_shapes
-    from flare.reference import evaluate
+    from flare.core.reference import evaluate
 
     cfg = offload.cfg
     stager = type(offload.stager)(cfg, offload.stager.source, offload.slots, trace=True)

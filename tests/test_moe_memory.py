@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flare.ledger import LEDGER
+from flare.core.ledger import LEDGER
 from flare.models.moe_lm import MoeLM, Sampling, encode, get_config
 from flare.models.moe_lm import weights as moe_weights
 

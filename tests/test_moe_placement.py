@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flare.errors import PlacementError
+from flare.core.errors import PlacementError
 from flare.models.moe_lm import MoeLM, encode, get_config
 from flare.models.moe_lm import weights as moe_weights
 from flare.models.moe_lm.cli import parser
 from flare.models.moe_lm.placement import Placement, parse_layer_map
-from flare.session import Session
+from flare.core.session import Session
 
 
 @pytest.fixture(scope="module")

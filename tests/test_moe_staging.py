@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from flare.errors import ModelError
+from flare.core.errors import ModelError
 from flare.models.moe_lm import ExpertCacheError, ExpertStager, MoeLM, SeqChunk, encode, get_config
 from flare.models.moe_lm import weights as moe_weights
 from flare.models.moe_lm.batch import pow2_chunks
@@ -217,8 +217,8 @@ def test_prefetch_changes_timing_not_outputs(tiny_path):
 
 
 def test_prefetch_refuses_device_caches(tiny_path):
-    from flare.errors import BackendUnavailable
-    from flare.session import Session
+    from flare.core.errors import BackendUnavailable
+    from flare.core.session import Session
 
     try:
         session = Session(["vulkan", "cpu"])

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flare.errors import AllocationError, PlacementError
-from flare.graph import GraphBuilder
-from flare.ledger import LEDGER
-from flare.reference import evaluate
-from flare.session import Session
+from flare.core.errors import AllocationError, PlacementError
+from flare.core.graph import GraphBuilder
+from flare.core.ledger import LEDGER
+from flare.core.reference import evaluate
+from flare.core.session import Session
 
 
 @pytest.fixture(autouse=True)

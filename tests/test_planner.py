@@ -8,13 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flare.errors import AllocationError
-from flare.graph import GraphBuilder
-from flare.ledger import LEDGER
-from flare.ops import OPS
-from flare.planner import END, Interval, check_no_overlap, plan_device
-from flare.reference import evaluate
-from flare.session import Session
+from flare.core.errors import AllocationError
+from flare.core.graph import GraphBuilder
+from flare.core.ledger import LEDGER
+from flare.core.ops import OPS
+from flare.core.planner import END, Interval, check_no_overlap, plan_device
+from flare.core.reference import evaluate
+from flare.core.session import Session
 
 UNARY = ["relu", "tanh", "sigmoid", "neg", "layer_norm", "softmax"]
 BINARY = ["add", "sub", "mul"]
@@ -182,7 +182,7 @@ def random_intervals(draw):
 @settings(max_examples=200, deadline=None)
 @given(random_intervals())
 def test_both_strategies_never_overlap_and_the_smaller_wins(ivs):
-    from flare.planner import _plan_greedy_by_size, _plan_walking
+    from flare.core.planner import _plan_greedy_by_size, _plan_walking
 
     walked = _plan_walking("cpu:0", ivs, 64, 1 << 30)
     check_no_overlap(walked, ivs)

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flare.errors import PluginError
-from flare.plugin_manager import PluginManager, hookimpl
-from flare.specs import BackendSpec, ModelSpec
-from flare.backends.cpu.device import CpuBackend
-from flare.session import Session
+from flare.core.errors import PluginError
+from flare.core.plugin_manager import PluginManager, hookimpl
+from flare.core.specs import BackendSpec, ModelSpec
+from flare.backends.cpu.backend import CpuBackend
+from flare.core.session import Session
 
 
 class DupPlugin:
@@ -139,10 +139,11 @@ THIRD_PARTY = {
     """,
     "flare_mirror.py": '''
         """A third-party backend: Flare's CPU kernels behind a device of its own name."""
-        from flare.backend import ProbeResult
-        from flare.backends.cpu.device import CpuBackend, CpuDevice
-        from flare.plugin_manager import hookimpl
-        from flare.specs import BackendSpec
+        from flare.core.backend import ProbeResult
+        from flare.backends.cpu.backend import CpuBackend
+        from flare.backends.cpu.device import CpuDevice
+        from flare.core.plugin_manager import hookimpl
+        from flare.core.specs import BackendSpec
 
         class MirrorDevice(CpuDevice):
             backend = "mirror"
@@ -183,7 +184,7 @@ def test_third_party_backend_distribution(tmp_path: Path):
     py = sys.executable
     env = {k: v for k, v in os.environ.items() if k != "FLARE_DISABLE_PLUGIN_AUTOLOAD"}
     env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
-    listing = subprocess.run([py, "-m", "flare.cli", "backends", "--json"], capture_output=True, text=True,
+    listing = subprocess.run([py, "-m", "flare.core.cli", "backends", "--json"], capture_output=True, text=True,
                              check=True, env=env)
     backends = {b["name"]: b for b in json.loads(listing.stdout)["backends"]}
     assert backends["mirror"]["usable"] and backends["mirror"]["version"] == "0.3.0"

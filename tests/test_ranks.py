@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover
 ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
        "OMPI_MCA_rmaps_base_oversubscribe": "1", "FLARE_DISABLE_PLUGIN_AUTOLOAD": "1",
        "COLUMNS": "1000"}  # one error per line
-MAIN = "import sys; from flare.cli import main; sys.exit(main(sys.argv[1:]))"
+MAIN = "import sys; from flare.core.cli import main; sys.exit(main(sys.argv[1:]))"
 REQUESTS = "\n".join(json.dumps(r) for r in [
     {"id": "a", "prompt": "Hello world", "max_new_tokens": 8},
     {"id": "b", "prompt": "The quick brown fox", "max_new_tokens": 6},

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flare.errors import CoreFormatError
-from flare.graph import GraphBuilder
-from flare.reference import evaluate
-from flare.serialize import builder_from_dict, graph_from_dict, graph_to_dict
-from flare.session import Session
+from flare.core.errors import CoreFormatError
+from flare.core.graph import GraphBuilder
+from flare.core.reference import evaluate
+from flare.core.serialize import builder_from_dict, graph_from_dict, graph_to_dict
+from flare.core.session import Session
 
 W = np.random.default_rng(5).uniform(-1, 1, (6, 4)).astype(np.float32)
 

@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("prometheus_client")
 
-from flare.errors import CoreFormatError  # noqa: E402
-from flare.ledger import LEDGER  # noqa: E402
+from flare.core.errors import CoreFormatError  # noqa: E402
+from flare.core.ledger import LEDGER  # noqa: E402
 from flare.plugins.export import LoadOptions, SelectionError, export_core, load_core  # noqa: E402
 from flare.plugins.export.runtime import CoreRuntime  # noqa: E402
 from flare.plugins.export.serving import Batcher, Engine, Request  # noqa: E402

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 
 from flare.models.silero_vad.audio import load_audio
-from flare.ledger import LEDGER
-from flare.ops import OPS
+from flare.core.ledger import LEDGER
+from flare.core.ops import OPS
 from flare.models.silero_vad import numpy_reference as R
 from flare.models.silero_vad import weights as W
 from flare.models.silero_vad.cli import SAMPLE
 from flare.models.silero_vad.runner import SileroVad, split_placement
 from flare.models.silero_vad.segments import VadParams, segments, speech_timestamps
-from flare.session import Session
+from flare.core.session import Session
 
 ort = pytest.importorskip("onnxruntime")
 TOL = 1e-4
@@ -237,7 +237,7 @@ def test_frontend_and_head_on_two_devices_equal_one_device(sample):
 
 # -- plugin and command line ---------------------------------------------------------------
 def test_plugin_is_registered_and_prepares():
-    from flare.plugin_manager import PluginManager
+    from flare.core.plugin_manager import PluginManager
 
     spec = PluginManager().models()["silero-vad"]
     assert set(spec.graph({}).entries) == {"stream", "offline"} and spec.run is not None

@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flare.backend import Binding, SplitProgram
-from flare.errors import AllocationError, FlareError, ReleasedError
-from flare.graph import GraphBuilder, Tensor, contiguous_strides
-from flare.ledger import LEDGER
+from flare.core.backend import Binding, SplitProgram
+from flare.core.errors import AllocationError, FlareError, ReleasedError
+from flare.core.graph import GraphBuilder, Tensor, contiguous_strides
+from flare.core.ledger import LEDGER
 
 from flare.backends.vulkan import VulkanBackend
 from flare.backends.vulkan.device import ENV_FORCE_STAGING

@@ -1,12 +1,12 @@
-"""The fused ops of flare.ops.fused on Vulkan: chains built unfused and merged by the fusion
-pass (flare.fusion), shaped so every kernel path of the fused lowering runs: the tiled matmul (batch stacked into rows, or
+"""The fused ops of flare.core.ops.fused on Vulkan: chains built unfused and merged by the fusion
+pass (flare.core.fusion), shaped so every kernel path of the fused lowering runs: the tiled matmul (batch stacked into rows, or
 batched on the z grid when the residual's batches are not stacked rows), the matvec kernel
 (few rows; few columns, operands swapped), the row kernel for norm_affine, and attention.comp
 (one workgroup per query row, the scores in shared memory). Odd sizes
 (not multiples of any tile), strided operands; mapped memory and forced staging.
 
 References are written here in float64 from docs/ops.md (gelu with math.erf), so they check
-flare.ops' own. Tolerance ACC (rtol 1e-4, atol 1e-5), as for matmul and norms in
+flare.core.ops' own. Tolerance ACC (rtol 1e-4, atol 1e-5), as for matmul and norms in
 test_vulkan_ops.py: f32 sums of <= 45 terms in another order than NumPy's; the epilogue adds
 one rounding per step and gelu's erfc has 1.2e-7 relative error.
 """
@@ -17,9 +17,9 @@ import math
 import numpy as np
 import pytest
 
-from flare.fusion import fuse
-from flare.graph import GraphBuilder
-from flare.ledger import LEDGER
+from flare.core.fusion import fuse
+from flare.core.graph import GraphBuilder
+from flare.core.ledger import LEDGER
 
 from flare.backends.vulkan import VulkanBackend
 from flare.backends.vulkan.testing import MEMORY_KINDS, HandBound, memory_kind_device

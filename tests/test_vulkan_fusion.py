@@ -1,8 +1,8 @@
-"""Chained elementwise dispatches (backends/vulkan/fusion.py, shaders/eltwise_chain.comp).
+"""Chained elementwise dispatches (backends/flare/backends/vulkan/fusion.py, shaders/eltwise_chain.comp).
 
 Each graph runs on lavapipe, mapped and with forced staging, bound by hand into one arena
 (so chains must tell regions of one buffer apart), and is compared with the NumPy
-reference (flare.reference) at rtol 1e-5, atol 1e-6 (one f32 rounding per node, a few ulp
+reference (flare.core.reference) at rtol 1e-5, atol 1e-6 (one f32 rounding per node, a few ulp
 of exp/tanh: the same tolerance as the unchained kernels), and bit for bit with the
 unchained split. The dispatch counts show where chains form and where the rule of
 fusion.py must break them: a read of an earlier output at other elements (a slice, a
@@ -13,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flare.backend import SplitProgram
-from flare.graph import GraphBuilder
-from flare.ledger import LEDGER
-from flare.reference import evaluate
+from flare.core.backend import SplitProgram
+from flare.core.graph import GraphBuilder
+from flare.core.ledger import LEDGER
+from flare.core.reference import evaluate
 
 from flare.backends.vulkan import VulkanBackend, fusion
 from flare.backends.vulkan.testing import MEMORY_KINDS, HandBound, memory_kind_device
@@ -145,7 +145,7 @@ def test_no_chains_on_a_device_with_few_storage_buffer_bindings(dev):
     b.output("out", b.tanh(b.exp(b.input("x", (2, 3)))))
     g = b.build()
     with HandBound(dev, g) as hb:
-        from flare.backends.vulkan import kernels
+        from flare.backends.vulkan import lowering as kernels
         ds = [d for n in g.nodes for d in kernels.lower(n, SplitProgram(dev, g.nodes, hb.bindings), dev)]
         assert len(fusion.chain_elementwise(ds, 4)) == 2
         assert len(fusion.chain_elementwise(ds)) == 1

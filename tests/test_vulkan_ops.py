@@ -1,5 +1,5 @@
 """Every op of docs/ops.md on the Vulkan backend against a NumPy reference written here from
-the doc's semantics (not from flare.ops, so the two references check each other).
+the doc's semantics (not from flare.core.ops, so the two references check each other).
 
 Each graph runs on two devices: mapped memory (lavapipe's default) and forced staging
 (device memory the host cannot see, as on a discrete GPU). All tensors of a graph sit
@@ -20,8 +20,8 @@ import math
 import numpy as np
 import pytest
 
-from flare.graph import GraphBuilder
-from flare.ledger import LEDGER
+from flare.core.graph import GraphBuilder
+from flare.core.ledger import LEDGER
 
 from flare.backends.vulkan import VulkanBackend
 from flare.backends.vulkan.testing import MEMORY_KINDS, HandBound, memory_kind_device
@@ -405,8 +405,8 @@ def test_chain_of_fifty_nodes_with_barriers_only_where_needed(dev):
 
 
 def test_every_registry_op_has_a_kernel_or_is_a_view():
-    from flare.ops import OPS
-    from flare.backends.vulkan import kernels
+    from flare.core.ops import OPS
+    from flare.backends.vulkan import lowering as kernels
 
     missing = sorted(set(OPS) - set(kernels.LOWER) - {"host"})  # host: Python; fused ops too (test_vulkan_fused.py)
     assert not missing, f"ops without a Vulkan lowering: {missing}"

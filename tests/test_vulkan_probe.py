@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from flare.errors import BackendUnavailable
+from flare.core.errors import BackendUnavailable
 from flare.backends.vulkan import VulkanBackend, loader
 
 PROBE = VulkanBackend.probe()
@@ -68,7 +68,7 @@ def test_no_icd_is_named():
 
 @needs_vulkan
 def test_probe_lists_devices_and_plugin_is_registered():
-    from flare.plugin_manager import get_plugin_manager
+    from flare.core.plugin_manager import get_plugin_manager
 
     assert PROBE.devices and all(d.startswith("vulkan:") for d in PROBE.devices)
     assert PROBE.devices[0] in PROBE.reason

@@ -1,9 +1,9 @@
-"""Every kernel variant (workgroup / tile sizes, backends/vulkan/variants.py) on lavapipe.
+"""Every kernel variant (workgroup / tile sizes, backends/flare/backends/vulkan/variants.py) on lavapipe.
 
 The conformance suite runs each op with the device's default variant; here each variant a
 tuning profile may name is forced through `SplitProgram.tuning`, so the GPU variants
 (several subgroups per workgroup, shared-memory combination, 256-invocation tiles) are
-checked on the CPU driver too, against the NumPy reference (flare.reference), with odd
+checked on the CPU driver too, against the NumPy reference (flare.core.reference), with odd
 sizes that cross tile edges. Also: the tuned variant really is the one dispatched, a
 variant the device cannot run falls back, and the kernel profile setting.
 Tolerance: rtol 1e-4, atol 1e-5 (f32 sums in another order; see conformance/cases.py).
@@ -13,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flare.backend import SplitProgram
-from flare.graph import GraphBuilder
-from flare.ledger import LEDGER
-from flare.reference import evaluate
+from flare.core.backend import SplitProgram
+from flare.core.graph import GraphBuilder
+from flare.core.ledger import LEDGER
+from flare.core.reference import evaluate
 
 from flare.backends.vulkan import VulkanBackend, variants
 from flare.backends.vulkan.testing import HandBound

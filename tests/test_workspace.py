@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flare.backend import Binding
-from flare.errors import AllocationError, ReleasedError
-from flare.ledger import LEDGER
-from flare.session import Session
-from flare.backends.cpu.device import CpuBackend, CpuDevice
+from flare.core.backend import Binding
+from flare.core.errors import AllocationError, ReleasedError
+from flare.core.ledger import LEDGER
+from flare.core.session import Session
+from flare.backends.cpu.backend import CpuBackend
+from flare.backends.cpu.device import CpuDevice
 
 RNG = np.random.default_rng(3)
 W = RNG.uniform(-1, 1, (32, 32)).astype(np.float32)
@@ -140,9 +141,9 @@ class RecordingBackend(CpuBackend):
 
 
 def test_release_order_captures_then_buffers_then_workspace():
-    from flare.plugin_manager import PluginManager
-    from flare.specs import BackendSpec
-    from flare.plugin_manager import hookimpl
+    from flare.core.plugin_manager import PluginManager
+    from flare.core.specs import BackendSpec
+    from flare.core.plugin_manager import hookimpl
 
     class Plugin:
         @hookimpl

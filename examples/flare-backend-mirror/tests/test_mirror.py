@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flare.errors import AllocationError, BackendUnavailable
-from flare.ledger import LEDGER
-from flare.plugin_manager import get_plugin_manager
-from flare.session import Session
+from flare.core.errors import AllocationError, BackendUnavailable
+from flare.core.ledger import LEDGER
+from flare.core.plugin_manager import get_plugin_manager
+from flare.core.session import Session
 from flare_mirror import __version__
 from flare_mirror.device import ALIGNMENT, MirrorBackend
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flare.errors import ModelError
-from flare.plugin_manager import get_plugin_manager
-from flare.session import Session
+from flare.core.errors import ModelError
+from flare.core.plugin_manager import get_plugin_manager
+from flare.core.session import Session
 from flare_tiny_moe.model import TOP_K, weights
 from flare_tiny_moe.staging import ExpertCacheError
 

@@ -24,13 +24,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from flare.backend import (Backend, Binding, BufferType, Device, MemoryInfo, PreparedSplit, ProbeResult,
+from flare.core.backend import (Backend, Binding, BufferType, Device, MemoryInfo, PreparedSplit, ProbeResult,
                            SplitProgram, numpy_view)
 from flare.backends.cpu.kernels import KERNELS
-from flare.errors import AllocationError, BackendUnavailable, ReleasedError
-from flare.graph import Tensor
-from flare.ledger import LEDGER
-from flare.ops import OPS
+from flare.core.errors import AllocationError, BackendUnavailable, ReleasedError
+from flare.core.graph import Tensor
+from flare.core.ledger import LEDGER
+from flare.core.ops import OPS
 
 ALIGNMENT = 256               # byte alignment of every offset the planner hands out
 MAX_BUFFER = 256 << 20        # the largest single buffer; larger arenas are planned in chunks

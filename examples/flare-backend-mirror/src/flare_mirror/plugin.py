@@ -5,8 +5,8 @@ backend class itself opens nothing until `open_devices` is called.
 """
 from __future__ import annotations
 
-from flare.plugin_manager import hookimpl
-from flare.specs import BackendSpec
+from flare.core.plugin_manager import hookimpl
+from flare.core.specs import BackendSpec
 
 from . import __version__
 from .device import MirrorBackend

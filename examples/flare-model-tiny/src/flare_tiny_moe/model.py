@@ -25,9 +25,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from flare.errors import ModelError
-from flare.graph import GraphBuilder, Tensor
-from flare.specs import STAGE_EXPERTS
+from flare.core.errors import ModelError
+from flare.core.graph import GraphBuilder, Tensor
+from flare.core.specs import STAGE_EXPERTS
 
 D_MODEL, D_FF, N_EXPERTS, TOP_K = 16, 32, 16, 2
 RESIDENT, OFFLOAD = "resident", "offload"

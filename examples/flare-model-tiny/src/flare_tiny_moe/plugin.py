@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from flare.plugin_manager import hookimpl
-from flare.specs import ModelGraph, ModelSpec
+from flare.core.plugin_manager import hookimpl
+from flare.core.specs import ModelGraph, ModelSpec
 
 from . import __version__
 from .model import EXPERT_TENSORS, RESIDENT, D_MODEL, TinyConfig, build_forward, placement, weights

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from flare.errors import ModelError
+from flare.core.errors import ModelError
 
 from .model import EXPERT_TENSORS, N_EXPERTS, TOP_K, TinyConfig
 

@@ -1,0 +1,165 @@
+"""CPU devices: arenas are NumPy byte arrays; kernels write into views of them.
+
+Several *logical* CPU devices (`cpu:0`, `cpu:1`, ...) can be opened, each with
+its own ledger name and optional memory limit, so multi-backend scheduling,
+copies and real out-of-memory are testable on a machine with no GPU.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+from flare.core.backend import Binding, BufferType, Device, MemoryInfo, PreparedSplit, SplitProgram, numpy_view
+from flare.core.errors import AllocationError
+from flare.core.graph import Tensor
+from flare.core.ledger import LEDGER
+from flare.core.ops import OPS
+from flare.core.ops.fused import FUSED_OPS
+
+from . import native as native_mod
+from .kernels import KERNELS, VARIANTS
+from .native.compile import compile_native
+from .native.packing import PackCache
+from .split import CpuSplit
+
+ALIGNMENT = 64
+# Fused ops the C executor takes. Not `attention`: a per-head C kernel measured 1.2-2.7x slower
+# than the unfused matmul / softmax / matmul commands (MiniLM b32 heads, moe decode), so the
+# chain stays unfused on the CPU.
+NATIVE_FUSED = ("linear", "norm_affine")
+def _physical_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class CpuDevice(Device):
+    backend = "cpu"
+
+    def __init__(self, name: str, memory_limit: int | None = None, max_buffer: int | None = None,
+                 native: bool = True, threads: int | None = None):
+        super().__init__(name, priority=0)
+        self.memory_limit = memory_limit
+        self.max_buffer = max_buffer
+        self.native = native_mod.load() if native else None
+        self.native_reason = native_mod.REASON if native else "disabled by the device config (native = false)"
+        self.threads = threads
+        self._views: dict[int, dict[tuple, np.ndarray]] = {}  # id(buffer handle) -> binding key -> view
+        self.packs = PackCache(lambda nbytes, tag: self.alloc(nbytes, tag=tag))
+
+    def buffer_type(self) -> BufferType:
+        limit = self.max_buffer or self.memory_limit or (1 << 62)
+        return BufferType("cpu", ALIGNMENT, limit)
+
+    def memory(self) -> MemoryInfo:
+        if self.memory_limit is not None:
+            return MemoryInfo(max(0, self.memory_limit - LEDGER.live_bytes(self.name)), self.memory_limit)
+        avail = _physical_available()
+        return MemoryInfo(avail, avail + LEDGER.live_bytes(self.name))
+
+    def _alloc_raw(self, nbytes: int) -> np.ndarray:
+        try:
+            # over-allocate by the alignment so the first byte can be aligned
+            raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+        except MemoryError:
+            raise AllocationError(self.name, nbytes, self.memory().free, "host out of memory") from None
+        start = (-raw.ctypes.data) % ALIGNMENT
+        return raw[start: start + nbytes]
+
+    def _free_raw(self, handle: Any) -> None:
+        self._views.pop(id(handle), None)  # the array itself is dropped with the Buffer's reference
+
+    def host_view(self, binding: Binding) -> np.ndarray:
+        """A cached strided view: execute writes inputs and reads outputs through the same
+        bindings every call, and building an as_strided view costs more than the copy."""
+        handle = binding.buffer.handle
+        views = self._views.get(id(handle))
+        if views is None:
+            views = self._views.setdefault(id(handle), {})
+        key = (binding.offset, binding.shape, binding.strides, binding.dtype)
+        view = views.get(key)
+        if view is None:
+            view = views[key] = numpy_view(handle, binding)
+        return view
+
+    def write(self, binding: Binding, array: np.ndarray) -> None:
+        np.copyto(self.host_view(binding), array, casting="same_kind")
+
+    def read_into(self, binding: Binding, out: np.ndarray) -> None:
+        np.copyto(out, self.host_view(binding))
+
+    def fill_zero(self, binding: Binding) -> None:
+        self.host_view(binding).fill(0)
+
+    def supports(self, node: Tensor) -> bool:
+        if node.op in FUSED_OPS:  # only the native executor has fused kernels worth fusing for
+            return self.native is not None and node.op in NATIVE_FUSED and all(s.dtype == "f32" for s in node.srcs)
+        return node.op in KERNELS
+
+    def kernel_variants(self, op: str) -> tuple[str, ...]:
+        return tuple(VARIANTS.get(op, ()))
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info["executor"] = "native" if self.native is not None else f"numpy ({self.native_reason})"
+        if self.native is not None:
+            info["blas"] = self.native.blas.path
+            info["blas_threads"] = self.native.blas.threads()
+            # constant weights copied into the packed-panel layout (native/packing.py), shared by all plans
+            info["prepacked_bytes"] = self.packs.nbytes()
+        return info
+
+    def compile(self, program: SplitProgram) -> PreparedSplit:
+        """The native command list when the C executor is loaded, else NumPy closures."""
+        if self.native is not None:
+            return compile_native(self, self.native, program)
+        return self.compile_numpy(program)
+
+    def numpy_step(self, program: SplitProgram, node: Tensor, owned: list[Any]) -> Callable[[], None]:
+        """Bind a node's NumPy kernel (or the tuned variant `program.tuning[op]`) to arena views."""
+        kern = KERNELS[node.op]
+        out = self.host_view(program.binding(node))
+        srcs = [self.host_view(program.binding(s)) for s in node.srcs]
+        variant = program.tuning.get(node.op)
+        if variant is not None and variant in VARIANTS.get(node.op, {}):
+            kern = VARIANTS[node.op][variant]
+            if variant == "packed":
+                srcs = self._pack(node, srcs, owned)
+        return _bind(kern, out, srcs, node.params)
+
+    def compile_numpy(self, program: SplitProgram) -> CpuSplit:
+        steps, owned = [], []
+        try:
+            for node in program.nodes:
+                if OPS[node.op].view is None:  # views alias their source: nothing to run
+                    steps.append(self.numpy_step(program, node, owned))
+        except BaseException:
+            for buf in owned:
+                buf.release()
+            raise
+        return CpuSplit(steps, owned)
+
+    def _pack(self, node: Tensor, srcs: list[np.ndarray], owned: list[Any]) -> list[np.ndarray]:
+        """`packed` matmul: a constant right operand stored transposed, once, in a buffer of the split."""
+        from flare.core.graph import WEIGHT
+        if not node.params.get("transpose_b") or node.srcs[1].storage.role != WEIGHT:
+            return [srcs[0], np.swapaxes(srcs[1], -1, -2) if node.params.get("transpose_b") else srcs[1]]
+        packed_t = np.ascontiguousarray(np.swapaxes(srcs[1], -1, -2), np.float32)
+        buf = self.alloc(packed_t.nbytes, tag=f"cpu:packed:{node.srcs[1].name}")
+        owned.append(buf)
+        view = buf.handle[: packed_t.nbytes].view(np.float32).reshape(packed_t.shape)
+        view[...] = packed_t
+        return [srcs[0], view]
+
+
+def _bind(kern, out, srcs, params) -> Callable[[], None]:
+    return lambda: kern(out, srcs, params)
+
+

@@ -1,0 +1,75 @@
+"""The native CPU executor: a split runs as one call into C (kernels.c).
+
+`load()` builds the kernels once (cffi API mode, cached by source hash),
+installs the BLAS NumPy uses, and returns the `Native` handle, or None with
+`REASON` saying why the NumPy path is used instead (FLARE_CPU_NATIVE=0, no
+cffi, no compiler, no BLAS found).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .blas import Blas, find_blas
+
+_CDEF = """
+typedef struct {
+    int32_t kind; int32_t flags; void *out; void *src[4];
+    int64_t ne[4]; int64_t os[4]; int64_t ss[4][4]; int64_t ip[8]; double fp[4]; void *scratch;
+} flare_cmd;
+void flare_set_blas(void *sgemm, void *sgemv, int ilp64);
+int64_t flare_run(const flare_cmd *cmds, int64_t n, int32_t *err);
+int32_t flare_kind_count(void);
+int32_t flare_packed_isa(int32_t want);
+"""
+
+
+@dataclass
+class Native:
+    lib: Any
+    ffi: Any
+    blas: Blas
+
+
+PACKED_ISAS = ("plain C", "AVX2", "AVX-512")  # flare_packed_isa's return values
+_NATIVE: Native | None = None
+_TRIED = False
+REASON = "not loaded yet"
+
+
+def enabled_by_env() -> bool:
+    return os.environ.get("FLARE_CPU_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def load() -> Native | None:
+    """The native executor, or None (see REASON). Built and loaded once per process."""
+    global _NATIVE, _TRIED, REASON
+    if not enabled_by_env():
+        REASON = "disabled by FLARE_CPU_NATIVE=0"
+        return None
+    if _TRIED:
+        return _NATIVE
+    _TRIED = True
+    try:
+        from .build import build
+        from ..lowering import KINDS
+        module = build("_flare_native", (Path(__file__).parent / "kernels.c").read_text(), _CDEF)
+        blas = find_blas()
+        if blas is None:
+            REASON = "no OpenBLAS with cblas_sgemm found in this process or numpy.libs"
+            return None
+        if module.lib.flare_kind_count() != len(KINDS):
+            REASON = "kernels.c and commands.py disagree on the kernel ids"
+            return None
+        module.lib.flare_set_blas(module.ffi.cast("void *", blas.sgemm), module.ffi.cast("void *", blas.sgemv),
+                                  int(blas.ilp64))
+        _NATIVE = Native(module.lib, module.ffi, blas)
+        isa = PACKED_ISAS[module.lib.flare_packed_isa(-1)]
+        REASON = f"C kernels (cffi, packed-weight microkernel {isa}), BLAS {os.path.basename(blas.path)}"
+    except ImportError as exc:
+        REASON = f"cffi is not installed ({exc})"
+    except Exception as exc:  # no compiler, read-only cache...: the NumPy path still works
+        REASON = f"could not build the C kernels: {type(exc).__name__}: {exc}"
+    return _NATIVE

@@ -1,0 +1,897 @@
+/* Flare's native CPU executor: a split is a list of commands replayed by one call.
+ *
+ * Every command carries raw pointers into the arena (or weights), a 4-D output
+ * shape and 4-D element strides for the output and each source, already
+ * broadcast and coalesced by the Python side (backends/flare/backends/cpu/native/commands.py).
+ * Kernels are plain loops the compiler vectorizes; matmuls go to the BLAS whose
+ * sgemm/sgemv pointers flare_set_blas() installed.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Hot loops are compiled for several vector widths and picked at load time (GCC's
+ * target_clones + ifunc), so one portable build still uses AVX2/AVX-512 where present. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define HOT __attribute__((target_clones("default", "avx2", "avx512f")))
+#else
+#define HOT
+#endif
+
+typedef struct {
+    int32_t kind;
+    int32_t flags;
+    void *out;
+    void *src[4];
+    int64_t ne[4];
+    int64_t os[4];
+    int64_t ss[4][4];
+    int64_t ip[8];
+    double fp[4];
+    void *scratch;
+} flare_cmd;
+
+enum {
+    K_COPY4 = 0, K_COPY2, K_COPY8,
+    K_ADD, K_SUB, K_MUL, K_DIV,
+    K_SCALE, K_RELU, K_SIGMOID, K_SILU, K_GELU, K_TANH, K_EXP, K_SQRT, K_NEG, K_SQR,
+    K_MATMUL, K_LAYER_NORM, K_RMS_NORM, K_SOFTMAX, K_GET_ROWS, K_ROPE, K_CONV1D, K_PAD,
+    K_SUM, K_MEAN, K_MAX, K_ARGMAX, K_TOP_K, K_GATHER, K_MUL_MAT_ID, K_SET_ROWS,
+    K_CAST_F32_I32, K_CAST_I32_F32, K_CAST_F16_F32,
+    /* fused */
+    K_LINEAR, K_NORM_AFFINE,
+    K_LSTM,
+    K_COUNT
+};
+
+enum { ERR_NONE = 0, ERR_INDEX = 1, ERR_KIND = 2, ERR_NOBLAS = 3 };
+
+/* CBLAS, row-major only. Two integer widths: the OpenBLAS NumPy ships is ILP64. */
+typedef void (*sgemm64_t)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t,
+                          const float *, int64_t, float, float *, int64_t);
+typedef void (*sgemv64_t)(int, int, int64_t, int64_t, float, const float *, int64_t, const float *, int64_t,
+                          float, float *, int64_t);
+typedef void (*sgemm32_t)(int, int, int, int, int, int, float, const float *, int,
+                          const float *, int, float, float *, int);
+typedef void (*sgemv32_t)(int, int, int, int, float, const float *, int, const float *, int,
+                          float, float *, int);
+static void *g_sgemm = 0, *g_sgemv = 0;
+static int g_ilp64 = 1;
+
+void flare_set_blas(void *sgemm, void *sgemv, int ilp64) { g_sgemm = sgemm; g_sgemv = sgemv; g_ilp64 = ilp64; }
+
+enum { ROW = 101, NT = 111, TR = 112 };
+
+static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                 const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    if (g_ilp64) ((sgemm64_t)g_sgemm)(ROW, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+    else ((sgemm32_t)g_sgemm)(ROW, ta, tb, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+}
+
+/* y[0..m) = A[m, n] x (A row-major with leading dim lda, or its transpose) */
+static void gemv(int ta, int64_t m, int64_t n, const float *a, int64_t lda, const float *x, int64_t incx,
+                 float beta, float *y, int64_t incy) {
+    if (g_ilp64) ((sgemv64_t)g_sgemv)(ROW, ta, m, n, 1.0f, a, lda, x, incx, beta, y, incy);
+    else ((sgemv32_t)g_sgemv)(ROW, ta, (int)m, (int)n, 1.0f, a, (int)lda, x, (int)incx, beta, y, (int)incy);
+}
+
+/* ---- elementwise ------------------------------------------------------------ */
+/* exp without a libm call, so loops over it vectorize: 2^n * p(r) with x = n ln2 + r, |r| <= ln2/2,
+ * p a degree-6 Taylor polynomial (relative error < 2e-7 plus the rounding of the reduction);
+ * below -87.3 it is 0 and above 88.7 inf (where f32 exp underflows / overflows anyway). */
+static inline __attribute__((always_inline)) float vexp(float x0) {
+    const float x = x0 < -87.3f ? -87.3f : (x0 > 88.7f ? 88.7f : x0);
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest */
+    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union { int32_t i; float f; } scale = { .i = ((int32_t)n + 127) << 23 };
+    const float y = p * scale.f;
+    return x0 < -87.3f ? 0.0f : (x0 > 88.7f ? INFINITY : y);
+}
+/* erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7), vectorizable */
+static inline __attribute__((always_inline)) float verf(float x) {
+    const float a = __builtin_fabsf(x);
+    const float t = 1.0f / (1.0f + 0.3275911f * a);
+    const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+    const float y = 1.0f - poly * vexp(-a * a);
+    return x < 0.0f ? -y : y;
+}
+static inline __attribute__((always_inline)) float gelu_f(float x) { return 0.5f * x * (1.0f + verf(x * 0.7071067811865476f)); }
+static inline __attribute__((always_inline)) float sigmoid_f(float x) { return 1.0f / (1.0f + vexp(-x)); }
+/* tanh(x) = sign(x) (1 - 2 / (exp(2|x|) + 1)); near 0 the absolute error stays ~1e-7 */
+static inline __attribute__((always_inline)) float vtanh(float x) {
+    const float e = vexp(2.0f * __builtin_fabsf(x));
+    const float y = 1.0f - 2.0f / (e + 1.0f);
+    return x < 0.0f ? -y : y;
+}
+
+#define OUTER3(c) for (int64_t i0 = 0; i0 < (c)->ne[0]; ++i0) for (int64_t i1 = 0; i1 < (c)->ne[1]; ++i1) \
+    for (int64_t i2 = 0; i2 < (c)->ne[2]; ++i2)
+#define OFF(st, c) (i0 * (st)[0] + i1 * (st)[1] + i2 * (st)[2])
+
+#define BINARY(NAME, EXPR) \
+HOT static void NAME(const flare_cmd *c) { \
+    const int64_t n = c->ne[3], os = c->os[3], as = c->ss[0][3], bs = c->ss[1][3]; \
+    OUTER3(c) { \
+        float *o = (float *)c->out + OFF(c->os, c); \
+        const float *a = (const float *)c->src[0] + OFF(c->ss[0], c); \
+        const float *b = (const float *)c->src[1] + OFF(c->ss[1], c); \
+        if (os == 1 && as == 1 && bs == 1) { for (int64_t j = 0; j < n; ++j) { float x = a[j], y = b[j]; o[j] = EXPR; } } \
+        else if (os == 1 && as == 1 && bs == 0) { const float y = b[0]; for (int64_t j = 0; j < n; ++j) { float x = a[j]; o[j] = EXPR; } } \
+        else { for (int64_t j = 0; j < n; ++j) { float x = a[j * as], y = b[j * bs]; o[j * os] = EXPR; } } \
+    } \
+}
+BINARY(k_add, x + y)
+BINARY(k_sub, x - y)
+BINARY(k_mul, x * y)
+BINARY(k_div, x / y)
+
+#define UNARY(NAME, EXPR) \
+HOT static void NAME(const flare_cmd *c) { \
+    const int64_t n = c->ne[3], os = c->os[3], as = c->ss[0][3]; \
+    const float p0 = (float)c->fp[0], p1 = (float)c->fp[1]; (void)p0; (void)p1; \
+    OUTER3(c) { \
+        float *o = (float *)c->out + OFF(c->os, c); \
+        const float *a = (const float *)c->src[0] + OFF(c->ss[0], c); \
+        if (os == 1 && as == 1) { for (int64_t j = 0; j < n; ++j) { float x = a[j]; o[j] = EXPR; } } \
+        else { for (int64_t j = 0; j < n; ++j) { float x = a[j * as]; o[j * os] = EXPR; } } \
+    } \
+}
+UNARY(k_scale, x * p0 + p1)
+UNARY(k_relu, x > 0.0f ? x : 0.0f)
+UNARY(k_sigmoid, sigmoid_f(x))
+UNARY(k_silu, x / (1.0f + vexp(-x)))
+UNARY(k_gelu, gelu_f(x))
+UNARY(k_tanh, vtanh(x))
+UNARY(k_exp, vexp(x))
+UNARY(k_sqrt, sqrtf(x))
+UNARY(k_neg, -x)
+UNARY(k_sqr, x * x)
+
+#define COPY(NAME, T, SRC_T, CONV) \
+static void NAME(const flare_cmd *c) { \
+    const int64_t n = c->ne[3], os = c->os[3], as = c->ss[0][3]; \
+    OUTER3(c) { \
+        T *o = (T *)c->out + OFF(c->os, c); \
+        const SRC_T *a = (const SRC_T *)c->src[0] + OFF(c->ss[0], c); \
+        if (os == 1 && as == 1) { for (int64_t j = 0; j < n; ++j) o[j] = CONV(a[j]); } \
+        else { for (int64_t j = 0; j < n; ++j) o[j * os] = CONV(a[j * as]); } \
+    } \
+}
+#define ID(v) (v)
+#define TRUNC_I32(v) ((int32_t)(v))
+#define TO_F32(v) ((float)(v))
+COPY(k_copy4, uint32_t, uint32_t, ID)
+COPY(k_copy2, uint16_t, uint16_t, ID)
+COPY(k_copy8, uint64_t, uint64_t, ID)
+COPY(k_cast_f32_i32, int32_t, float, TRUNC_I32)
+COPY(k_cast_i32_f32, float, int32_t, TO_F32)
+COPY(k_cast_f16_f32, float, _Float16, TO_F32)
+
+/* ---- matmul ------------------------------------------------------------------
+ * out [ne0, ne1, M, N] contiguous rows; a strides ss[0] (batch0, batch1, m, k);
+ * b strides ss[1] as the logical [batch0, batch1, k, n]. ip: M, N, K, ta, lda, tb, ldb, route
+ * (which of the kernels below; commands.py picks it from the shapes and layouts). */
+/* Small products skip BLAS's dispatch: out = a @ b with b rows of unit stride (sbn == 1)
+ * or b columns of unit stride (sbk == 1, a weight stored [N, K]). */
+HOT static void small_gemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t sam, int64_t sak,
+                           const float *b, int64_t sbk, int64_t sbn, float *o, int64_t ldo) {
+    if (sbn == 1) {
+        for (int64_t m = 0; m < M; ++m) {
+            float *orow = o + m * ldo;
+            for (int64_t n = 0; n < N; ++n) orow[n] = 0.0f;
+            for (int64_t k = 0; k < K; ++k) {
+                const float av = a[m * sam + k * sak];
+                const float *brow = b + k * sbk;
+                for (int64_t n = 0; n < N; ++n) orow[n] += av * brow[n];
+            }
+        }
+    } else {
+        for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < N; ++n) {
+                const float *arow = a + m * sam, *bcol = b + n * sbn;
+                float acc = 0.0f;
+                if (sak == 1) {
+#pragma omp simd reduction(+:acc)
+                    for (int64_t k = 0; k < K; ++k) acc += arow[k] * bcol[k];
+                } else {
+                    for (int64_t k = 0; k < K; ++k) acc += arow[k * sak] * bcol[k];
+                }
+                o[m * ldo + n] = acc;
+            }
+    }
+}
+
+/* a [M, K] (unit k stride, rows lda apart) times w stored [N, K] (rows ldw apart), transposed:
+ * each block of 4 weight rows is read from memory once and met by 4 rows of a at a time, so a
+ * batch-1 layer streams its weight once instead of BLAS's pack-then-multiply (which reads it twice
+ * and writes a copy). Measured faster than OpenBLAS up to 16 rows (bench in the commit message). */
+HOT static void wdot(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *w, int64_t ldw,
+                     float *o, int64_t ldo) {
+    int64_t n = 0;
+    for (; n + 4 <= N; n += 4) {
+        const float *w0 = w + n * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+        int64_t m = 0;
+        for (; m + 4 <= M; m += 4) {
+            const float *a0 = a + m * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+            float s00 = 0, s01 = 0, s02 = 0, s03 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0;
+            float s20 = 0, s21 = 0, s22 = 0, s23 = 0, s30 = 0, s31 = 0, s32 = 0, s33 = 0;
+#pragma omp simd reduction(+:s00,s01,s02,s03,s10,s11,s12,s13,s20,s21,s22,s23,s30,s31,s32,s33)
+            for (int64_t k = 0; k < K; ++k) {
+                const float x0 = a0[k], x1 = a1[k], x2 = a2[k], x3 = a3[k], y0 = w0[k], y1 = w1[k], y2 = w2[k], y3 = w3[k];
+                s00 += x0 * y0; s01 += x0 * y1; s02 += x0 * y2; s03 += x0 * y3;
+                s10 += x1 * y0; s11 += x1 * y1; s12 += x1 * y2; s13 += x1 * y3;
+                s20 += x2 * y0; s21 += x2 * y1; s22 += x2 * y2; s23 += x2 * y3;
+                s30 += x3 * y0; s31 += x3 * y1; s32 += x3 * y2; s33 += x3 * y3;
+            }
+            float *o0 = o + m * ldo + n, *o1 = o0 + ldo, *o2 = o1 + ldo, *o3 = o2 + ldo;
+            o0[0] = s00; o0[1] = s01; o0[2] = s02; o0[3] = s03;
+            o1[0] = s10; o1[1] = s11; o1[2] = s12; o1[3] = s13;
+            o2[0] = s20; o2[1] = s21; o2[2] = s22; o2[3] = s23;
+            o3[0] = s30; o3[1] = s31; o3[2] = s32; o3[3] = s33;
+        }
+        for (; m < M; ++m) {
+            const float *ar = a + m * lda;
+            float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+:s0,s1,s2,s3)
+            for (int64_t k = 0; k < K; ++k) { const float x = ar[k]; s0 += x * w0[k]; s1 += x * w1[k]; s2 += x * w2[k]; s3 += x * w3[k]; }
+            float *orow = o + m * ldo + n;
+            orow[0] = s0; orow[1] = s1; orow[2] = s2; orow[3] = s3;
+        }
+    }
+    for (; n < N; ++n)
+        for (int64_t m = 0; m < M; ++m) {
+            const float *ar = a + m * lda, *wr = w + n * ldw;
+            float acc = 0;
+#pragma omp simd reduction(+:acc)
+            for (int64_t k = 0; k < K; ++k) acc += ar[k] * wr[k];
+            o[m * ldo + n] = acc;
+        }
+}
+
+
+/* ---- packed weights ------------------------------------------------------------
+ * A constant weight stored [N, K] is packed once at compile time (commands.py, `pack_weight`)
+ * into panels of 16 output columns, each [K][16] contiguous, zero-padded to a multiple of 16
+ * columns: the layout onnxruntime's MLAS pre-packs initializers into. A register-blocked
+ * microkernel then reads one 16-column panel row per k with aligned-width loads and broadcasts
+ * a's element: AVX-512 keeps 8 rows x 32 columns (16 zmm accumulators), AVX2 6 rows x 16 columns
+ * (12 ymm). Panels outer, row blocks inner, so a panel (<= 192 KiB at K = 1536) stays in L2 while
+ * every row block meets it and the weight is streamed from memory once. K runs in blocks of
+ * about KC_MAX (a row block's slice of a stays in L1) and rows in chunks whose a fits L2
+ * (pgemm_chunked): measured (bench/cpu_packed_gemm.py) 1.1-1.7x OpenBLAS at MiniLM's shapes
+ * from 8 to 448 rows. */
+#define PANEL 16
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#include <immintrin.h>
+#define PACKED_SIMD 1
+#define AVX512 __attribute__((target("avx512f,avx2,fma")))
+#define AVX2F __attribute__((target("avx2,fma")))
+#define INL static inline __attribute__((always_inline))
+
+INL AVX512 void ptile512(const int MR, int64_t K, const float *a, int64_t lda, const float *p0, const float *p1,
+                          float *o, int64_t ldo, int64_t ncols, int acc) {
+    __m512 c0[8], c1[8];
+    const __mmask16 m0 = ncols >= PANEL ? 0xFFFF : (__mmask16)((1u << ncols) - 1u);
+    const __mmask16 m1 = ncols >= 2 * PANEL ? 0xFFFF : ncols <= PANEL ? 0 : (__mmask16)((1u << (ncols - PANEL)) - 1u);
+    if (acc) {
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            c0[r] = _mm512_maskz_loadu_ps(m0, o + r * ldo);
+            c1[r] = _mm512_maskz_loadu_ps(m1, o + r * ldo + PANEL);
+        }
+    } else {
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) { c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps(); }
+    }
+    for (int64_t k = 0; k < K; ++k) {
+        const __m512 w0 = _mm512_loadu_ps(p0 + k * PANEL), w1 = _mm512_loadu_ps(p1 + k * PANEL);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            const __m512 x = _mm512_set1_ps(a[r * lda + k]);
+            c0[r] = _mm512_fmadd_ps(x, w0, c0[r]);
+            c1[r] = _mm512_fmadd_ps(x, w1, c1[r]);
+        }
+    }
+    if (ncols >= 2 * PANEL) {
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) { _mm512_storeu_ps(o + r * ldo, c0[r]); _mm512_storeu_ps(o + r * ldo + PANEL, c1[r]); }
+    } else {
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            _mm512_mask_storeu_ps(o + r * ldo, m0, c0[r]);
+            _mm512_mask_storeu_ps(o + r * ldo + PANEL, m1, c1[r]);
+        }
+    }
+}
+
+/* K in blocks of about KC_MAX: a row block's slice of a (8 x KC floats) stays in L1 while the
+ * panel slices stream past it; later blocks add to the partial sums already in o. 384 measured
+ * best of 256/384/512 (256 splits K = 384 and re-reads a 1 MiB output chunk; 512 spills L1). */
+#define KC_MAX 384
+#define KBLOCKS(K, kc) const int64_t nkb_ = ((K) + KC_MAX - 1) / KC_MAX, kc = ((K) + nkb_ - 1) / nkb_
+
+AVX512 static void pgemm_avx512(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *pw,
+                                float *o, int64_t ldo) {
+    const int64_t panels = (N + PANEL - 1) / PANEL;
+    KBLOCKS(K, kc);
+    for (int64_t kb = 0; kb < K; kb += kc) {
+        const int64_t kn = K - kb < kc ? K - kb : kc;
+        const int acc = kb > 0;
+        for (int64_t p = 0; p < panels; p += 2) {
+            const float *p0 = pw + p * K * PANEL + kb * PANEL, *p1 = p + 1 < panels ? p0 + K * PANEL : p0;
+            const int64_t nc = N - p * PANEL < 2 * PANEL ? N - p * PANEL : 2 * PANEL;
+            float *oc = o + p * PANEL;
+            int64_t m = 0;
+            for (; m + 8 <= M; m += 8) ptile512(8, kn, a + m * lda + kb, lda, p0, p1, oc + m * ldo, ldo, nc, acc);
+            const float *am = a + m * lda + kb;
+            float *om = oc + m * ldo;
+            switch (M - m) {
+            case 7: ptile512(7, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            case 6: ptile512(6, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            case 5: ptile512(5, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            case 4: ptile512(4, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            case 3: ptile512(3, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            case 2: ptile512(2, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            case 1: ptile512(1, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            default: break;
+            }
+        }
+    }
+}
+
+INL AVX2F void ptile256(const int MR, int64_t K, const float *a, int64_t lda, const float *p0,
+                         float *o, int64_t ldo, int64_t ncols, int acc) {
+    __m256 c0[6], c1[6];
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) {
+        if (!acc) { c0[r] = _mm256_setzero_ps(); c1[r] = _mm256_setzero_ps(); }
+        else if (ncols >= PANEL) { c0[r] = _mm256_loadu_ps(o + r * ldo); c1[r] = _mm256_loadu_ps(o + r * ldo + 8); }
+        else {
+            float t[PANEL] = {0};
+            for (int64_t j = 0; j < ncols; ++j) t[j] = o[r * ldo + j];
+            c0[r] = _mm256_loadu_ps(t); c1[r] = _mm256_loadu_ps(t + 8);
+        }
+    }
+    for (int64_t k = 0; k < K; ++k) {
+        const __m256 w0 = _mm256_loadu_ps(p0 + k * PANEL), w1 = _mm256_loadu_ps(p0 + k * PANEL + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < MR; ++r) {
+            const __m256 x = _mm256_broadcast_ss(a + r * lda + k);
+            c0[r] = _mm256_fmadd_ps(x, w0, c0[r]);
+            c1[r] = _mm256_fmadd_ps(x, w1, c1[r]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) {
+        if (ncols >= PANEL) { _mm256_storeu_ps(o + r * ldo, c0[r]); _mm256_storeu_ps(o + r * ldo + 8, c1[r]); }
+        else {
+            float t[PANEL];
+            _mm256_storeu_ps(t, c0[r]); _mm256_storeu_ps(t + 8, c1[r]);
+            for (int64_t j = 0; j < ncols; ++j) o[r * ldo + j] = t[j];
+        }
+    }
+}
+
+AVX2F static void pgemm_avx2(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *pw,
+                             float *o, int64_t ldo) {
+    const int64_t panels = (N + PANEL - 1) / PANEL;
+    KBLOCKS(K, kc);
+    for (int64_t kb = 0; kb < K; kb += kc) {
+        const int64_t kn = K - kb < kc ? K - kb : kc;
+        const int acc = kb > 0;
+        for (int64_t p = 0; p < panels; ++p) {
+            const float *p0 = pw + p * K * PANEL + kb * PANEL;
+            const int64_t nc = N - p * PANEL < PANEL ? N - p * PANEL : PANEL;
+            float *oc = o + p * PANEL;
+            int64_t m = 0;
+            for (; m + 6 <= M; m += 6) ptile256(6, kn, a + m * lda + kb, lda, p0, oc + m * ldo, ldo, nc, acc);
+            const float *am = a + m * lda + kb;
+            float *om = oc + m * ldo;
+            switch (M - m) {
+            case 5: ptile256(5, kn, am, lda, p0, om, ldo, nc, acc); break;
+            case 4: ptile256(4, kn, am, lda, p0, om, ldo, nc, acc); break;
+            case 3: ptile256(3, kn, am, lda, p0, om, ldo, nc, acc); break;
+            case 2: ptile256(2, kn, am, lda, p0, om, ldo, nc, acc); break;
+            case 1: ptile256(1, kn, am, lda, p0, om, ldo, nc, acc); break;
+            default: break;
+            }
+        }
+    }
+}
+#endif
+
+/* portable fallback over the same layout (machines without AVX2) */
+static void pgemm_plain(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *pw,
+                        float *o, int64_t ldo) {
+    for (int64_t p = 0; p * PANEL < N; ++p) {
+        const float *pp = pw + p * K * PANEL;
+        const int64_t nc = N - p * PANEL < PANEL ? N - p * PANEL : PANEL;
+        for (int64_t m = 0; m < M; ++m) {
+            float acc[PANEL] = {0};
+            for (int64_t k = 0; k < K; ++k) {
+                const float x = a[m * lda + k];
+                for (int j = 0; j < PANEL; ++j) acc[j] += x * pp[k * PANEL + j];
+            }
+            for (int64_t j = 0; j < nc; ++j) o[m * ldo + p * PANEL + j] = acc[j];
+        }
+    }
+}
+
+typedef void (*pgemm_t)(int64_t, int64_t, int64_t, const float *, int64_t, const float *, float *, int64_t);
+static pgemm_t g_pgemm = 0;
+
+/* Rows per chunk: a chunk's rows of a (at most PGEMM_A_BYTES) stay in L2 while every panel passes;
+ * the weight streams once per chunk (once in all up to that many rows: MiniLM batch 1). */
+#define PGEMM_A_BYTES (256 * 1024)
+static void pgemm_chunked(pgemm_t f, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *pw,
+                          float *o, int64_t ldo) {
+    int64_t mc = PGEMM_A_BYTES / (K * (int64_t)sizeof(float)) / 24 * 24;
+    if (mc < 24) mc = 24;
+    for (int64_t m = 0; m < M; m += mc) f(M - m < mc ? M - m : mc, N, K, a + m * lda, lda, pw, o + m * ldo, ldo);
+}
+
+int32_t flare_packed_isa(int32_t want);
+
+static void pgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *pw, float *o, int64_t ldo) {
+    if (!g_pgemm) flare_packed_isa(-1);
+    pgemm_chunked(g_pgemm, M, N, K, a, lda, pw, o, ldo);
+}
+
+/* which microkernel pgemm runs: 0 plain C, 1 AVX2, 2 AVX-512. `want` < 0 keeps the best the CPU
+ * has; else the best at or below `want` (tests run every variant the machine supports). */
+int32_t flare_packed_isa(int32_t want) {
+    g_pgemm = pgemm_plain;
+#ifdef PACKED_SIMD
+    __builtin_cpu_init();
+    if ((want < 0 || want >= 2) && __builtin_cpu_supports("avx512f")) { g_pgemm = pgemm_avx512; return 2; }
+    if ((want < 0 || want >= 1) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        g_pgemm = pgemm_avx2; return 1;
+    }
+#endif
+    return 0;
+}
+
+/* Routes (ip[7], chosen by commands.py): */
+enum { R_GEMM = 0, R_GEMV_T = 1, R_GEMV_N = 2, R_WDOT = 3, R_SWAP = 4, R_SMALL = 5, R_PACKED = 6 };
+
+static int k_matmul(const flare_cmd *c) {
+    const int64_t M = c->ip[0], N = c->ip[1], K = c->ip[2];
+    const int route = (int)c->ip[7];
+    if (route != R_SMALL && route != R_WDOT && route != R_PACKED && !g_sgemm) return ERR_NOBLAS;
+    for (int64_t i0 = 0; i0 < c->ne[0]; ++i0)
+        for (int64_t i1 = 0; i1 < c->ne[1]; ++i1) {
+            const float *a = (const float *)c->src[0] + i0 * c->ss[0][0] + i1 * c->ss[0][1];
+            const float *b = (const float *)c->src[1] + i0 * c->ss[1][0] + i1 * c->ss[1][1];
+            float *o = (float *)c->out + i0 * c->os[0] + i1 * c->os[1];
+            switch (route) {
+            case R_GEMV_T: gemv(NT, N, K, b, c->ip[6], a, c->ss[0][3], 0.0f, o, 1); break;
+            case R_GEMV_N: gemv(TR, K, N, b, c->ip[6], a, c->ss[0][3], 0.0f, o, 1); break;
+            case R_WDOT: wdot(M, N, K, a, c->ip[4], b, c->ip[6], o, c->os[2]); break;
+            case R_PACKED: pgemm(M, N, K, a, c->ip[4], b, o, c->os[2]); break;
+            case R_SMALL:
+                small_gemm(M, N, K, a, c->ss[0][2], c->ss[0][3], b, c->ss[1][2], c->ss[1][3] == 1 ? 1 : c->ss[1][3], o, c->os[2]);
+                break;
+            case R_SWAP: {
+                /* 16-64 rows times a weight stored [N, K]: OpenBLAS computes (W a^T)^T 1.2-3x faster
+                 * than a W^T at these shapes (16x384x384 .. 64x1536x384); transpose back */
+                float *t = (float *)c->scratch;
+                gemm(NT, TR, N, M, K, b, c->ip[6], a, c->ip[4], 0.0f, t, M);
+                for (int64_t m = 0; m < M; ++m)
+                    for (int64_t n = 0; n < N; ++n) o[m * c->os[2] + n] = t[n * M + m];
+                break;
+            }
+            default: gemm((int)c->ip[3], (int)c->ip[5], M, N, K, a, c->ip[4], b, c->ip[6], 0.0f, o, c->os[2]);
+            }
+        }
+    return 0;
+}
+
+/* ---- rows: norms, softmax ------------------------------------------------------ */
+/* One row: mean (when centering) and mean square in double, then one scaling pass. */
+HOT static void norm_row(float *o, int64_t os, const float *a, int64_t as, int64_t n, int center, double eps) {
+    double mean = 0.0, ss = 0.0;
+    if (as == 1) {
+        if (center) {
+#pragma omp simd reduction(+:mean)
+            for (int64_t j = 0; j < n; ++j) mean += a[j];
+            mean /= (double)n;
+        }
+        const float mu = (float)mean;
+#pragma omp simd reduction(+:ss)
+        for (int64_t j = 0; j < n; ++j) { const double d = (double)(a[j] - mu); ss += d * d; }
+    } else {
+        if (center) { for (int64_t j = 0; j < n; ++j) mean += a[j * as]; mean /= (double)n; }
+        const float mu = (float)mean;
+        for (int64_t j = 0; j < n; ++j) { const double d = (double)(a[j * as] - mu); ss += d * d; }
+    }
+    const float inv = (float)(1.0 / sqrt(ss / (double)n + eps)), mu = (float)mean;
+    if (as == 1 && os == 1) for (int64_t j = 0; j < n; ++j) o[j] = (a[j] - mu) * inv;
+    else for (int64_t j = 0; j < n; ++j) o[j * os] = (a[j * as] - mu) * inv;
+}
+
+static void k_norm(const flare_cmd *c, int center) {
+    OUTER3(c) norm_row((float *)c->out + OFF(c->os, c), c->os[3], (const float *)c->src[0] + OFF(c->ss[0], c),
+                       c->ss[0][3], c->ne[3], center, c->fp[0]);
+}
+
+/* softmax(x * scale + mask) over one row; m may be NULL */
+HOT static void softmax_row(float *o, int64_t os, const float *a, int64_t as, const float *m, int64_t ms,
+                            int64_t n, float scale) {
+    float mx = -INFINITY;
+    if (os == 1 && as == 1 && (!m || ms == 1)) {
+        if (m) for (int64_t j = 0; j < n; ++j) o[j] = a[j] * scale + m[j];
+        else for (int64_t j = 0; j < n; ++j) o[j] = a[j] * scale;
+#pragma omp simd reduction(max:mx)
+        for (int64_t j = 0; j < n; ++j) mx = o[j] > mx ? o[j] : mx;
+        float sum = 0.0f;
+#pragma omp simd reduction(+:sum)
+        for (int64_t j = 0; j < n; ++j) { const float e = vexp(o[j] - mx); o[j] = e; sum += e; }
+        const float inv = 1.0f / sum;
+        for (int64_t j = 0; j < n; ++j) o[j] *= inv;
+        return;
+    }
+    for (int64_t j = 0; j < n; ++j) {
+        float v = a[j * as] * scale;
+        if (m) v += m[j * ms];
+        o[j * os] = v;
+        mx = v > mx ? v : mx;
+    }
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) { const float e = vexp(o[j * os] - mx); o[j * os] = e; sum += e; }
+    const float inv = (float)(1.0 / sum);
+    for (int64_t j = 0; j < n; ++j) o[j * os] *= inv;
+}
+
+static void k_softmax(const flare_cmd *c) {
+    OUTER3(c) softmax_row((float *)c->out + OFF(c->os, c), c->os[3], (const float *)c->src[0] + OFF(c->ss[0], c),
+                          c->ss[0][3], c->src[1] ? (const float *)c->src[1] + OFF(c->ss[1], c) : 0, c->ss[1][3],
+                          c->ne[3], (float)c->fp[0]);
+}
+
+/* ---- indexing ------------------------------------------------------------------- */
+/* out [i0, i1, i2, D]; idx (i32, or i64 when ip[1]) strides ss[1][0..2]; table rows ss[0][2], cols ss[0][3];
+ * ip[0] = rows of the table; ip[2] = table is f16 */
+static int k_get_rows(const flare_cmd *c) {
+    const int64_t d = c->ne[3], os = c->os[3], rs = c->ss[0][2], cs = c->ss[0][3];
+    OUTER3(c) {
+        const int64_t off = OFF(c->ss[1], c);
+        const int64_t r = c->ip[1] ? ((const int64_t *)c->src[1])[off] : ((const int32_t *)c->src[1])[off];
+        if (r < -c->ip[0] || r >= c->ip[0]) return ERR_INDEX;
+        const int64_t row = r < 0 ? r + c->ip[0] : r;
+        float *o = (float *)c->out + OFF(c->os, c);
+        if (c->ip[2]) { const _Float16 *t = (const _Float16 *)c->src[0] + row * rs; for (int64_t j = 0; j < d; ++j) o[j * os] = (float)t[j * cs]; }
+        else { const float *t = (const float *)c->src[0] + row * rs; for (int64_t j = 0; j < d; ++j) o[j * os] = t[j * cs]; }
+    }
+    return 0;
+}
+
+/* x [N, H, D] in ne[1..3] (ne[0] == 1), pos i32 [N] (stride ss[1][1]); fp0 base, ip0 neox */
+static void k_rope(const flare_cmd *c) {
+    const int64_t N = c->ne[1], H = c->ne[2], D = c->ne[3], half = D / 2;
+    const int neox = (int)c->ip[0];
+    for (int64_t t = 0; t < N; ++t) {
+        const double p = (double)((const int32_t *)c->src[1])[t * c->ss[1][1]];
+        for (int64_t i = 0; i < half; ++i) {
+            const double ang = p * pow(c->fp[0], -2.0 * (double)i / (double)D);
+            const float cs = (float)cos(ang), sn = (float)sin(ang);
+            const int64_t ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
+            for (int64_t h = 0; h < H; ++h) {
+                const float *x = (const float *)c->src[0] + t * c->ss[0][1] + h * c->ss[0][2];
+                float *o = (float *)c->out + t * c->os[1] + h * c->os[2];
+                const float a = x[ia * c->ss[0][3]], b = x[ib * c->ss[0][3]];
+                o[ia * c->os[3]] = a * cs - b * sn;
+                o[ib * c->os[3]] = a * sn + b * cs;
+            }
+        }
+    }
+}
+
+/* out [i0, i1, i2, k] = x[i0, i1, i2, idx[...]] over the last axis; ip0 = n of x */
+static int k_gather(const flare_cmd *c) {
+    const int64_t k = c->ne[3];
+    OUTER3(c) {
+        const float *x = (const float *)c->src[0] + OFF(c->ss[0], c);
+        const int32_t *id = (const int32_t *)c->src[1] + OFF(c->ss[1], c);
+        float *o = (float *)c->out + OFF(c->os, c);
+        for (int64_t j = 0; j < k; ++j) {
+            int64_t r = id[j * c->ss[1][3]];
+            if (r < -c->ip[0] || r >= c->ip[0]) return ERR_INDEX;
+            if (r < 0) r += c->ip[0];
+            o[j * c->os[3]] = x[r * c->ss[0][3]];
+        }
+    }
+    return 0;
+}
+
+/* dst rows (f32, contiguous [R, D] at out) <- src [T, D]; idx i32 [T]; ip0 = R */
+static int k_set_rows(const flare_cmd *c) {
+    const int64_t T = c->ne[2], D = c->ne[3], R = c->ip[0];
+    for (int64_t t = 0; t < T; ++t) {
+        int64_t r = ((const int32_t *)c->src[1])[t * c->ss[1][2]];
+        if (r < -R || r >= R) return ERR_INDEX;
+        if (r < 0) r += R;
+        float *o = (float *)c->out + r * D;
+        const float *s = (const float *)c->src[2] + t * c->ss[2][2];
+        for (int64_t j = 0; j < D; ++j) o[j] = s[j * c->ss[2][3]];
+    }
+    return 0;
+}
+
+/* ---- reductions over the last (moved) axis: out [i0, i1, i2] ------------------------ */
+static void k_reduce(const flare_cmd *c, int kind) {
+    const int64_t n = c->ip[0], as = c->ss[0][3];
+    OUTER3(c) {
+        const float *a = (const float *)c->src[0] + OFF(c->ss[0], c);
+        void *o = (char *)c->out + 4 * OFF(c->os, c);
+        if (kind == K_MAX) { float m = a[0]; for (int64_t j = 1; j < n; ++j) m = a[j * as] > m ? a[j * as] : m; *(float *)o = m; }
+        else if (kind == K_ARGMAX) {
+            float m = a[0]; int32_t best = 0;
+            for (int64_t j = 1; j < n; ++j) if (a[j * as] > m) { m = a[j * as]; best = (int32_t)j; }
+            *(int32_t *)o = best;
+        } else {
+            double s = 0.0; for (int64_t j = 0; j < n; ++j) s += a[j * as];
+            *(float *)o = (float)(kind == K_MEAN ? s / (double)n : s);
+        }
+    }
+}
+
+/* indices of the k largest along the last axis, largest first, ties by lower index; ip0 = n */
+static void k_top_k(const flare_cmd *c) {
+    const int64_t k = c->ne[3], n = c->ip[0], as = c->ss[0][3];
+    OUTER3(c) {
+        const float *a = (const float *)c->src[0] + OFF(c->ss[0], c);
+        int32_t *o = (int32_t *)c->out + OFF(c->os, c);
+        for (int64_t j = 0; j < k; ++j) {
+            int64_t best = -1;
+            for (int64_t i = 0; i < n; ++i) {
+                int taken = 0;
+                for (int64_t q = 0; q < j; ++q) if (o[q * c->os[3]] == i) { taken = 1; break; }
+                if (taken) continue;
+                if (best < 0 || a[i * as] > a[best * as]) best = i;
+            }
+            o[j * c->os[3]] = (int32_t)best;
+        }
+    }
+}
+
+/* ---- conv1d: im2col into scratch, one GEMM over all batch rows -------------------------
+ * x [B, Cin, L] (strides ss[0][1..3]); w [Cout, Cin*K] contiguous; out [B, Cout, Lout] contiguous.
+ * ne = {1, B, Cout, Lout}; ip: stride, pad, dil, Cin, K, L */
+static int k_conv1d(const flare_cmd *c) {
+    const int64_t B = c->ne[1], Co = c->ne[2], Lo = c->ne[3];
+    const int64_t s = c->ip[0], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
+    const int64_t ck = Ci * K;
+    if (B * Lo > 16 && !g_sgemm) return ERR_NOBLAS;
+    float *cols = (float *)c->scratch, *res = cols + B * Lo * ck;
+    const float *x = (const float *)c->src[0];
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t l = 0; l < Lo; ++l) {
+            float *row = cols + (b * Lo + l) * ck;
+            for (int64_t ci = 0; ci < Ci; ++ci) {
+                const float *xr = x + b * c->ss[0][1] + ci * c->ss[0][2];
+                for (int64_t k = 0; k < K; ++k) {
+                    const int64_t p = l * s + k * dil - pad;
+                    row[ci * K + k] = (p >= 0 && p < L) ? xr[p * c->ss[0][3]] : 0.0f;
+                }
+            }
+        }
+    float *o = (float *)c->out;
+    if (B * Lo <= 16) wdot(B * Lo, Co, ck, cols, ck, (const float *)c->src[1], ck, res, Co);  /* streaming chunks */
+    else gemm(NT, TR, B * Lo, Co, ck, cols, ck, (const float *)c->src[1], ck, 0.0f, res, Co);
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t co = 0; co < Co; ++co)
+            for (int64_t l = 0; l < Lo; ++l) o[(b * Co + co) * Lo + l] = res[(b * Lo + l) * Co + co];
+    return 0;
+}
+
+/* ---- pad: out [ne] f32; ip[0..3] pads before each axis, ip[4..7] the source shape;
+ * flags & 1: reflect, else the constant fp0 */
+static void k_pad(const flare_cmd *c) {
+    const int reflect = c->flags & 1;
+    const float val = (float)c->fp[0];
+    for (int64_t i0 = 0; i0 < c->ne[0]; ++i0) for (int64_t i1 = 0; i1 < c->ne[1]; ++i1)
+    for (int64_t i2 = 0; i2 < c->ne[2]; ++i2) for (int64_t i3 = 0; i3 < c->ne[3]; ++i3) {
+        const int64_t idx[4] = {i0, i1, i2, i3};
+        int64_t off = 0; int inside = 1;
+        for (int d = 0; d < 4; ++d) {
+            int64_t p = idx[d] - c->ip[d];
+            const int64_t n = c->ip[4 + d];
+            if (p < 0 || p >= n) {
+                if (!reflect) { inside = 0; break; }
+                if (p < 0) p = -p;
+                if (p >= n) p = 2 * (n - 1) - p;
+            }
+            off += p * c->ss[0][d];
+        }
+        float *o = (float *)c->out + i0 * c->os[0] + i1 * c->os[1] + i2 * c->os[2] + i3 * c->os[3];
+        *o = inside ? ((const float *)c->src[0])[off] : val;
+    }
+}
+
+/* ---- mul_mat_id: out [T, kk, N] contiguous; w [E, N, K] (ss[0][1..3], k stride 1);
+ * x rows (ss[1][1] per token, ss[1][2] per slot, 0 when shared; unit k stride); ids i32 [T, kk]
+ * (ss[2][1..2]). ip: E, N, K, f16 weights. ne = {1, T, kk, N}. Tokens sharing an expert are
+ * gathered into one GEMM (scratch: xs [T*kk, K], ys [T*kk, N], order [T*kk] int32). */
+static int k_mul_mat_id(const flare_cmd *c) {
+    if (!g_sgemm) return ERR_NOBLAS;
+    const int64_t T = c->ne[1], kk = c->ne[2], E = c->ip[0], N = c->ip[1], K = c->ip[2], TK = T * kk;
+    const int32_t *ids = (const int32_t *)c->src[2];
+    const float *x = (const float *)c->src[1];
+    float *out = (float *)c->out;
+    for (int64_t t = 0; t < T; ++t) for (int64_t j = 0; j < kk; ++j) {
+        int32_t e = ids[t * c->ss[2][1] + j * c->ss[2][2]];
+        if (e < 0 || e >= E) return ERR_INDEX;
+    }
+    float *xs = (float *)c->scratch, *ys = xs + TK * K;
+    int32_t *order = (int32_t *)(ys + TK * N);
+    for (int64_t e = 0; e < E; ++e) {
+        int64_t cnt = 0;
+        for (int64_t t = 0; t < T; ++t) for (int64_t j = 0; j < kk; ++j)
+            if (ids[t * c->ss[2][1] + j * c->ss[2][2]] == e) order[cnt++] = (int32_t)(t * kk + j);
+        if (!cnt) continue;
+        const float *w = (const float *)c->src[0] + e * c->ss[0][1];
+        if (cnt == 1) {
+            const int64_t t = order[0] / kk, j = order[0] % kk;
+            gemv(NT, N, K, w, c->ss[0][2], x + t * c->ss[1][1] + j * c->ss[1][2], 1, 0.0f, out + order[0] * N, 1);
+            continue;
+        }
+        for (int64_t r = 0; r < cnt; ++r) {
+            const int64_t t = order[r] / kk, j = order[r] % kk;
+            memcpy(xs + r * K, x + t * c->ss[1][1] + j * c->ss[1][2], (size_t)K * sizeof(float));
+        }
+        gemm(NT, TR, cnt, N, K, xs, K, w, c->ss[0][2], 0.0f, ys, N);
+        for (int64_t r = 0; r < cnt; ++r) memcpy(out + order[r] * N, ys + r * N, (size_t)N * sizeof(float));
+    }
+    return 0;
+}
+
+/* ---- fused --------------------------------------------------------------------------
+ * linear: out = act(a @ b + bias) + residual: K_MATMUL's operands and params, then an epilogue
+ * over each output row. src[2] bias (a row of N, stride ss[2][3]; NULL: none), src[3] residual
+ * (strides ss[3], broadcast to out; NULL: none). flags & 3: 0 none, 1 gelu, 2 relu, 3 sigmoid. */
+HOT static void epilogue_rows(float *o, int64_t rows, int64_t n, int64_t ldo, const float *bias, int64_t bs,
+                          const float *res, int64_t res_row, int64_t res_col, int act) {
+    for (int64_t r = 0; r < rows; ++r) {
+        float *orow = o + r * ldo;
+        if (bias) for (int64_t j = 0; j < n; ++j) orow[j] += bias[j * bs];
+        if (act == 1) for (int64_t j = 0; j < n; ++j) orow[j] = gelu_f(orow[j]);
+        else if (act == 2) for (int64_t j = 0; j < n; ++j) orow[j] = orow[j] > 0.0f ? orow[j] : 0.0f;
+        else if (act == 3) for (int64_t j = 0; j < n; ++j) orow[j] = sigmoid_f(orow[j]);
+        if (res) { const float *rr = res + r * res_row; for (int64_t j = 0; j < n; ++j) orow[j] += rr[j * res_col]; }
+    }
+}
+
+static int k_linear(const flare_cmd *c) {
+    int err = k_matmul(c);
+    if (err) return err;
+    const int64_t M = c->ip[0], N = c->ip[1];
+    const int act = c->flags & 3;
+    const float *bias = (const float *)c->src[2];
+    for (int64_t i0 = 0; i0 < c->ne[0]; ++i0)
+        for (int64_t i1 = 0; i1 < c->ne[1]; ++i1) {
+            float *o = (float *)c->out + i0 * c->os[0] + i1 * c->os[1];
+            const float *res = c->src[3] ? (const float *)c->src[3] + i0 * c->ss[3][0] + i1 * c->ss[3][1] : 0;
+            epilogue_rows(o, M, N, c->os[2], bias, c->ss[2][3], res, c->ss[3][2], c->ss[3][3], act);
+        }
+    return 0;
+}
+
+/* norm then affine: out = norm(x) * gamma + beta (src[1] gamma, src[2] beta: rows of n, unit stride;
+ * beta may be NULL). flags & 1: layer norm (centered), else RMS norm. */
+static void k_norm_affine(const flare_cmd *c) {
+    k_norm(c, c->flags & 1);
+    const int64_t n = c->ne[3], os = c->os[3];
+    const float *g = (const float *)c->src[1], *b = (const float *)c->src[2];
+    const int64_t gs = c->ss[1][3], bs = c->ss[2][3];
+    OUTER3(c) {
+        float *o = (float *)c->out + OFF(c->os, c);
+        if (b) for (int64_t j = 0; j < n; ++j) o[j * os] = o[j * os] * g[j * gs] + b[j * bs];
+        else for (int64_t j = 0; j < n; ++j) o[j * os] = o[j * os] * g[j * gs];
+    }
+}
+
+/* ---- lstm: T steps of the recurrence in one command ----------------------------------------
+ * x [T, B, 4H] f32 (strides ss[0][1..3]); w [4H, H] contiguous; h0, c0 [B, H] (strides ss[1], ss[2]
+ * [2..3]); out [T, B, 2H] contiguous: h_t then c_t. ne = {1, T, B, 2H}; ip[0] = H; ip[1] = 1: w is
+ * the packed copy of a constant W_hh (pgemm per step), else w [4H, H] rows (wdot per step).
+ * scratch: see below. Gate order i, f, g, o (flare.core.ops.nn). Each step is
+ * one product for all batch rows and the cell update per row. */
+/* the cell update of one batch row: z holds W_hh h (gate blocks i, f, g, o), x the input
+ * projection (unit stride here: the loop vectorizes) */
+HOT static void lstm_cell(int64_t H, const float *restrict z, const float *restrict x, float *restrict hb,
+                          float *restrict cb, float *restrict ot) {
+#pragma omp simd
+    for (int64_t u = 0; u < H; ++u) {
+        const float cn = sigmoid_f(z[H + u] + x[H + u]) * cb[u] + sigmoid_f(z[u] + x[u]) * vtanh(z[2 * H + u] + x[2 * H + u]);
+        const float hn = sigmoid_f(z[3 * H + u] + x[3 * H + u]) * vtanh(cn);
+        cb[u] = cn; hb[u] = hn; ot[u] = hn; ot[H + u] = cn;
+    }
+}
+
+static void k_lstm(const flare_cmd *c) {
+    const int64_t T = c->ne[1], B = c->ne[2], H = c->ip[0];
+    const float *x = (const float *)c->src[0], *w = (const float *)c->src[1];
+    const float *h0 = (const float *)c->src[2], *c0 = (const float *)c->src[3];
+    /* scratch: h [B, H], c [B, H], z [B, 4H], and a contiguous copy of one x row [4H] */
+    float *h = (float *)c->scratch, *cs = h + B * H, *z = cs + B * H, *xrow = z + B * 4 * H, *out = (float *)c->out;
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t u = 0; u < H; ++u) {
+            h[b * H + u] = h0[b * c->ss[1][2] + u * c->ss[1][3]];
+            cs[b * H + u] = c0[b * c->ss[2][2] + u * c->ss[2][3]];
+        }
+    const int64_t xs = c->ss[0][3];
+    for (int64_t t = 0; t < T; ++t) {
+        if (c->ip[1]) pgemm(B, 4 * H, H, h, H, w, z, 4 * H);  /* w: packed panels (packing.py) */
+        else wdot(B, 4 * H, H, h, H, w, H, z, 4 * H);
+        for (int64_t b = 0; b < B; ++b) {
+            const float *xt = x + t * c->ss[0][1] + b * c->ss[0][2];
+            if (xs != 1) {
+                for (int64_t j = 0; j < 4 * H; ++j) xrow[j] = xt[j * xs];
+                xt = xrow;
+            }
+            lstm_cell(H, z + b * 4 * H, xt, h + b * H, cs + b * H, out + (t * B + b) * 2 * H);
+        }
+    }
+}
+
+/* ---- the loop ------------------------------------------------------------------------ */
+static int run_one(const flare_cmd *c) {
+    switch (c->kind) {
+    case K_COPY4: k_copy4(c); return 0;
+    case K_COPY2: k_copy2(c); return 0;
+    case K_COPY8: k_copy8(c); return 0;
+    case K_ADD: k_add(c); return 0;
+    case K_SUB: k_sub(c); return 0;
+    case K_MUL: k_mul(c); return 0;
+    case K_DIV: k_div(c); return 0;
+    case K_SCALE: k_scale(c); return 0;
+    case K_RELU: k_relu(c); return 0;
+    case K_SIGMOID: k_sigmoid(c); return 0;
+    case K_SILU: k_silu(c); return 0;
+    case K_GELU: k_gelu(c); return 0;
+    case K_TANH: k_tanh(c); return 0;
+    case K_EXP: k_exp(c); return 0;
+    case K_SQRT: k_sqrt(c); return 0;
+    case K_NEG: k_neg(c); return 0;
+    case K_SQR: k_sqr(c); return 0;
+    case K_MATMUL: return k_matmul(c);
+    case K_LAYER_NORM: k_norm(c, 1); return 0;
+    case K_RMS_NORM: k_norm(c, 0); return 0;
+    case K_SOFTMAX: k_softmax(c); return 0;
+    case K_GET_ROWS: return k_get_rows(c);
+    case K_ROPE: k_rope(c); return 0;
+    case K_CONV1D: return k_conv1d(c);
+    case K_PAD: k_pad(c); return 0;
+    case K_SUM: case K_MEAN: case K_MAX: case K_ARGMAX: k_reduce(c, c->kind); return 0;
+    case K_TOP_K: k_top_k(c); return 0;
+    case K_GATHER: return k_gather(c);
+    case K_MUL_MAT_ID: return k_mul_mat_id(c);
+    case K_SET_ROWS: return k_set_rows(c);
+    case K_CAST_F32_I32: k_cast_f32_i32(c); return 0;
+    case K_CAST_I32_F32: k_cast_i32_f32(c); return 0;
+    case K_CAST_F16_F32: k_cast_f16_f32(c); return 0;
+    case K_LINEAR: return k_linear(c);
+    case K_NORM_AFFINE: k_norm_affine(c); return 0;
+    case K_LSTM: k_lstm(c); return 0;
+    default: return ERR_KIND;
+    }
+}
+
+/* Run n commands in order. Returns 0, or (index of the failing command + 1); *err gets the code. */
+int64_t flare_run(const flare_cmd *cmds, int64_t n, int32_t *err) {
+    for (int64_t i = 0; i < n; ++i) {
+        const int e = run_one(cmds + i);
+        if (e) { *err = e; return i + 1; }
+    }
+    return 0;
+}
+
+int32_t flare_kind_count(void) { return K_COUNT; }

@@ -1,0 +1,345 @@
+"""Graph IR: tensors are nodes, built in order by a `GraphBuilder`.
+
+As in ggml, a tensor produced by an op *is* the node; leaves (inputs, weights,
+state) have no op. Creation order is a valid execution order, so a graph built
+with the builder is acyclic by construction; graphs that arrive from elsewhere
+(a serialized core) go through `Graph.validate`, which finds cycles and dangling
+references and names the node.
+
+A tensor's memory is owned by its *storage* tensor: itself, or — for view ops
+(`reshape`, `permute`, `slice`, ...) and for writes into state (`set_rows`,
+`copy_into`) — the tensor it aliases. Strides and offsets are in elements.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from .dtypes import DTYPES, from_numpy, itemsize
+from .errors import DTypeError, GraphError, ShapeError
+
+INPUT = "input"
+WEIGHT = "weight"
+STATE = "state"
+CACHE = "cache"
+INTERMEDIATE = "intermediate"
+ROLES = (INPUT, WEIGHT, STATE, CACHE, INTERMEDIATE)
+PERSISTENT = (STATE, CACHE)
+MAX_RANK = 4
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major element strides of `shape`."""
+    strides, acc = [], 1
+    for dim in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(dim), 1)
+    return tuple(reversed(strides))
+
+
+@dataclass(eq=False)
+class Tensor:
+    """One value in a graph. Identity is the object (and `id`), not the contents."""
+
+    id: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    role: str = INTERMEDIATE
+    op: str | None = None
+    srcs: tuple["Tensor", ...] = ()
+    params: dict[str, Any] = field(default_factory=dict)
+    strides: tuple[int, ...] = ()
+    offset: int = 0
+    view_of: "Tensor | None" = None
+    is_output: bool = False
+    data: Any = None  # weights: an ndarray, or a zero-argument callable returning one
+
+    def __post_init__(self) -> None:
+        if not self.strides:
+            self.strides = contiguous_strides(self.shape)
+
+    @property
+    def storage(self) -> "Tensor":
+        """The tensor that owns this tensor's memory."""
+        t = self
+        while t.view_of is not None:
+            t = t.view_of
+        return t
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.op is None
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of a contiguous tensor of this shape (what an allocation needs)."""
+        return self.size * itemsize(self.dtype)
+
+    @property
+    def is_contiguous(self) -> bool:
+        return tuple(self.strides) == contiguous_strides(self.shape)
+
+    @property
+    def span_elements(self) -> int:
+        """Elements from offset to the last addressed element + 1 (strided extent)."""
+        if self.size == 0:
+            return 0
+        return 1 + sum((d - 1) * s for d, s in zip(self.shape, self.strides))
+
+    def host_data(self) -> np.ndarray:
+        """Weight data on the host (loaded lazily if the builder was given a loader)."""
+        data = self.data() if callable(self.data) else self.data
+        if data is None:
+            raise GraphError("tensor has no data", self.name)
+        return data
+
+    def __repr__(self) -> str:
+        what = self.op or self.role
+        return f"Tensor({self.name!r}, {what}, {self.shape}, {self.dtype})"
+
+
+class Graph:
+    """An ordered list of tensors plus named inputs, outputs, weights and state."""
+
+    def __init__(self, tensors: list[Tensor], outputs: Mapping[str, Tensor]):
+        self.tensors = list(tensors)
+        self.outputs = dict(outputs)
+        self.inputs = {t.name: t for t in self.tensors if t.role == INPUT}
+        self.weights = {t.name: t for t in self.tensors if t.role == WEIGHT}
+        self.states = {t.name: t for t in self.tensors if t.role in PERSISTENT}
+        self.fusions: list = []  # what flare.core.fusion merged at prepare time (for describe())
+
+    @property
+    def nodes(self) -> list[Tensor]:
+        """Tensors computed by an op, in execution order."""
+        return [t for t in self.tensors if t.op is not None]
+
+    def consumers(self) -> dict[int, list[Tensor]]:
+        """tensor id -> nodes that read it."""
+        out: dict[int, list[Tensor]] = {t.id: [] for t in self.tensors}
+        for node in self.nodes:
+            for src in node.srcs:
+                out.setdefault(src.id, []).append(node)
+        return out
+
+    def validate(self) -> None:
+        """Check references, order and op rules; raise a GraphError naming the node.
+
+        Builder graphs pass trivially; this guards graphs read back from files.
+        """
+        from .ops import OPS  # late: ops import graph for types
+
+        known = {t.id: t for t in self.tensors}
+        if len(known) != len(self.tensors):
+            raise GraphError("duplicate tensor ids in graph")
+        position = {t.id: i for i, t in enumerate(self.tensors)}
+        _check_acyclic(self.tensors, known)
+        for t in self.tensors:
+            if t.op is None:
+                if t.role not in (INPUT, WEIGHT, STATE, CACHE):
+                    raise GraphError(f"leaf with role {t.role!r} (expected input, weight, state or cache)", t.name)
+                continue
+            if t.op not in OPS:
+                raise GraphError(f"unknown op {t.op!r}", t.name)
+            for src in t.srcs:
+                if src.id not in known:
+                    raise GraphError(f"source {src.name!r} is not in the graph", t.name)
+                if position[src.id] > position[t.id]:
+                    raise GraphError(f"source {src.name!r} comes after its consumer", t.name)
+            OPS[t.op].check(t.name, list(t.srcs), t.params)
+        for name, t in self.outputs.items():
+            if t.id not in known:
+                raise GraphError(f"output {name!r} is not in the graph")
+
+    def __repr__(self) -> str:
+        return f"Graph({len(self.nodes)} nodes, inputs={list(self.inputs)}, outputs={list(self.outputs)})"
+
+
+def _check_acyclic(tensors: Iterable[Tensor], known: Mapping[int, Tensor]) -> None:
+    """Kahn's algorithm over src edges; a leftover node sits on a cycle."""
+    indegree = {t.id: 0 for t in tensors}
+    users: dict[int, list[int]] = {tid: [] for tid in indegree}
+    for t in known.values():
+        for src in t.srcs:
+            if src.id in indegree:
+                indegree[t.id] += 1
+                users[src.id].append(t.id)
+    ready = [tid for tid, deg in indegree.items() if deg == 0]
+    seen = 0
+    while ready:
+        tid = ready.pop()
+        seen += 1
+        for user in users[tid]:
+            indegree[user] -= 1
+            if indegree[user] == 0:
+                ready.append(user)
+    if seen != len(indegree):
+        stuck = sorted((known[tid].name for tid, deg in indegree.items() if deg > 0))
+        raise GraphError(f"graph has a cycle through {', '.join(stuck[:8])}", stuck[0])
+
+
+class GraphBuilder:
+    """Builds a `Graph` op by op, checking every op's rule as it goes.
+
+    Ops are methods named after the registry (`b.add(x, y)`, `b.matmul(a, w,
+    transpose_b=True)`); `b.op(name, *srcs, **params)` is the same by name.
+    """
+
+    _ids = itertools.count(1)
+
+    def __init__(self) -> None:
+        self._tensors: list[Tensor] = []
+        self._outputs: dict[str, Tensor] = {}
+        self._names: set[str] = set()
+        self._counter = itertools.count()
+        self._scopes: list[str] = []
+
+    @contextlib.contextmanager
+    def scope(self, prefix: str) -> Iterator[None]:
+        """Prefix the names of op nodes made inside (`enc/matmul_3`), including the
+        nodes the builder inserts itself, so placement callbacks can route a whole
+        stage by name. Leaves (inputs, weights, state) keep their names: weights are
+        looked up by them."""
+        self._scopes.append(prefix)
+        try:
+            yield
+        finally:
+            self._scopes.pop()
+
+    # leaves ------------------------------------------------------------
+    def input(self, name: str, shape: Sequence[int], dtype: str = "f32") -> Tensor:
+        """A value given to every execute()."""
+        return self._leaf(name, shape, dtype, INPUT)
+
+    def state(self, name: str, shape: Sequence[int], dtype: str = "f32") -> Tensor:
+        """Persistent per-request state (an LSTM's h/c, a KV cache); zeroed by reset()."""
+        return self._leaf(name, shape, dtype, STATE)
+
+    def cache(self, name: str, shape: Sequence[int], dtype: str = "f32") -> Tensor:
+        """Persistent device memory written by host callbacks (an expert cache); kept by reset()."""
+        return self._leaf(name, shape, dtype, CACHE)
+
+    def weight(
+        self,
+        name: str,
+        data: np.ndarray | Callable[[], np.ndarray] | None = None,
+        *,
+        shape: Sequence[int] | None = None,
+        dtype: str | None = None,
+    ) -> Tensor:
+        """A constant. Give the array, or shape+dtype and a loader called at upload time.
+
+        Declaring the same weight name again returns the same tensor."""
+        if isinstance(data, np.ndarray):
+            shape = data.shape if shape is None else shape
+            dtype = from_numpy(data.dtype) if dtype is None else dtype
+            if tuple(shape) != data.shape:
+                raise ShapeError(f"weight data has shape {data.shape}, declared {tuple(shape)}", name)
+        elif shape is None or dtype is None:
+            raise GraphError("a weight needs an array, or shape and dtype with a loader", name)
+        existing = self._by_name(name)
+        if existing is not None and existing.role == WEIGHT:
+            if existing.shape != tuple(shape) or existing.dtype != dtype:
+                raise ShapeError(f"weight declared again as {tuple(shape)} {dtype}, was {existing.shape} {existing.dtype}", name)
+            return existing  # the same weight used twice in one graph
+        t = self._leaf(name, shape, dtype, WEIGHT)
+        t.data = data
+        return t
+
+    def _by_name(self, name: str) -> Tensor | None:
+        if name not in self._names:
+            return None
+        return next((t for t in self._tensors if t.name == name), None)
+
+    def _leaf(self, name: str, shape: Sequence[int], dtype: str, role: str) -> Tensor:
+        if name in self._names:
+            raise GraphError("name used twice", name)
+        if dtype not in DTYPES:
+            raise DTypeError(f"unknown dtype {dtype!r}", name)
+        shape = integer_shape(shape, name)
+        if not 1 <= len(shape) <= MAX_RANK or any(d < 0 for d in shape):
+            raise ShapeError(f"shape {shape} must have rank 1..{MAX_RANK} and no negative sizes", name)
+        t = Tensor(next(self._ids), name, shape, dtype, role)
+        self._names.add(name)
+        self._tensors.append(t)
+        return t
+
+    # ops ----------------------------------------------------------------
+    def op(self, op_name: str, *srcs: Tensor, name: str | None = None, **params: Any) -> Tensor:
+        """Append one op node; its rule is checked now, naming the node on failure."""
+        from .ops import OPS
+
+        if op_name not in OPS:
+            raise GraphError(f"unknown op {op_name!r}", name or op_name)
+        opdef = OPS[op_name]
+        name = name or f"{op_name}_{next(self._counter)}"
+        if self._scopes:
+            name = "/".join(self._scopes) + "/" + name
+        if name in self._names:
+            raise GraphError("name used twice", name)
+        for src in srcs:
+            if not isinstance(src, Tensor):
+                raise GraphError(f"source of type {type(src).__name__} is not a Tensor", name)
+        srcs_list = list(srcs)
+        if opdef.view and op_name == "reshape" and not srcs_list[0].is_contiguous:
+            srcs_list[0] = self.op("contiguous", srcs_list[0])
+        params = opdef.with_defaults(name, params)
+        out = opdef.make(name, srcs_list, params, next(self._ids))
+        self._names.add(name)
+        self._tensors.append(out)
+        return out
+
+    def __getattr__(self, op_name: str) -> Callable[..., Tensor]:
+        from .ops import OPS
+
+        if op_name.startswith("_") or op_name not in OPS:
+            raise AttributeError(op_name)
+        return lambda *srcs, **params: self.op(op_name, *srcs, **params)
+
+    def concat_all(self, tensors: Sequence[Tensor], axis: int) -> Tensor:
+        """Concatenate several tensors (concat itself takes two)."""
+        out = tensors[0]
+        for t in tensors[1:]:
+            out = self.op("concat", out, t, axis=axis)
+        return out
+
+    # outputs ------------------------------------------------------------
+    def output(self, name: str, tensor: Tensor) -> Tensor:
+        """Mark `tensor` as a graph output returned by execute() under `name`."""
+        if name in self._outputs:
+            raise GraphError("output name used twice", name)
+        if tensor.op is None or tensor.storage.role != INTERMEDIATE:
+            tensor = self.op("contiguous", tensor)  # outputs own their memory
+        elif tensor.view_of is not None:
+            tensor = self.op("contiguous", tensor)
+        tensor.is_output = True
+        self._outputs[name] = tensor
+        return tensor
+
+    def build(self) -> Graph:
+        if not self._outputs:
+            raise GraphError("graph has no outputs")
+        graph = Graph(self._tensors, self._outputs)
+        return graph
+
+
+def integer_shape(shape: Any, where: str) -> tuple[int, ...]:
+    """A shape of integers only: 4.5, '4' or True are refused (ShapeError naming `where`), never truncated."""
+    import operator
+
+    try:
+        dims = list(shape)
+        if any(isinstance(d, (bool, np.bool_)) for d in dims):
+            raise TypeError("a bool is not a size")
+        return tuple(operator.index(d) for d in dims)
+    except TypeError:
+        raise ShapeError(f"shape {shape!r} must be a sequence of integers", where) from None

@@ -1,0 +1,77 @@
+"""Step inputs of the `token-lm/1` contract (moe-lm's batch layout), built from the manifest alone.
+
+A step is a list of chunks: a prefill chunk of one sequence or the one decode
+token of another. Each token writes KV row `seq * max_ctx + pos`; its mask row
+admits exactly its own sequence's rows up to its position. Padding tokens
+(to reach a program's fixed bucket) write the scratch row and attend only to
+it, and padded `out_rows` repeat the last real row. A core runs without its
+model plugin, so the layout is defined here, by the contract; moe-lm builds its
+own steps with it (`flare.models.moe_lm.batch.make_inputs`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from flare.core.errors import InputError
+
+if TYPE_CHECKING:
+    from flare.plugins.export.schema import Serving
+
+MASK_NEG = np.float32(-1e30)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """`tokens` of sequence slot `seq`, the first at position `start`."""
+
+    seq: int
+    start: int
+    tokens: tuple[int, ...]
+
+    def to_list(self) -> list:
+        return [self.seq, self.start, list(self.tokens)]
+
+    @classmethod
+    def from_list(cls, item: Sequence) -> "Chunk":
+        seq, start, tokens = item
+        return cls(int(seq), int(start), tuple(int(t) for t in tokens))
+
+
+def token_lm_inputs(serving: "Serving", chunks: Sequence[Chunk], *, tokens: int,
+                    batch: int | None) -> dict[str, np.ndarray]:
+    """Inputs of one step padded to `tokens` rows; `batch` logit rows (None: decode, every row)."""
+    if not chunks:
+        raise InputError("a step needs at least one chunk")
+    seqs = [c.seq for c in chunks]
+    if len(set(seqs)) != len(seqs):
+        raise InputError(f"a step holds a sequence twice: {seqs}")
+    n = sum(len(c.tokens) for c in chunks)
+    if n > tokens or (batch is not None and len(chunks) > batch):
+        raise InputError(f"{n} tokens of {len(chunks)} sequences do not fit a bucket of {tokens} tokens, batch {batch}")
+    toks = np.full(tokens, serving.pad, np.int32)
+    pos = np.zeros(tokens, np.int32)
+    rows = np.full(tokens, serving.scratch_row, np.int32)
+    mask = np.full((tokens, serving.kv_rows), MASK_NEG, np.float32)
+    last = []
+    at = 0
+    for c in chunks:
+        k = len(c.tokens)
+        if not 0 <= c.seq < serving.max_seqs or k == 0 or c.start < 0 or c.start + k > serving.max_ctx:
+            raise InputError(f"chunk (seq {c.seq}, start {c.start}, {k} tokens) is outside max_seqs "
+                             f"{serving.max_seqs} / max_ctx {serving.max_ctx}")
+        toks[at: at + k] = c.tokens
+        pos[at: at + k] = np.arange(c.start, c.start + k)
+        base = c.seq * serving.max_ctx
+        rows[at: at + k] = base + pos[at: at + k]
+        for i in range(k):
+            mask[at + i, base: base + c.start + i + 1] = 0.0
+        at += k
+        last.append(at - 1)
+    mask[n:, serving.scratch_row] = 0.0
+    inputs = {"tokens": toks, "pos": pos, "kv_rows": rows, "mask": mask}
+    if batch is not None:
+        inputs["out_rows"] = np.asarray(last + [last[-1]] * (batch - len(last)), np.int32)
+    return inputs

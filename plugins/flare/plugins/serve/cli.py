@@ -1,0 +1,242 @@
+"""`flare serve NAME.core`: load a core exactly as `flare run` does, then serve it over HTTP.
+
+    flare serve moe.core [--host 127.0.0.1] [--port 8000] [--mixed-prefill | --no-mixed-prefill]
+                         [--prefix-cache | --no-prefix-cache] [--speculative K | --no-speculative]
+                         [--ranks N] [--max-queue N] [--backend B]
+
+Loading is `load_core(path, LoadOptions(...))`, the very call `flare run`
+makes: the same validation, selection (and refusals: `--mixed-prefill` or
+`--speculative K` on a core that cannot honour them) and pruning. Under
+`--ranks N` the command re-runs under mpirun; rank 0 parses the command
+line, broadcasts the options, every rank loads and the ranks agree on the
+selection digest; rank 0 serves HTTP and runs the step loop, the others
+replay its steps. On SIGTERM or Ctrl-C uvicorn stops accepting, lets open
+requests finish (up to --graceful-seconds), then the step loop cancels what
+is left, every prefix-cache block and the runtime are released, and the
+ledger's live bytes are printed (`flare serve: stopped; ledger live bytes N
+(at start M)`), which the load script checks.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from flare.core.errors import FlareError, InputError
+
+
+HELP = "serve an exported core over an OpenAI-compatible HTTP API"
+DESCRIPTION = ("Serve an exported core over an OpenAI-compatible HTTP API (/v1/completions, /v1/models, /health, "
+               "/metrics) with continuous batching, a prefix cache and speculative decoding.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("core", metavar="NAME.core", help="exported core directory (flare export MODEL -o NAME.core)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port; the line printed says which)")
+    mixed = p.add_mutually_exclusive_group()
+    mixed.add_argument("--mixed-prefill", dest="mixed_prefill", action="store_true", default=None,
+                       help="use mixed programs; an error if the core has none that can run here")
+    mixed.add_argument("--no-mixed-prefill", dest="mixed_prefill", action="store_false",
+                       help="exclude mixed programs (separate prefill and decode steps)")
+    cache = p.add_mutually_exclusive_group()
+    cache.add_argument("--prefix-cache", dest="prefix_cache", action="store_true", default=True,
+                       help="reuse KV blocks of prompts already seen (default)")
+    cache.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false", help="prefill every prompt whole")
+    p.add_argument("--prefix-cache-mib", type=float, default=64.0, help="byte budget of the prefix cache (MiB)")
+    p.add_argument("--prefix-block", type=int, default=16, help="tokens per prefix-cache block")
+    spec = p.add_mutually_exclusive_group()
+    spec.add_argument("--speculative", dest="speculative", type=int, default=None, metavar="K",
+                      help="speculative decoding with the core's draft programs, K proposals per round; an error "
+                           "if the core has none")
+    spec.add_argument("--no-speculative", dest="speculative", action="store_const", const=0,
+                      help="plain decoding even if the core's default is speculative")
+    p.add_argument("--backend", default=None, help="backend to run on (default: the core's first)")
+    p.add_argument("--ranks", type=int, default=None, help="run on N MPI ranks (spawns mpirun; experts are split)")
+    p.add_argument("--max-queue", type=int, default=256, help="most requests waiting for a slot; more get 429")
+    p.add_argument("--graceful-seconds", type=float, default=5.0,
+                   help="on SIGTERM, how long open requests may take to finish before they are cancelled")
+    p.add_argument("--log-level", default="warning", help="uvicorn's log level")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flare serve", description=DESCRIPTION)
+    add_arguments(p)
+    return p
+
+
+def load_options(args: argparse.Namespace) -> Any:
+    from flare.plugins.export.selection import LoadOptions
+
+    spec = None if args.speculative is None else args.speculative > 0
+    return LoadOptions(args.mixed_prefill, args.backend, speculative=spec)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The command: one process, or spawn mpirun for --ranks N > 1."""
+    from flare.plugins.export.ranks import under_mpirun
+
+    if under_mpirun():
+        return _main_rank(args)
+    _check(args)
+    if args.ranks is not None and args.ranks > 1:
+        return _spawn(args.ranks, ["serve", *_argv(args)])
+    from flare.plugins.export.loader import load_core
+
+    core = load_core(args.core, load_options(args))
+    return serve(core, args, comm=None)
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Option values argparse's types cannot judge: a one-line InputError (exit 2) naming the option."""
+    import math
+
+    if args.speculative is not None and args.speculative < 0:
+        raise InputError(f"--speculative K needs K >= 1, got {args.speculative}")
+    if args.max_queue < 1:
+        raise InputError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if args.prefix_block < 1 or not (math.isfinite(args.prefix_cache_mib) and args.prefix_cache_mib >= 0):
+        raise InputError("--prefix-block must be >= 1 and --prefix-cache-mib a number >= 0")
+    if not 0 <= args.port <= 65535:
+        raise InputError(f"--port {args.port}: must be 0..65535")
+    if args.ranks is not None and not 1 <= args.ranks <= 1024:
+        raise InputError(f"--ranks {args.ranks}: must be between 1 and 1024")
+    if not (math.isfinite(args.graceful_seconds) and args.graceful_seconds >= 0):
+        raise InputError(f"--graceful-seconds {args.graceful_seconds}: must be a number >= 0")
+    if args.backend is not None and ("," in args.backend or not args.backend.strip()):
+        raise InputError(f"--backend {args.backend!r}: expected one backend name (e.g. cpu)")
+
+
+def build(core: Any, args: argparse.Namespace, comm: Any = None, rank: int = 0, size: int = 1) -> Any:
+    """The runtime, the step engine and (rank 0) the loop and API of a loaded core."""
+    from flare.plugins.export.expert_parallel import Partition
+    from flare.plugins.export.runtime import CoreRuntime
+
+    from .server import Server
+
+    runtime = CoreRuntime(core, partition=Partition(rank, size), comm=comm)
+    try:
+        return Server(runtime, comm=comm, name=Path(args.core).name, prefix_cache=args.prefix_cache,
+                      prefix_cache_bytes=int(args.prefix_cache_mib * 2**20), prefix_block=args.prefix_block,
+                      speculative=args.speculative or 0, max_queue=args.max_queue)
+    except BaseException:
+        runtime.release()
+        raise
+
+
+def serve(core: Any, args: argparse.Namespace, comm: Any) -> int:
+    import uvicorn
+
+    from flare.core.ledger import LEDGER
+
+    start_bytes = LEDGER.live_bytes()
+    server = build(core, args, comm, 0, 1 if comm is None else comm.Get_size())
+    sock = None
+    try:
+        sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((args.host, args.port))
+            sock.listen(2048)  # before saying where: a client may connect at once (uvicorn accepts later)
+        except OSError as exc:
+            raise FlareError(f"--host/--port: cannot listen on {args.host}:{args.port}: {exc}") from None
+        host, port = sock.getsockname()[:2]
+        server.loop.start()
+        config = uvicorn.Config(server.api.app(), log_level=args.log_level, lifespan="on",
+                                timeout_graceful_shutdown=args.graceful_seconds)
+        print(f"flare serve: {server.api.model} on http://{host}:{port}/v1 ({server.describe()})",
+              file=sys.stderr, flush=True)
+        # uvicorn re-raises the signal that stopped it once it has shut down; with these handlers in
+        # place that re-raise lands here instead of killing the process before the release below
+        stopped_by: list[int] = []
+        old = {sig: signal.signal(sig, lambda signum, _f: stopped_by.append(signum))
+               for sig in (signal.SIGTERM, signal.SIGINT)}
+        userver = uvicorn.Server(config)
+        if comm is not None:     # under mpirun the spawning process forwards SIGTERM/SIGINT as SIGUSR1
+            old[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda _s, _f: userver.handle_exit(signal.SIGTERM, None))
+        try:
+            userver.run(sockets=[sock])
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+    finally:
+        server.close()
+        if sock is not None:
+            sock.close()
+    print(f"flare serve: stopped; ledger live bytes {LEDGER.live_bytes()} (at start {start_bytes})",
+          file=sys.stderr, flush=True)
+    if server.loop.error is not None:
+        raise FlareError(f"the step loop failed: {type(server.loop.error).__name__}: {server.loop.error}")
+    return 0
+
+
+def _main_rank(args: argparse.Namespace) -> int:
+    """Under mpirun: rank 0's options win; all ranks load and agree; rank 0 serves, the others follow."""
+    from flare.plugins.export.loader import load_core
+    from flare.plugins.export.ranks import agree, bcast_json, world
+    from flare.plugins.export.selection import LoadOptions
+
+    comm = world()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    msg: dict[str, Any] = {}
+    if rank == 0:
+        try:
+            _check(args)
+            msg = {"ok": True, "options": load_options(args).to_dict()}
+        except FlareError as exc:
+            msg = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    msg = bcast_json(comm, msg)
+    if not msg["ok"]:
+        raise FlareError(f"rank 0 stopped every rank: {msg['error']}")
+    options = LoadOptions.from_dict(msg["options"])
+    core, _ = agree(comm, lambda: load_core(args.core, options), lambda c: c.digest)
+    if rank == 0:
+        return serve(core, args, comm)
+    for sig in (signal.SIGTERM, signal.SIGUSR1):       # rank 0 decides when to stop, and says so
+        signal.signal(sig, signal.SIG_IGN)
+    server = build(core, args, comm, rank, size)
+    try:
+        server.engine.follow()
+    finally:
+        server.close()
+    return 0
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    """The command line of one rank (everything but --ranks), rebuilt from the parsed options."""
+    out = [args.core, "--host", args.host, "--port", str(args.port), "--max-queue", str(args.max_queue),
+           "--prefix-cache-mib", str(args.prefix_cache_mib), "--prefix-block", str(args.prefix_block),
+           "--graceful-seconds", str(args.graceful_seconds), "--log-level", args.log_level,
+           "--prefix-cache" if args.prefix_cache else "--no-prefix-cache"]
+    if args.mixed_prefill is not None:
+        out.append("--mixed-prefill" if args.mixed_prefill else "--no-mixed-prefill")
+    if args.speculative is not None:
+        out += ["--speculative", str(args.speculative)] if args.speculative else ["--no-speculative"]
+    if args.backend:
+        out += ["--backend", args.backend]
+    return out
+
+
+def _spawn(n: int, argv: list[str]) -> int:
+    """mpirun -n N flare ARGV. SIGTERM/SIGINT reach the ranks as SIGUSR1 (which mpirun forwards; its own
+    SIGTERM handling would kill the job): rank 0 shuts down gracefully and stops the others."""
+    from flare.plugins.export.ranks import mpirun_command
+
+    env = dict(os.environ)
+    env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    child = subprocess.Popen(mpirun_command(n, argv), env=env)
+
+    def forward(signum: int, _frame: Any) -> None:
+        child.send_signal(signal.SIGUSR1)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return child.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -1,0 +1,154 @@
+"""What the serving loop asks of the model: run a program on chunks, move KV blocks; the same on every rank.
+
+The loop (rank 0) decides; this engine maps a step to the smallest captured
+program of a kind that holds it, pads it (`token_lm_inputs`), runs it and
+returns logits. Kinds `prefill` and `mixed` give one logit row per chunk (its
+last token, through `out_rows`); `decode`, `draft` and `verify` give a row for
+every token, which speculative verification needs.
+
+The prefix cache keeps KV blocks in buffers of its own, allocated on the KV
+state's device through the ledger: `save_block` copies a sequence's rows into
+a new block, `load_block` copies a block into a sequence's rows, `drop_block`
+frees it. Under MPI every rank holds the same KV (attention is replicated;
+only experts are split), so rank 0 broadcasts each operation as JSON before
+doing it and the other ranks replay it (`follow`) on their own buffers; between
+steps they sleep-poll a non-blocking broadcast rather than spin in MPI.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from flare.core.backend import Binding, Buffer
+from flare.core.dtypes import to_numpy
+from flare.core.errors import InputError
+from flare.core.graph import contiguous_strides
+from flare.plugins.export.serving.batch import Chunk, token_lm_inputs
+from flare.plugins.export.ranks import bcast_json
+from flare.plugins.export.serving.engine import Bucket, Engine
+
+EVERY_ROW = frozenset({"decode", "draft", "verify"})   # kinds without out_rows: logits of every token
+BLOCK_TAG = "prefix-cache"
+
+
+class StepEngine(Engine):
+    """`flare run`'s engine (buckets by kind) plus logits of every token, KV-block copies and its own
+    rank protocol (a message per step or copy), on a CoreRuntime (`core`, `graph`, `execute`)."""
+
+    def __init__(self, runtime: Any, comm: Any = None):
+        super().__init__(runtime, comm if comm is not None and comm.Get_size() > 1 else None)
+        # the KV states: every state indexed by KV row (token-lm/1 writes row seq * max_ctx + pos)
+        self.kv = {n: info for n, info in runtime.graph.states().items() if info[1][0] == self.serving.kv_rows}
+        self.blocks: dict[int, list[Buffer]] = {}
+
+    def has(self, kind: str) -> bool:
+        return bool(self.buckets.get(kind))
+
+    def limit(self, kind: str) -> tuple[int, int]:
+        return super().limit(kind) if kind in self.buckets else (0, 0)
+
+    def run(self, kind: str, chunks: Sequence[Chunk]) -> tuple[np.ndarray, Bucket]:
+        """Logits: a row per chunk (`prefill`, `mixed`) or per token (`decode`, `draft`, `verify`)."""
+        self._tell({"op": "run", "kind": kind, "chunks": [c.to_list() for c in chunks]})
+        return self._run(kind, chunks)
+
+    def _run(self, kind: str, chunks: Sequence[Chunk]) -> tuple[np.ndarray, Bucket]:
+        n = sum(len(c.tokens) for c in chunks)
+        b = self.bucket(kind, n, len(chunks))
+        every = kind in EVERY_ROW
+        inputs = token_lm_inputs(self.serving, chunks, tokens=b.tokens, batch=None if every else b.batch)
+        logits = self.runtime.execute(b.program, **inputs)["logits"]
+        self.steps += 1
+        return logits[: n if every else len(chunks)], b
+
+    # ------------------------------------------------------------ KV blocks
+    def block_bytes(self, tokens: int) -> int:
+        return sum(tokens * int(np.prod(shape[1:])) * to_numpy(dtype).itemsize
+                   for _, shape, dtype in self.kv.values())
+
+    def save_block(self, bid: int, seq: int, start: int, tokens: int) -> None:
+        """Copy KV rows of positions [start, start+tokens) of slot `seq` into a new block `bid`."""
+        self._tell({"op": "save", "bid": bid, "seq": seq, "start": start, "tokens": tokens})
+        self._save(bid, seq, start, tokens)
+
+    def _save(self, bid: int, seq: int, start: int, tokens: int) -> None:
+        if bid in self.blocks:
+            raise InputError(f"prefix-cache block {bid} exists already")
+        graph, row = self.runtime.graph, seq * self.serving.max_ctx + start
+        bufs: list[Buffer] = []
+        try:
+            for name, (dev, shape, dtype) in self.kv.items():
+                rows = graph.read_rows(name, row, tokens)
+                device = graph.devices[dev]
+                buf = device.alloc(rows.nbytes, tag=BLOCK_TAG)
+                bufs.append(buf)
+                device.write(self._binding(buf, rows.shape, dtype), rows)
+        except BaseException:
+            for buf in bufs:
+                buf.release()
+            raise
+        self.blocks[bid] = bufs
+
+    def load_block(self, bid: int, seq: int, start: int) -> None:
+        """Copy block `bid` into the KV rows of slot `seq` from position `start`."""
+        self._tell({"op": "load", "bid": bid, "seq": seq, "start": start})
+        self._load(bid, seq, start)
+
+    def _load(self, bid: int, seq: int, start: int) -> None:
+        graph, row = self.runtime.graph, seq * self.serving.max_ctx + start
+        for (name, (dev, shape, dtype)), buf in zip(self.kv.items(), self.blocks[bid]):
+            row_elems = int(np.prod(shape[1:]))
+            tokens = buf.nbytes // (row_elems * to_numpy(dtype).itemsize)
+            rows = graph.devices[dev].read(self._binding(buf, (tokens, *shape[1:]), dtype))
+            graph.write_rows(name, row, rows)
+
+    def drop_block(self, bid: int) -> None:
+        self._tell({"op": "drop", "bid": bid})
+        self._drop(bid)
+
+    def _drop(self, bid: int) -> None:
+        for buf in self.blocks.pop(bid, []):
+            buf.release()
+
+    @staticmethod
+    def _binding(buf: Buffer, shape: tuple[int, ...], dtype: str) -> Binding:
+        return Binding(buf, 0, tuple(shape), contiguous_strides(shape), dtype)
+
+    def close(self) -> None:
+        """Free every block (rank 0 tells the others with `stop`)."""
+        for bid in list(self.blocks):
+            self._drop(bid)
+
+    # ---------------------------------------------------------------- ranks
+    def _tell(self, msg: dict[str, Any]) -> None:
+        if self.comm is not None:
+            bcast_json(self.comm, msg)
+
+    def _hear(self) -> dict[str, Any]:
+        """Rank 0's next message (a waiting rank sleeps between polls: `bcast_json`)."""
+        return bcast_json(self.comm, None)
+
+    def stop(self) -> None:
+        """Rank 0: tell the other ranks the server is done; free this rank's blocks."""
+        self._tell({"op": "stop"})
+        self.close()
+
+    def follow(self) -> int:
+        """Ranks > 0: replay rank 0's operations until it stops; returns the number of steps."""
+        try:
+            while True:
+                msg = self._hear()
+                op = msg["op"]
+                if op == "stop":
+                    return self.steps
+                if op == "run":
+                    self._run(msg["kind"], [Chunk.from_list(c) for c in msg["chunks"]])
+                elif op == "save":
+                    self._save(msg["bid"], msg["seq"], msg["start"], msg["tokens"])
+                elif op == "load":
+                    self._load(msg["bid"], msg["seq"], msg["start"])
+                elif op == "drop":
+                    self._drop(msg["bid"])
+        finally:
+            self.close()
