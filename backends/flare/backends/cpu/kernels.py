@@ -333,3 +333,4 @@ def _attention(out, x, p):
     scores = np.matmul(q, np.swapaxes(k, -1, -2))
     _softmax(scores, [scores, x[3]] if p["has_mask"] else [scores], p)
     np.matmul(scores, v, out=out)
+from . import kernels_quant  # noqa: E402,F401  (block-quantized weights: dequantize, then the float kernels)

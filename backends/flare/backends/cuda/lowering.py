@@ -19,6 +19,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from flare.core.dtypes import is_quant
 from flare.core.backend import Binding
 from flare.core.graph import Tensor
 
@@ -453,6 +454,8 @@ LOWERINGS: dict[str, Callable[[Tensor, BindingOf], list[Launch]]] = {
 def supported(node: Tensor) -> bool:
     """Whether a node has a kernel (or is a view, which needs none)."""
     if node.op not in LOWERINGS:
+        return False
+    if any(is_quant(s.dtype) for s in node.srcs):  # block-quantized weights: no CUDA kernels yet
         return False
     if not 1 <= len(node.shape) <= 4 or any(not 1 <= len(s.shape) <= 4 for s in node.srcs):
         return False

@@ -3,6 +3,6 @@
 Importing this package registers every built-in op. See docs/ops.md.
 """
 from .registry import OPS, OpDef, register
-from . import elementwise, linalg, shape, reduce, nn, host, fused  # noqa: F401  (registration)
+from . import elementwise, linalg, shape, reduce, nn, host, fused, quant  # noqa: F401  (registration)
 
 __all__ = ["OPS", "OpDef", "register"]

@@ -62,7 +62,7 @@ def _linear_ref(x, p):
 
 register(OpDef("linear", (2, 4), _linear_infer, _linear_ref,
                defaults={"transpose_b": False, "act": "none", "has_bias": False, "has_residual": False},
-               doc="act(a @ w + bias) + residual (fused matmul epilogue)", fused=True))
+               doc="act(a @ w + bias) + residual (fused matmul epilogue)", fused=True, quant_srcs=(1,)))
 
 
 def _norm_affine_infer(node, srcs, params):

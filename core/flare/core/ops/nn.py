@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dtypes import DTYPES, to_numpy
+from ..dtypes import DTYPES, QUANT, to_numpy
+from .quant import as_float, logical_shape
 from ..errors import DTypeError, ShapeError
 from .registry import OpDef, broadcast, need_dtype, need_rank, register
 
@@ -56,15 +57,16 @@ register(OpDef("softmax", (1, 2), _softmax_infer, _softmax_ref, defaults={"scale
 
 def _get_rows_infer(node, srcs, params):
     table, idx = srcs
-    need_dtype(node, "get_rows", table, ("f32", "f16"))
+    need_dtype(node, "get_rows", table, ("f32", "f16", *QUANT))
     need_dtype(node, "get_rows", idx, ("i32", "i64"))
     need_rank(node, "get_rows", table, (2,))
     if len(idx.shape) > 3:
         raise ShapeError(f"get_rows indices of rank {len(idx.shape)} (at most 3)", node)
-    return (*idx.shape, table.shape[1]), "f32"
+    return (*idx.shape, logical_shape(table)[1]), "f32"
 
 
-register(OpDef("get_rows", (2, 2), _get_rows_infer, lambda x, p: x[0][x[1]].astype(np.float32)))
+register(OpDef("get_rows", (2, 2), _get_rows_infer, lambda x, p: as_float(x[0][x[1]]).astype(np.float32),
+               quant_srcs=(0,)))
 
 
 def _rope_infer(node, srcs, params):
@@ -182,12 +184,12 @@ register(OpDef("lstm", (4, 4), _lstm_infer, _lstm_ref,
 
 def _mul_mat_id_infer(node, srcs, params):
     w, x, ids = srcs
-    need_dtype(node, "mul_mat_id", w, ("f32", "f16"))
+    need_dtype(node, "mul_mat_id", w, ("f32", "f16", *QUANT))
     need_dtype(node, "mul_mat_id", x, ("f32",))
     need_dtype(node, "mul_mat_id", ids, ("i32",))
     need_rank(node, "mul_mat_id", w, (3,))
     need_rank(node, "mul_mat_id", ids, (2,))
-    e, n, k = w.shape
+    e, n, k = logical_shape(w)
     t, kk = ids.shape
     if x.shape not in ((t, k), (t, kk, k)):
         raise ShapeError(f"mul_mat_id x {x.shape} must be ({t}, {k}) or ({t}, {kk}, {k}) for w {w.shape}, ids {ids.shape}", node)
@@ -195,15 +197,16 @@ def _mul_mat_id_infer(node, srcs, params):
 
 
 def _mul_mat_id_ref(x, p):
-    w, v, ids = x[0].astype(np.float64), x[1].astype(np.float64), x[2]
-    if not ((ids >= 0) & (ids < w.shape[0])).all():
-        raise IndexError(f"mul_mat_id ids out of range 0..{w.shape[0] - 1}")
+    v, ids = x[1].astype(np.float64), x[2]
+    if not ((ids >= 0) & (ids < x[0].shape[0])).all():
+        raise IndexError(f"mul_mat_id ids out of range 0..{x[0].shape[0] - 1}")
+    w = as_float(x[0])
     if v.ndim == 2:
         v = np.broadcast_to(v[:, None, :], (*ids.shape, v.shape[1]))
     return np.einsum("tjnk,tjk->tjn", w[ids], v).astype(np.float32)
 
 
-register(OpDef("mul_mat_id", (3, 3), _mul_mat_id_infer, _mul_mat_id_ref))
+register(OpDef("mul_mat_id", (3, 3), _mul_mat_id_infer, _mul_mat_id_ref, quant_srcs=(0,)))
 
 
 def _set_rows_infer(node, srcs, params):
@@ -269,6 +272,8 @@ register(OpDef("gather", (2, 2), _gather_infer, lambda x, p: np.take_along_axis(
 def _cast_infer(node, srcs, params):
     if params["dtype"] not in DTYPES:
         raise DTypeError(f"cast to unknown dtype {params['dtype']!r}", node)
+    if params["dtype"] in QUANT:
+        raise DTypeError(f"cast to {params['dtype']}: quantizing is not an op (weights arrive quantized)", node)
     return srcs[0].shape, params["dtype"]
 
 

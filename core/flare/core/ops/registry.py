@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..dtypes import is_quant
 from ..errors import DTypeError, GraphError, ShapeError
 
 # infer(name, srcs, params) -> (shape, dtype)
@@ -123,6 +124,9 @@ class OpDef:
     writes_src0: bool = False
     doc: str = ""
     fused: bool = False  # made by the fusion pass from a chain; a backend may leave it unsupported
+    # positions of the sources that may have a block-quantized dtype (flare.core.dtypes.QUANT);
+    # every other op refuses them, so no kernel ever sees a block where it expects a number
+    quant_srcs: tuple[int, ...] = ()
 
     def with_defaults(self, node: str, params: Mapping[str, Any]) -> dict[str, Any]:
         unknown = set(params) - set(self.defaults) - set(self.required)
@@ -141,6 +145,10 @@ class OpDef:
         if not lo <= len(srcs) <= hi:
             want = str(lo) if lo == hi else f"{lo}..{hi}"
             raise GraphError(f"{self.name} takes {want} inputs, got {len(srcs)}", node)
+        for i, src in enumerate(srcs):
+            if is_quant(getattr(src, "dtype", "")) and i not in self.quant_srcs:
+                raise DTypeError(f"{self.name}: input {src.name!r} is block-quantized ({src.dtype}); only "
+                                 f"matmul (right operand), get_rows, mul_mat_id and dequantize read such weights", node)
         shape, dtype = self.infer(node, srcs, params)
         shape = tuple(int(d) for d in shape)
         if not 1 <= len(shape) <= 4:

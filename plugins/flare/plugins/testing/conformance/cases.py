@@ -9,6 +9,7 @@ Tolerances (|got - ref| <= atol + rtol*|ref|, the reference in float64):
 - reductions, norms, softmax, matmul, conv1d, mul_mat_id, rope: rtol 1e-4,
   atol 1e-5 — f32 accumulation in a different order than NumPy's pairwise sum
   gives errors growing with the reduction length (here <= 64) times f32 eps.
+- block-quantized weights: see quant_cases.py (dequantization exact, products QUANT_DOT).
 - lstm: the same — each step is a length-H dot product (H <= 300 here) and a few
   transcendentals; the cell is contractive (|f| < 1, |tanh| <= 1), so per-step
   errors do not compound over the steps (measured: 2-4e-7 after 64 steps).
@@ -256,6 +257,8 @@ def _lstm_cell_tail(b, r, i):
 
 
 CASES = _cases()
+from .quant_cases import QUANT_CASES  # noqa: E402  (needs the helpers above)
+CASES += QUANT_CASES
 
 
 def _fused_cases() -> list[Case]:
