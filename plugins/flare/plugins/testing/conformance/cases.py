@@ -257,8 +257,8 @@ def _lstm_cell_tail(b, r, i):
 
 
 CASES = _cases()
-from .quant_cases import QUANT_CASES  # noqa: E402  (needs the helpers above)
-CASES += QUANT_CASES
+from .quant_cases import quant_cases  # noqa: E402
+CASES += quant_cases()
 
 
 def _fused_cases() -> list[Case]:

@@ -19,8 +19,6 @@ import numpy as np
 
 from flare.core.dtypes import QUANT_TYPES
 
-from .cases import EXACT, Case, _in, f32, simple
-
 QUANT_DOT = (2e-2, 2e-2)
 
 # the scale `d` (and `dmin`) per type that keeps dequantized weights around +-0.1..0.3, so a
@@ -42,7 +40,11 @@ def quant_blocks(rng: np.random.Generator, dtype: str, rows: int, k: int) -> np.
     return blocks
 
 
-def _quant_cases() -> list[Case]:
+def quant_cases() -> list:
+    """The cases (cases.py appends them to CASES; imported here, not at the top, because
+    cases.py imports this module while it is still being built)."""
+    from .cases import EXACT, Case, _in, f32, simple
+
     cases: list[Case] = []
     for dt, t in QUANT_TYPES.items():
         k = 3 * t.block_size if t.block_size == 32 else 2 * t.block_size     # several blocks per row
@@ -63,5 +65,3 @@ def _quant_cases() -> list[Case]:
         ]
     return cases
 
-
-QUANT_CASES = _quant_cases()
