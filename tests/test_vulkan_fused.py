@@ -175,7 +175,7 @@ def test_attention_of_head_views(dev):
 @pytest.mark.parametrize("profile,keys,fused", [("cpu", 48, True), ("cpu", 49, False), ("gpu", 300, True),
                                                 ("gpu", 513, False)])
 def test_attention_key_limits(profile, keys, fused):
-    """Longer rows of keys than the profile's limit keep the chain unfused (kernels.py says why)."""
+    """Longer rows of keys than the profile's limit keep the chain unfused (lowering.py says why)."""
     (device,) = VulkanBackend.open_devices({"kernel_profile": profile})
     try:
         q, k, v = f32(2, 5, 8), f32(2, keys, 8), f32(2, keys, 3)

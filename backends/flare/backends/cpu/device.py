@@ -130,7 +130,9 @@ class CpuDevice(Device):
         variant = program.tuning.get(node.op)
         if variant is not None and variant in VARIANTS.get(node.op, {}):
             kern = VARIANTS[node.op][variant]
-            if variant == "packed":
+            if variant == "packed" and srcs[1].dtype.names:  # block-quantized: nothing to pack
+                kern = KERNELS[node.op]
+            elif variant == "packed":
                 srcs = self._pack(node, srcs, owned)
         return _bind(kern, out, srcs, node.params)
 

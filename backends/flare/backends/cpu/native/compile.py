@@ -38,7 +38,7 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
                 continue
             out = device.host_view(program.binding(node))
             srcs = [device.host_view(program.binding(s)) for s in node.srcs]
-            if node.op == "matmul" and program.tuning.get("matmul") == "packed":
+            if node.op == "matmul" and program.tuning.get("matmul") == "packed" and not srcs[1].dtype.names:
                 # a layout choice the C kernels honour: the weight stored [K, N] once, in the split
                 srcs = device._pack(node, srcs, owned)
                 cmds = translate(_Untransposed(node), out, srcs)
