@@ -19,7 +19,8 @@ from flare.core.graph import Tensor
 # kernel ids: the order of the enum in kernels.c
 KINDS = ("copy4 copy2 copy8 add sub mul div scale relu sigmoid silu gelu tanh exp sqrt neg sqr matmul "
          "layer_norm rms_norm softmax get_rows rope conv1d pad sum mean max argmax top_k gather mul_mat_id "
-         "set_rows cast_f32_i32 cast_i32_f32 cast_f16_f32 linear norm_affine lstm").split()
+         "set_rows cast_f32_i32 cast_i32_f32 cast_f16_f32 linear norm_affine lstm "
+         "qmatmul dequantize get_rows_q mul_mat_id_q").split()
 K = {name: i for i, name in enumerate(KINDS)}
 ACTIVATIONS = {"none": 0, "gelu": 1, "relu": 2, "sigmoid": 3}
 SMALL_GEMM = 4096      # M*N*K at or below which the plain C loop beats BLAS's dispatch
@@ -209,6 +210,8 @@ R_GEMM, R_GEMV_T, R_GEMV_N, R_WDOT, R_SWAP, R_SMALL, R_PACKED = range(7)  # the 
 def prepackable(c: Cmd, w: np.ndarray) -> bool:
     """Whether matmul/linear command c (right operand w, a constant weight stored [N, K]) should
     run the packed microkernel instead: a route that reads w as [N, K] rows, w shared by every batch."""
+    if c["kind"] != K["matmul"] and c["kind"] != K["linear"]:
+        return False
     m, n, k = c["ip"][0], c["ip"][1], c["ip"][2]
     return (c["ip"][7] in (R_WDOT, R_SWAP, R_GEMM) and c["ip"][5] == 112 and c["ss"][1][2] == 1
             and c["ss"][1][0] == c["ss"][1][1] == 0 and w.ndim == 2 and w.shape == (n, k)
@@ -244,8 +247,46 @@ def _rows_fold(ne: list[int], st: list[int], m: int) -> bool:
 
 @translator("matmul")
 def _matmul(node, out, srcs):
+    if srcs[1].dtype.names:
+        return _qmatmul(node, out, srcs)
     c = matmul_cmd("matmul", node, out, *srcs)
     return [c] if c else None
+
+
+# -- block-quantized weights (quant.c) --------------------------------------------------
+def _quant(w: np.ndarray) -> tuple[int, int, int, int] | None:
+    """(ggml type, K, bytes per weight row, bytes per activation row) of contiguous rows of blocks."""
+    from flare.core.dtypes import QUANT_TYPES, from_numpy
+    t = QUANT_TYPES[from_numpy(w.dtype)]
+    if w.strides[-1] != w.itemsize:
+        return None
+    k = w.shape[-1] * t.block_size
+    act = k // t.block_size * (40 if t.block_size == 32 else 324)   # quant.c's act32 / act256
+    return t.ggml_type, k, w.strides[-2] if w.ndim > 1 else w.nbytes, act
+
+
+def _qmatmul(node, out, srcs):
+    a, w = srcs
+    q = _quant(w)
+    if (q is None or w.ndim != 2 or not node.params["transpose_b"] or not _f32(out, a)
+            or out.ndim > 4 or not out.flags.c_contiguous):
+        return None
+    qtype, k, wrb, xrb = q
+    m, n = out.shape[-2:]
+    ast = bcast4(a, (*out.shape[:-2], m, k))
+    return [cmd("qmatmul", out, [a, w], pad4(out.shape, 1), pad4(estrides(out), 0), [ast],
+                ip=(qtype, k, wrb, xrb), scratch=m * xrb + k * 4)]
+
+
+@translator("dequantize")
+def _dequantize(node, out, srcs):
+    (w,) = srcs
+    q = _quant(w)
+    if q is None or not out.flags.c_contiguous or not w.flags.c_contiguous:
+        return None
+    qtype, k, wrb, _ = q
+    rows = out.size // k
+    return [cmd("dequantize", out, [w], [1, 1, rows, k], [0, 0, k, 1], [], ip=(qtype, k, wrb))]
 
 
 @translator("linear")
@@ -296,6 +337,13 @@ def _softmax(node, out, srcs):
 @translator("get_rows")
 def _get_rows(node, out, srcs):
     table, idx = srcs
+    if table.dtype.names:
+        q = _quant(table)
+        if q is None or not out.flags.c_contiguous:
+            return None
+        ist = [0] * (3 - idx.ndim) + estrides(idx) + [0]
+        return [cmd("get_rows_q", out, [table, idx], pad4(out.shape, 1), pad4(estrides(out), 0), [[0, 0, 0, 0], ist],
+                    ip=(q[0], q[1], q[2], 0, table.shape[0], int(idx.dtype == np.int64)))]
     if table.dtype not in (np.float32, np.float16) or out.dtype != np.float32:
         return None
     tst = estrides(table)
@@ -409,6 +457,16 @@ def _pad(node, out, srcs):
 @translator("mul_mat_id")
 def _mul_mat_id(node, out, srcs):
     w, x, ids = srcs
+    if w.dtype.names:
+        q = _quant(w)
+        if q is None or not _f32(out, x) or x.strides[-1] != 4 or not out.flags.c_contiguous:
+            return None
+        t, kk = ids.shape
+        xst = estrides(x)
+        xs = [0, xst[0], 0, 1] if x.ndim == 2 else [0, xst[0], xst[1], 1]
+        return [cmd("mul_mat_id_q", out, [w, x, ids], [1, t, kk, out.shape[-1]], [0, *estrides(out)],
+                    [[0, 0, 0, 0], xs, [0, *estrides(ids), 0]],
+                    ip=(q[0], q[1], q[2], q[3], w.shape[0], 0, w.strides[0]), scratch=q[3])]
     if not _f32(out, w, x) or w.strides[2] != 4 or x.strides[-1] != 4 or not out.flags.c_contiguous:
         return None
     e, n, k = w.shape

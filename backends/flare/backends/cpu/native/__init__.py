@@ -23,6 +23,12 @@ void flare_set_blas(void *sgemm, void *sgemv, int ilp64);
 int64_t flare_run(const flare_cmd *cmds, int64_t n, int32_t *err);
 int32_t flare_kind_count(void);
 int32_t flare_packed_isa(int32_t want);
+int32_t flare_quant_isa(int32_t want);
+int64_t flare_qact_row_bytes(int32_t type, int64_t k);
+void flare_qact_quantize_row(int32_t type, const float *x, void *xq, int64_t k);
+void flare_qmatmul_rows(int32_t type, const void *w, int64_t w_row_bytes, int64_t k, const void *xq,
+                        int64_t xq_row_bytes, int64_t m, float *out, int64_t ldo, int64_t r0, int64_t r1);
+void flare_dequantize_row(int32_t type, const void *w, float *y, int64_t k);
 """
 
 
@@ -34,6 +40,7 @@ class Native:
 
 
 PACKED_ISAS = ("plain C", "AVX2", "AVX-512")  # flare_packed_isa's return values
+QUANT_ISAS = ("?", "plain C", "AVX2", "AVX-512 VNNI")  # flare_quant_isa's (quant.h)
 _NATIVE: Native | None = None
 _TRIED = False
 REASON = "not loaded yet"
@@ -55,7 +62,9 @@ def load() -> Native | None:
     try:
         from .build import build
         from ..lowering import KINDS
-        module = build("_flare_native", (Path(__file__).parent / "kernels.c").read_text(), _CDEF)
+        here = Path(__file__).parent
+        module = build("_flare_native", (here / "kernels.c").read_text(), _CDEF, sources=(here / "quant.c",),
+                       include_dirs=(here,))
         blas = find_blas()
         if blas is None:
             REASON = "no OpenBLAS with cblas_sgemm found in this process or numpy.libs"
@@ -67,7 +76,9 @@ def load() -> Native | None:
                                   int(blas.ilp64))
         _NATIVE = Native(module.lib, module.ffi, blas)
         isa = PACKED_ISAS[module.lib.flare_packed_isa(-1)]
-        REASON = f"C kernels (cffi, packed-weight microkernel {isa}), BLAS {os.path.basename(blas.path)}"
+        qisa = QUANT_ISAS[module.lib.flare_quant_isa(0)]
+        REASON = (f"C kernels (cffi, packed-weight microkernel {isa}, quantized dots {qisa}), "
+                  f"BLAS {os.path.basename(blas.path)}")
     except ImportError as exc:
         REASON = f"cffi is not installed ({exc})"
     except Exception as exc:  # no compiler, read-only cache...: the NumPy path still works

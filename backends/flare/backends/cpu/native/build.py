@@ -22,18 +22,25 @@ PORTABLE_FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd
 
 
 def build(prefix: str, source: str, cdef: str, flags: tuple[str, ...] = PORTABLE_FLAGS,
-          libraries: tuple[str, ...] = ("m",)) -> ModuleType:
-    """Return the compiled cffi module (`.lib`, `.ffi`); raises if cffi or a compiler is missing."""
+          libraries: tuple[str, ...] = ("m",), sources: tuple[Path, ...] = (),
+          include_dirs: tuple[Path, ...] = ()) -> ModuleType:
+    """Return the compiled cffi module (`.lib`, `.ffi`); raises if cffi or a compiler is missing.
+
+    `sources` are further C files compiled into the same module, `include_dirs` where its
+    headers are; their text (and every header in `include_dirs`) is part of the cache key."""
     import cffi
 
-    key = "\0".join((source, cdef, " ".join(flags), " ".join(libraries), sys.version))
-    name = f"{prefix}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    parts = [source, cdef, " ".join(flags), " ".join(libraries), sys.version]
+    parts += [Path(p).read_text() for p in sources]
+    parts += [h.read_text() for d in include_dirs for h in sorted(Path(d).glob("*.h"))]
+    name = f"{prefix}_{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:12]}"
     folder = cache_dir("cffi")
     built = sorted(folder.glob(f"{name}*.so"))
     if not built:
         ffi = cffi.FFI()
         ffi.cdef(cdef)
-        ffi.set_source(name, source, libraries=list(libraries), extra_compile_args=list(flags))
+        ffi.set_source(name, source, libraries=list(libraries), extra_compile_args=list(flags),
+                       sources=[str(p) for p in sources], include_dirs=[str(d) for d in include_dirs])
         tmp = folder / f"build-{name}-{os.getpid()}"
         try:
             path = ffi.compile(tmpdir=str(tmp), verbose=False)

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "quant.h"
+
 /* Hot loops are compiled for several vector widths and picked at load time (GCC's
  * target_clones + ifunc), so one portable build still uses AVX2/AVX-512 where present. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
@@ -42,6 +44,8 @@ enum {
     /* fused */
     K_LINEAR, K_NORM_AFFINE,
     K_LSTM,
+    /* block-quantized weights (quant.c) */
+    K_QMATMUL, K_DEQUANTIZE, K_GET_ROWS_Q, K_MUL_MAT_ID_Q,
     K_COUNT
 };
 
@@ -842,6 +846,74 @@ static void k_lstm(const flare_cmd *c) {
     }
 }
 
+/* ---- block-quantized weights (quant.h) ----------------------------------------------------
+ * ip[0] is the weight's ggml type, ip[1] K (weights per row), ip[2] bytes per weight row,
+ * ip[3] bytes per quantized activation row. Activations are quantized into the scratch. */
+
+/* k_qmatmul: out [i0, i1, M, N] = a [i0, i1, M, K] (strides ss[0]) @ w^T, w [N, K/block] rows of
+ * blocks shared by every batch. scratch: M activation rows, then one float row for a strided a. */
+static int k_qmatmul(const flare_cmd *c) {
+    const int32_t type = (int32_t)c->ip[0];
+    const int64_t M = c->ne[2], N = c->ne[3], K = c->ip[1], wrb = c->ip[2], xrb = c->ip[3];
+    char *xq = (char *)c->scratch;
+    float *row = (float *)(xq + M * xrb);
+    for (int64_t i0 = 0; i0 < c->ne[0]; ++i0) for (int64_t i1 = 0; i1 < c->ne[1]; ++i1) {
+        const float *a = (const float *)c->src[0] + i0 * c->ss[0][0] + i1 * c->ss[0][1];
+        for (int64_t m = 0; m < M; ++m) {
+            const float *x = a + m * c->ss[0][2];
+            if (c->ss[0][3] != 1) {
+                for (int64_t k = 0; k < K; ++k) row[k] = x[k * c->ss[0][3]];
+                x = row;
+            }
+            flare_qact_quantize_row(type, x, xq + m * xrb, K);
+        }
+        float *o = (float *)c->out + i0 * c->os[0] + i1 * c->os[1];
+        flare_qmatmul_rows(type, c->src[1], wrb, K, xq, xrb, M, o, c->os[2], 0, N);
+    }
+    return 0;
+}
+
+/* k_dequantize: out [rows, K] contiguous = the rows of blocks src[0] (rows ip[2] bytes apart) */
+static void k_dequantize(const flare_cmd *c) {
+    const int64_t rows = c->ne[0] * c->ne[1] * c->ne[2], K = c->ip[1], wrb = c->ip[2];
+    for (int64_t r = 0; r < rows; ++r)
+        flare_dequantize_row((int32_t)c->ip[0], (const char *)c->src[0] + r * wrb, (float *)c->out + r * K, K);
+}
+
+/* k_get_rows_q: out [i0, i1, i2, K] contiguous; idx as k_get_rows (ip[5] = i64 indices); ip[4] = table rows */
+static int k_get_rows_q(const flare_cmd *c) {
+    const int64_t K = c->ip[1], wrb = c->ip[2], R = c->ip[4];
+    OUTER3(c) {
+        const int64_t off = OFF(c->ss[1], c);
+        const int64_t r = c->ip[5] ? ((const int64_t *)c->src[1])[off] : ((const int32_t *)c->src[1])[off];
+        if (r < -R || r >= R) return ERR_INDEX;
+        flare_dequantize_row((int32_t)c->ip[0], (const char *)c->src[0] + (r < 0 ? r + R : r) * wrb,
+                             (float *)c->out + OFF(c->os, c), K);
+    }
+    return 0;
+}
+
+/* k_mul_mat_id_q: out [T, kk, N] contiguous; w [E, N, K/block] (expert e ip[6] bytes after e - 1);
+ * x rows (element strides ss[1][1] per token, ss[1][2] per slot, 0 when shared; unit k stride);
+ * ids i32 [T, kk] (ss[2][1..2]); ip[4] = E. scratch: one activation row. */
+static int k_mul_mat_id_q(const flare_cmd *c) {
+    const int32_t type = (int32_t)c->ip[0];
+    const int64_t T = c->ne[1], kk = c->ne[2], N = c->ne[3], K = c->ip[1], wrb = c->ip[2], E = c->ip[4];
+    const int32_t *ids = (const int32_t *)c->src[2];
+    for (int64_t t = 0; t < T; ++t) for (int64_t j = 0; j < kk; ++j) {
+        const int32_t e = ids[t * c->ss[2][1] + j * c->ss[2][2]];
+        if (e < 0 || e >= E) return ERR_INDEX;
+    }
+    for (int64_t t = 0; t < T; ++t) for (int64_t j = 0; j < kk; ++j) {
+        const int32_t e = ids[t * c->ss[2][1] + j * c->ss[2][2]];
+        if (j == 0 || c->ss[1][2] != 0)
+            flare_qact_quantize_row(type, (const float *)c->src[1] + t * c->ss[1][1] + j * c->ss[1][2], c->scratch, K);
+        flare_qmatmul_rows(type, (const char *)c->src[0] + e * c->ip[6], wrb, K, c->scratch, c->ip[3], 1,
+                           (float *)c->out + (t * kk + j) * N, N, 0, N);
+    }
+    return 0;
+}
+
 /* ---- the loop ------------------------------------------------------------------------ */
 static int run_one(const flare_cmd *c) {
     switch (c->kind) {
@@ -881,6 +953,10 @@ static int run_one(const flare_cmd *c) {
     case K_LINEAR: return k_linear(c);
     case K_NORM_AFFINE: k_norm_affine(c); return 0;
     case K_LSTM: k_lstm(c); return 0;
+    case K_QMATMUL: return k_qmatmul(c);
+    case K_DEQUANTIZE: k_dequantize(c); return 0;
+    case K_GET_ROWS_Q: return k_get_rows_q(c);
+    case K_MUL_MAT_ID_Q: return k_mul_mat_id_q(c);
     default: return ERR_KIND;
     }
 }

@@ -5,13 +5,14 @@ and multiplies in float64. Tolerances:
 - dequantize and get_rows: exact (0). Every block type is a few float32 products
   (and one difference or sum) per weight in ggml's order; a backend must give the
   same bits — without fused multiply-add contraction.
-- matmul / mul_mat_id with quantized weights: QUANT_DOT, rtol 2e-2 and atol 2e-2
-  with outputs of order 1. A backend may round the activations to 8 bits per block
-  of 32 (q8_0 / q8_1) or 256 (q8_K) before an integer dot product, as ggml does:
-  each activation then moves by at most half a step, max|x_block| / 254; with these
-  inputs (|x| <= 2, rms 1.15) that is a relative error of about 0.4% per output,
-  summed like a random walk over k, well inside 2%. A float (dequantize-then-FMA)
-  kernel is within ACCUM of the reference.
+- matmul / mul_mat_id with quantized weights: QUANT_DOT, rtol 2e-2 and atol 0.1, with
+  outputs of order 1-3. A backend may round the activations to 8 bits per block of 32
+  or 256 before an integer dot product, as ggml does: each activation then moves by up
+  to half a step (max|x_block| / 254, here 2/254), independently, so an output's error
+  is a random walk over k: sigma = sqrt(k) * rms(w) * step / sqrt(12) ~ 0.012 for
+  k = 512 and these weights (rms <= 0.15); the largest deviation measured on the CPU's
+  integer path over every case is 0.05. atol 0.1 is 8 sigma. A float
+  (dequantize-then-FMA) kernel is within ACCUM of the reference.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from flare.core.dtypes import QUANT_TYPES
 
-QUANT_DOT = (2e-2, 2e-2)
+QUANT_DOT = (2e-2, 1e-1)
 
 # the scale `d` (and `dmin`) per type that keeps dequantized weights around +-0.1..0.3, so a
 # dot product over k <= 512 stays of order 1
