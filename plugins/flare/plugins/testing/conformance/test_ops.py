@@ -38,6 +38,14 @@ def test_every_registry_op_has_a_case():
     assert not missing, f"ops without a conformance case: {missing}"
 
 
+def test_backend_runs_some_op(backend, backend_session):
+    """The minimum op set (docs/write-a-backend.md): no op is required — the CPU runs what a
+    device refuses — but a device refusing every op would pass this suite by skipping it all."""
+    device = backend_session.devices[0]
+    runs = [c.id for c in CASES if not refused_nodes(_build(c)[0], device)]
+    assert runs, f"{backend.name}: supports() refuses every op of every case, so the suite tests nothing"
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_op_matches_reference(backend, backend_session, case: Case, request):
     record_op(request, backend.name, case.op)
