@@ -236,11 +236,14 @@ class PreparedGraph:
             info["nodes"] = len(plan.graph.nodes)
             info["arena"] = {d: {"planned": p.total, "lower_bound": p.lower_bound, "naive": p.naive,
                                  "chunks": p.chunks, "inplace": p.inplace} for d, p in plan.device_plans.items()}
+            fused = {f.node: f for f in plan.graph.fusions}
             info["split_list"] = [{"device": s.device, "nodes": len(s.nodes), "host": s.host,
+                                   "node_names": [_node_label(n, fused) for n in s.nodes],
                                    "copies": [f"{c.src.name} {c.src_device}->{c.dst_device} ({c.nbytes} B)" for c in s.copies],
                                    **(prog.describe() if prog is not None else {})}
                                   for s, prog in zip(plan.schedule.splits, plan.programs or [None] * len(plan.schedule.splits))]
             info["fusions"] = [str(f) for f in plan.graph.fusions]
+            info["placement_fallbacks"] = [str(f) for f in plan.schedule.fallbacks]
             out["entries"][entry] = info
         return out
 
@@ -597,6 +600,15 @@ class PreparedGraph:
         if result.shape != node.shape:
             raise InputError(f"host callback {node.params['callback']!r} returned {result.shape}, node {node.name!r} expects {node.shape}")
         dev.write(bindings[node.id], result.astype(to_numpy(node.dtype), copy=False))
+
+
+def _node_label(node: Tensor, fused: Mapping[str, Any]) -> str:
+    """A node's name for describe(): a fused node (named after its chain's first node) also
+    lists the nodes it replaced, `name (linear: a + b + c)`."""
+    f = fused.get(node.name)
+    if f is not None and OPS[node.op].fused:
+        return f"{node.name} ({f.op}: {' + '.join(f.replaced)})"
+    return node.name
 
 
 def _release_resources(plans: Mapping[str, OrderedDict], inputs: dict, states: dict, weights: dict,
