@@ -9,8 +9,8 @@ Rules, in order, for each op node:
 2. a write into state (`set_rows`, `copy_into`) runs where that state lives;
 3. weights follow: a node reading a weight goes to the weight's device if that
    device supports it;
-4. otherwise the highest-priority device that supports the node.
-In strict mode a node that cannot go to the highest-priority device (a silent
+4. otherwise the first device (in the session's order) that supports the node.
+In strict mode a node that cannot go to the first device (a silent
 fallback) is an error listing every such node. View nodes need no device of
 their own: they live where their storage lives. Inputs and state go to the
 device of their first real consumer unless placed.

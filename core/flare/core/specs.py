@@ -27,9 +27,10 @@ STAGE_EXPERTS = "stage_experts"
 class BackendSpec:
     """A backend plugin: `backend` is a `flare.core.backend.Backend` subclass.
 
-    `priority` orders backends in listings (`flare backends`, the test matrix)
-    and picks the default device order when a caller names none; the scheduler
-    itself follows the session's device order, which the caller chooses.
+    `priority` orders backends in listings: `flare backends` and the test
+    matrix's default `--backends` (highest first). It places nothing: the
+    scheduler prefers devices in the order the session was given them, which
+    the caller chooses (`Session(["vulkan", "cpu"])`, `--backends vulkan,cpu`).
     """
 
     name: str

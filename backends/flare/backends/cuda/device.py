@@ -44,10 +44,10 @@ class CudaDevice(Device):
     backend = "cuda"
 
     def __init__(self, gpu: GpuFacts, arch: int, fmt: str, compiler: KernelCompiler | None = None,
-                 priority: int = 100, driver: Any | None = None, name: str | None = None):
+                 driver: Any | None = None, name: str | None = None):
         """`driver` defaults to cuda.bindings.driver; the emulator passes a host stand-in
         with the same calls (flare.backends.cuda_emu.host_driver.HostDriver)."""
-        super().__init__(name or f"cuda:{gpu.index}", priority)
+        super().__init__(name or f"cuda:{gpu.index}")
         self.gpu = gpu
         self.arch, self.fmt = arch, fmt
         self.compiler = compiler or default_compiler()
