@@ -78,7 +78,7 @@ def bind(plan: EntryPlan, devices: Mapping[str, Device], workspace: GraphWorkspa
                 programs.append(None)
                 continue
             dev = devices[split.device]
-            program = SplitProgram(dev, split.nodes, plan.split_bindings[split.index], _tuning_for(tuning, dev))
+            program = SplitProgram(dev, split.nodes, plan.split_bindings[split.index], tuning_for(tuning, dev))
             if old is not None and old.rebind(program):
                 programs.append(old)   # updated in place (e.g. cuGraphExecUpdate)
                 continue
@@ -100,7 +100,8 @@ def bind(plan: EntryPlan, devices: Mapping[str, Device], workspace: GraphWorkspa
     return True
 
 
-def _tuning_for(tuning: Mapping[str, str], dev: Device) -> dict[str, str]:
+def tuning_for(tuning: Mapping[str, str], dev: Device) -> dict[str, str]:
+    """{"op": variant} of `dev`'s backend out of an entry's {"BACKEND.op": variant}."""
     prefix = f"{dev.backend}."
     return {k[len(prefix):]: v for k, v in tuning.items() if k.startswith(prefix)}
 

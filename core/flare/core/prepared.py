@@ -47,7 +47,7 @@ import numpy as np
 
 from . import state_rows
 from .backend import Binding
-from .bindings import CopyStep, bind
+from .bindings import CopyStep, bind, tuning_for
 from .errors import GraphError, InputError, ReleasedError
 from .dtypes import to_numpy
 from .graph import STATE, Tensor, integer_shape
@@ -188,6 +188,10 @@ class PreparedGraph:
 
     def current_plan(self, entry: str) -> EntryPlan:
         return self.plans.current[entry]
+
+    def tuning_for(self, entry: str, device: Any) -> dict[str, str]:
+        """The kernel variants (op -> variant) `device`'s splits of `entry` are compiled with."""
+        return tuning_for(self.tuning.get(entry, {}), device)
 
     # -- state and cache tensors from the host (state_rows.py) -----------------
     def state(self, name: str) -> np.ndarray:
