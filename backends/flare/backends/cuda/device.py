@@ -279,7 +279,7 @@ class CudaDevice(Device):
     def compile(self, program: SplitProgram) -> CudaGraphSplit:
         """Capture the split's launches into a CUDA graph (nothing runs yet)."""
         self._check_open()
-        split = CudaGraphSplit(self, program)
+        split = CudaGraphSplit(self.graph_handle, program)
         self._splits.add(split)
         return split
 
@@ -289,9 +289,14 @@ class CudaDevice(Device):
             for kernel in kernel_sources()[name].kernels():
                 self.function(name, kernel)
 
-    # -- graphs (used by CudaGraphSplit) ----------------------------------------------
-    def capture(self, record: Callable[[Any], None]) -> Any:
-        """Record what `record(stream)` enqueues into a new CUDA graph.
+    # -- graphs: what a CudaGraphSplit may ask, through `graph_handle` -----------------
+    @property
+    def graph_handle(self) -> "GraphHandle":
+        """The narrow handle compiled splits get (split.GraphHost) instead of the device."""
+        return GraphHandle(self)
+
+    def capture(self, record: Callable[[Any, Any], None]) -> Any:
+        """Record what `record(driver, stream)` enqueues into a new CUDA graph.
 
         A failure mid-capture still ends the capture and destroys the partial
         graph, so the stream stays usable and nothing leaks."""
@@ -301,7 +306,7 @@ class CudaDevice(Device):
             call(d.cuStreamBeginCapture(self.stream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
                  "cuStreamBeginCapture")
             try:
-                record(self.stream)
+                record(d, self.stream)
             except BaseException:
                 result = d.cuStreamEndCapture(self.stream)  # invalidated capture: usually no graph
                 if int(result[0]) == 0 and len(result) > 1 and result[1] is not None:
@@ -310,6 +315,18 @@ class CudaDevice(Device):
             graph = call(d.cuStreamEndCapture(self.stream), "cuStreamEndCapture")
             self.count("graphs", +1)
             return graph
+
+    def instantiate_graph(self, graph: Any) -> Any:
+        with self._lock:
+            self._make_current()
+            exec_ = call(self.driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+            self.count("graph_execs", +1)
+            return exec_
+
+    def update_graph_exec(self, exec_: Any, graph: Any) -> bool:
+        with self._lock:
+            self._make_current()
+            return int(self.driver.cuGraphExecUpdate(exec_, graph)[0]) == 0
 
     def launch_graph(self, exec_: Any) -> None:
         d = self.driver
@@ -373,3 +390,47 @@ class CudaDevice(Device):
         info.update({"gpu": self.gpu.name, "compute_capability": "%d.%d" % self.gpu.capability,
                      "target": f"{self.fmt} sm_{self.arch}"})
         return info
+
+
+class GraphHandle:
+    """A `split.GraphHost` over one CudaDevice: exactly the calls a compiled split makes.
+
+    Holds the device strongly (a split outliving its session must still be able to
+    destroy its graphs, as before) but exposes nothing else of it."""
+
+    __slots__ = ("_device",)
+
+    def __init__(self, device: CudaDevice):
+        self._device = device
+
+    @property
+    def name(self) -> str:
+        return self._device.name
+
+    @property
+    def closed(self) -> bool:
+        return self._device.closed
+
+    def function(self, module: str, kernel: str) -> Any:
+        return self._device.function(module, kernel)
+
+    def capture(self, record: Callable[[Any, Any], None]) -> Any:
+        return self._device.capture(record)
+
+    def instantiate(self, graph: Any) -> Any:
+        return self._device.instantiate_graph(graph)
+
+    def update(self, exec_: Any, graph: Any) -> bool:
+        return self._device.update_graph_exec(exec_, graph)
+
+    def launch(self, exec_: Any) -> None:
+        self._device.launch_graph(exec_)
+
+    def destroy_exec(self, exec_: Any) -> None:
+        self._device.destroy_graph_exec(exec_)
+
+    def destroy_graph(self, graph: Any) -> None:
+        self._device.destroy_graph(graph)
+
+    def forget(self, split: CudaGraphSplit) -> None:
+        self._device.forget(split)
