@@ -28,6 +28,7 @@ from flare.core.graph import Tensor
 from . import lowering
 from .compiler import KernelCompiler, default_compiler, kernel_sources
 from .driver import OUT_OF_MEMORY, CudaError, call, load, status_name
+from .graph_host import GraphHandle
 from .split import CudaGraphSplit
 from .probe import GpuFacts
 
@@ -291,8 +292,8 @@ class CudaDevice(Device):
 
     # -- graphs: what a CudaGraphSplit may ask, through `graph_handle` -----------------
     @property
-    def graph_handle(self) -> "GraphHandle":
-        """The narrow handle compiled splits get (split.GraphHost) instead of the device."""
+    def graph_handle(self) -> GraphHandle:
+        """The narrow handle compiled splits get (graph_host.GraphHost) instead of the device."""
         return GraphHandle(self)
 
     def capture(self, record: Callable[[Any, Any], None]) -> Any:
@@ -391,46 +392,3 @@ class CudaDevice(Device):
                      "target": f"{self.fmt} sm_{self.arch}"})
         return info
 
-
-class GraphHandle:
-    """A `split.GraphHost` over one CudaDevice: exactly the calls a compiled split makes.
-
-    Holds the device strongly (a split outliving its session must still be able to
-    destroy its graphs, as before) but exposes nothing else of it."""
-
-    __slots__ = ("_device",)
-
-    def __init__(self, device: CudaDevice):
-        self._device = device
-
-    @property
-    def name(self) -> str:
-        return self._device.name
-
-    @property
-    def closed(self) -> bool:
-        return self._device.closed
-
-    def function(self, module: str, kernel: str) -> Any:
-        return self._device.function(module, kernel)
-
-    def capture(self, record: Callable[[Any, Any], None]) -> Any:
-        return self._device.capture(record)
-
-    def instantiate(self, graph: Any) -> Any:
-        return self._device.instantiate_graph(graph)
-
-    def update(self, exec_: Any, graph: Any) -> bool:
-        return self._device.update_graph_exec(exec_, graph)
-
-    def launch(self, exec_: Any) -> None:
-        self._device.launch_graph(exec_)
-
-    def destroy_exec(self, exec_: Any) -> None:
-        self._device.destroy_graph_exec(exec_)
-
-    def destroy_graph(self, graph: Any) -> None:
-        self._device.destroy_graph(graph)
-
-    def forget(self, split: CudaGraphSplit) -> None:
-        self._device.forget(split)

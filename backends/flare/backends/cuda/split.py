@@ -13,52 +13,21 @@ the topology changed, the executable graph is rebuilt.
 
 A split reaches its device only through a `GraphHost` — the handful of calls a
 captured graph needs (load a kernel, capture, instantiate, update, launch,
-destroy, say it is gone) — which `CudaDevice` hands it (`device.GraphHandle`).
+destroy, say it is gone) — which `CudaDevice` hands it (`graph_host.GraphHandle`).
 This module does not import the device: the split cannot reach device
 internals (memory, staging, the context) and the two files form no import loop.
 """
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Callable, Protocol
+from typing import Any
 
 from flare.core.backend import PreparedSplit, SplitProgram
 from flare.core.errors import ReleasedError
 
 from . import lowering
 from .driver import call
-
-
-class GraphHost(Protocol):
-    """What a compiled split may ask of its device (and nothing more). Thread-safe: the
-    device serialises these on its own lock."""
-
-    name: str
-
-    @property
-    def closed(self) -> bool: ...
-
-    def function(self, module: str, kernel: str) -> Any:
-        """The loaded kernel `kernel` of module `module` (compiled and loaded on first use)."""
-
-    def capture(self, record: Callable[[Any, Any], None]) -> Any:
-        """A new CUDA graph of what `record(driver, stream)` enqueues."""
-
-    def instantiate(self, graph: Any) -> Any:
-        """An executable graph of `graph` (counted in live_objects)."""
-
-    def update(self, exec_: Any, graph: Any) -> bool:
-        """Push `graph` into `exec_` in place (cuGraphExecUpdate); False if the topology differs."""
-
-    def launch(self, exec_: Any) -> None:
-        """Launch `exec_` and wait for it."""
-
-    def destroy_exec(self, exec_: Any) -> None: ...
-
-    def destroy_graph(self, graph: Any) -> None: ...
-
-    def forget(self, split: "CudaGraphSplit") -> None:
-        """The split was released: the device no longer needs to release it on close."""
+from .graph_host import GraphHost
 
 
 def _signature(program: SplitProgram) -> tuple:
