@@ -12,6 +12,7 @@ kernel-contract test with a message that says so.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +28,11 @@ pytestmark = pytest.mark.slow
 def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The environment of a Python that imports this Flare and the installed f64 backend."""
     root = tmp_path_factory.mktemp("f64")
-    dist, site = root / "dist", root / "site"
+    dist, site, src = root / "dist", root / "site", root / "src"
+    # build from a copy: an in-tree build writes build/ and *.egg-info beside the sources
+    shutil.copytree(SOURCE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist),
-                    str(SOURCE)], check=True, cwd=root)
+                    str(src)], check=True, cwd=root)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
                     *map(str, dist.glob("*.whl"))], check=True)
     env = {k: v for k, v in os.environ.items() if k not in ("FLARE_DISABLE_PLUGIN_AUTOLOAD", "FLARE_F64_ALIAS_UNSAFE")}
