@@ -27,7 +27,7 @@ from typing import Callable, Mapping, Sequence
 
 from .backend import Device
 from .errors import PlacementError
-from .graph import INPUT, PERSISTENT, WEIGHT, Graph, Tensor
+from .graph import WEIGHT, Graph, Tensor
 from .ops import OPS
 
 _copy_keys = itertools.count(-1, -1)  # copies get negative keys, tensors positive ids
