@@ -154,6 +154,7 @@ def schedule(
     pinned = dict(pinned or {})
     device_of: dict[int, str] = {}
     overruled: list[tuple[Tensor, str, str]] = []   # (node, the device it preferred, why not there)
+    offered = PlacementDevices(devices)   # what the callback sees as `devices`
 
     def ask(t: Tensor) -> str | None:
         """The callback's (or pin's) device for `t`; a Prefer answer is returned only where
@@ -162,7 +163,7 @@ def schedule(
             return pinned[t.name]
         if placement is None:
             return None
-        answer = placement(t, PlacementDevices(devices))
+        answer = placement(t, offered)
         prefer = isinstance(answer, Prefer)
         choice = answer.device if prefer else answer
         if choice is not None and choice not in by_name and f"{choice}:0" in by_name:
