@@ -9,7 +9,7 @@
 2. Recurrence: a prepared graph of one `lstm` node (T steps, batch 1, hidden 128: silero-
    vad's cell) as microseconds per step, best of `--repeats` after one warm-up: the
    sequential part no batching hides (one kernel, one workgroup, on a GPU backend).
-3. End to end: `flare run <model> --backend B --json` in a fresh process per backend,
+3. End to end: `flare run <model> --backends B --json` in a fresh process per backend,
    reporting the `elapsed_s` the CLI measures (compute on a prepared model, not
    process start-up): MiniLM-L6 on its shipped sentences and silero-vad offline on
    its shipped sample. Best of `--e2e-repeats` processes.
@@ -90,8 +90,8 @@ def lstm_us_per_step(backend: str, steps: int, repeats: int, hidden: int = 128) 
 
 
 def e2e_seconds(backend: str, model: str, repeats: int) -> float:
-    """Best `elapsed_s` of `flare run <model> --backend <backend> --json` over fresh processes."""
-    cmd = [sys.executable, "-m", "flare.core.cli", "run", *MODELS[model], "--backend", backend, "--json"]
+    """Best `elapsed_s` of `flare run <model> --backends <backend> --json` over fresh processes."""
+    cmd = [sys.executable, "-m", "flare.core.cli", "run", *MODELS[model], "--backends", backend, "--json"]
     best = float("inf")
     for _ in range(repeats):
         proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)

@@ -7,7 +7,7 @@ cache warm-up, a busy neighbour); the time ratio compares medians; outputs must 
 run. Not a test: run it by hand, e.g.
 
     python bench/moe_resident_vs_offload.py --size small
-    python bench/moe_resident_vs_offload.py --size small --backend vulkan
+    python bench/moe_resident_vs_offload.py --size small --backends vulkan
 """
 from __future__ import annotations
 
@@ -78,7 +78,9 @@ def one_run(args: argparse.Namespace, experts: str, devices: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="small")
-    p.add_argument("--backend", default="cpu", help="first device (cpu is appended as fallback)")
+    from flare.core.options import add_backends_option
+
+    add_backends_option(p, dest="backend", help="first device (cpu is appended as fallback)")
     p.add_argument("--cache-mb", type=float, default=None, help="offload cache MiB (default: the size's default)")
     p.add_argument("--expert-source", choices=["mmap", "host"], default="mmap")
     p.add_argument("--prefetch", type=int, default=0,

@@ -1,6 +1,6 @@
 """Host memory of a long-lived session: N prepare/release cycles of silero-vad, RSS before and after.
 
-    OPENBLAS_NUM_THREADS=1 python bench/prepare_release_rss.py [--cycles 300] [--backend cpu]
+    OPENBLAS_NUM_THREADS=1 python bench/prepare_release_rss.py [--cycles 300] [--backends cpu]
 
 Prints RSS (from /proc/self/statm) after a 10-cycle warm-up and after N cycles, the
 growth, and the ledger's live buffers at the end (0 when everything was released).
@@ -24,7 +24,9 @@ def rss_mib() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cycles", type=int, default=300)
-    ap.add_argument("--backend", default="cpu")
+    from flare.core.options import add_backends_option
+
+    add_backends_option(ap, dest="backend")
     args = ap.parse_args()
     from flare.core.ledger import LEDGER
     from flare.models.silero_vad.runner import SileroVad

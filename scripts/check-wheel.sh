@@ -20,4 +20,7 @@ cd "$work"   # away from the source tree, so only the wheel can be imported
 "$work/venv/bin/flare" backends
 "$work/venv/bin/python" -c "import flare.core, pathlib; p = pathlib.Path(flare.core.__file__).parent; print('installed at', p); assert 'site-packages' in str(p)"
 "$work/venv/bin/python" -m pytest -q -p no:cacheprovider --pyargs flare.plugins.testing.conformance --backends=cpu --require-backends
+# `flare new` writes its skeletons from templates that must be inside the wheel
+"$work/venv/bin/flare" new backend wheelcheck -o "$work" >/dev/null
+test -f "$work/flare-backend-wheelcheck/src/flare_wheelcheck/device.py"
 echo "wheel check passed"

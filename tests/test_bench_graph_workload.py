@@ -55,3 +55,49 @@ def test_generic_workload_honours_the_registered_placement():
         pm.pm.unregister(plugin)
         pm._models = None
         forget_workloads()
+
+
+def _sized_graph(options):
+    """`width` (a model option) decides the weight's size; unknown options are the model's error."""
+    from flare.core.errors import ModelError
+
+    unknown = set(options) - {"width"}
+    if unknown:
+        raise ModelError(f"sized-toy: unknown options {sorted(unknown)}")
+    n = int(options.get("width", 8))
+
+    def full(b, shapes):
+        x = b.input("x", shapes["x"])
+        b.output("y", b.matmul(x, b.weight("w", np.ones((n, 8), np.float32)), transpose_b=True))
+
+    return ModelGraph({"full": full}, {"full": {"x": (2, 8)}})
+
+
+class SizedToy:
+    @hookimpl
+    def flare_models(self):
+        return [ModelSpec("sized-toy", "a model option decides a weight's size", graph=_sized_graph)]
+
+
+def test_generic_workload_hands_options_to_the_model():
+    import pytest
+
+    from flare.core.errors import ModelError
+
+    pm = get_plugin_manager()
+    plugin = SizedToy()
+    pm.register(plugin, name="sized-toy-plugin")
+    forget_workloads()
+    try:
+        a = parse_config({"model": "sized-toy", "options": {"width": 16}}, name="wide")
+        assert a.options == {"width": 16}
+        result = run_bench(a, a, blocks=1, requests=1, warmup=0)
+        plan = result.summaries["A"].memory_plan
+        assert plan["persistent_bytes"]["cpu:0"] >= 16 * 8 * 4        # the 16-row weight, not the 8-row default
+        bad = parse_config({"model": "sized-toy", "options": {"depth": 2}}, name="bad")
+        with pytest.raises(ModelError, match="unknown options \\['depth'\\]"):
+            run_bench(bad, bad, blocks=1, requests=1, warmup=0)
+    finally:
+        pm.pm.unregister(plugin)
+        pm._models = None
+        forget_workloads()

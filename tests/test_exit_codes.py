@@ -12,8 +12,8 @@ from flare.core.errors import RUN_FAILED, USAGE, AllocationError, CoreFormatErro
 @pytest.mark.parametrize("argv, what", [
     (["run", "silero-vad", "/no/such/file.wav"], "no such file"),
     (["run", "silero-vad", "--threshold", "nan"], "threshold=nan"),
-    (["run", "minilm-l6", "--backend", "vulkn"], "unknown backend 'vulkn'"),
-    (["run", "moe-lm", "--prompt", "Hi", "--backend", ","], "--backend ','"),
+    (["run", "minilm-l6", "--backends", "vulkn"], "unknown backend 'vulkn'"),
+    (["run", "moe-lm", "--prompt", "Hi", "--backends", ","], "--backends ','"),
     (["run", "no-such-model"], "unknown model 'no-such-model'"),
     (["run", "/no/such/dir.core", "--check"], "no such core directory"),
     (["describe", "silero-vad", "--backends", "cpu,,cpu"], "--backends 'cpu,,cpu'"),

@@ -190,7 +190,7 @@ def test_tuned_variants_are_what_the_cpu_device_runs(moe: Path) -> None:
     with CoreRuntime(core) as rt:
         for name in core.programs:
             plan = rt.graph.current_plan(name)
-            want = rt.graph._tuning_for(name, rt.session.devices[0])
+            want = rt.graph.tuning_for(name, rt.session.devices[0])
             assert want == {core.tuning[k].kernel: core.tuning[k].choice for k in core.programs[name].tuning}
             assert plan.programs, name
         packed = [r for r in LEDGER.live_records() if r.tag.startswith("cpu:packed:")]

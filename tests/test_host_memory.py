@@ -42,9 +42,15 @@ def test_prepare_release_cycles_do_not_grow_the_process():
     before = LEDGER.snapshot()
     with Session(["cpu"]) as sess:
         def cycle(i: int) -> None:
-            pg = sess.prepare({"full": _builder(i)}, {"full": {"x": x.shape}}, name=f"cycle{i}")
+            # odd cycles share a workspace the session hands out (and tracks), even ones
+            # get the graph's private workspace: neither may outlive its cycle
+            ws = sess.workspace(f"ws{i}") if i % 2 else None
+            pg = sess.prepare({"full": _builder(i)}, {"full": {"x": x.shape}}, name=f"cycle{i}", workspace=ws)
             pg.execute("full", x=x)
             pg.release()
+            if ws is not None:
+                assert len(sess._workspaces) == 1   # tracked while the caller holds it
+                ws.release()
 
         for i in range(50):  # warm-up: allocator pools, import-time caches
             cycle(i)
@@ -55,7 +61,7 @@ def test_prepare_release_cycles_do_not_grow_the_process():
         gc.collect()
         grown = _rss_bytes() - rss0
         assert sess.live_graphs() == []
-        assert len(sess._workspaces) == 0
+        assert len(sess._workspaces) == 0, "the session keeps workspaces nobody holds"
     assert LEDGER.snapshot().live == before.live, "ledger not back to empty"
     assert grown < RSS_BUDGET, f"RSS grew by {grown / 2**20:.1f} MiB over {CYCLES} prepare/release cycles"
 

@@ -111,7 +111,7 @@ def test_mixed_batch_prefill_and_decode_in_one_step(resident, offload):
 def test_entries_share_one_allocation_and_kv_state(resident):
     g = resident.graph
     assert set(g._current) >= {"prefill", "decode"}
-    names = set(g._states)
+    names = set(g.states())
     assert {f"L{i}.k_cache" for i in range(resident.cfg.n_layers)} <= names
     before = g.persistent_bytes()
     resident.generate(encode("share"), 3)

@@ -193,3 +193,56 @@ def test_both_strategies_never_overlap_and_the_smaller_wins(ivs):
     check_no_overlap(chosen, ivs)
     assert chosen.total == min(walked.total, total)
     assert chosen.total >= chosen.lower_bound  # nothing beats the liveness bound
+
+
+def test_reserve_is_the_dry_run_of_prepare_for_a_model_graph():
+    """`reserve` goes through prepare's own planning path (validation, pinning, fusion): for
+    each entry of moe-lm (fused linear and norm nodes, KV state pinned where it lives) its
+    chunk sizes are what prepare then plans and the workspace allocates — for the shapes
+    already prepared and for new ones."""
+    with Session(["cpu:0", "cpu:1"]) as sess, sess.prepare_model("moe-lm", {"size": "tiny"}) as pg:
+        for entry in ("prefill", "decode"):
+            plan = pg.current_plan(entry)
+            assert plan.graph.fusions, f"{entry}: no fused node, so this would not test fusion"
+            assert pg.reserve(entry, plan.shapes) == plan.chunks()
+        # a prefill chunk twice as long (out_rows: the rows whose logits are read, still one)
+        bigger = {k: v if k == "out_rows" else (v[0] * 2, *v[1:]) for k, v in pg.current_plan("prefill").shapes.items()}
+        before = LEDGER.snapshot()
+        dry = pg.reserve("prefill", bigger)
+        assert LEDGER.snapshot().live == before.live, "reserve allocated"
+        plan = pg.prepare("prefill", bigger)
+        assert dry == plan.chunks()
+        for dev, chunks in dry.items():
+            have = pg.workspace.chunk_sizes(dev)
+            assert len(have) >= len(chunks) and all(h >= c for h, c in zip(have, chunks)), (dev, have, chunks)
+
+
+def test_reserve_sees_pinning_and_fusion_as_prepare_does():
+    """Two ways a planner that skipped prepare's steps would under-count: entry `read` finds
+    state `s` pinned on cpu:1 (where entry `write` put it), so cpu:0 needs a slot for its
+    copy; and `matmul + add` fuses into one `linear` node, so the matmul's own output needs
+    no slot. reserve() must report what prepare then plans."""
+    w = np.ones((16, 16), np.float32)
+
+    def write(b, shapes):
+        r = b.relu(b.input("x", shapes["x"]), name="a.relu")
+        b.copy_into(b.state("s", (1, 16)), r, name="a.write")
+        b.output("r", r)
+
+    def read(b, shapes):
+        x = b.input("x", shapes["x"])
+        b.output("y", b.add(b.matmul(x, b.weight("w", w), transpose_b=True), b.weight("bias", w[0]), name="b.bias"))
+        b.output("z", b.add(x, b.state("s", (1, 16)), name="b.add"))
+
+    def place(t, devices):
+        return "cpu:1" if t.name.startswith("a.") else None
+
+    with Session(["cpu:0", "cpu:1"]) as sess:
+        pg = sess.prepare({"write": write, "read": read}, {"write": {"x": (1, 16)}}, placement=place)
+        dry = pg.reserve("read", {"x": (4, 16)})
+        plan = pg.prepare("read", {"x": (4, 16)})
+        assert plan.schedule.device_of[plan.graph.states["s"].id] == "cpu:1" and plan.schedule.copies
+        assert [f.op for f in plan.graph.fusions] == ["linear"]
+        # y and z (256 B each) and s's copy (64 B); without pins and fusion it would be 512 B
+        assert dry == plan.chunks() == {"cpu:0": [576]}
+        pg.release()

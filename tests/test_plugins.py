@@ -54,13 +54,35 @@ def test_broken_plugins_are_reported_and_skipped():
     assert "returned str" in errors["good"]
 
 
-def test_autoload_can_be_disabled(monkeypatch):
+def _install_probe_distribution(root: Path) -> str:
+    """A real (if tiny) installed distribution on `root`: a dist-info folder with an entry
+    point in `flare.models` naming a module beside it. Returns the module's name."""
+    (root / "flare_autoload_probe.py").write_text(textwrap.dedent('''
+        from flare.core.plugin_manager import hookimpl
+
+        @hookimpl
+        def flare_models():
+            return []
+    '''))
+    info = root / "flare_autoload_probe-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flare-autoload-probe\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[flare.models]\nautoload-probe = flare_autoload_probe\n")
+    return "flare_autoload_probe"
+
+
+def test_autoload_can_be_disabled(monkeypatch, tmp_path):
+    """With autoload on, another distribution's entry point is loaded; with
+    FLARE_DISABLE_PLUGIN_AUTOLOAD=1 only Flare's own plugins are."""
+    module = _install_probe_distribution(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("FLARE_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    loaded = {name for name, _ in PluginManager().pm.list_name_plugin()}
+    assert module in loaded, "the third-party entry point must load when autoload is on"
     monkeypatch.setenv("FLARE_DISABLE_PLUGIN_AUTOLOAD", "1")
-    pm = PluginManager()
-    own = {"flare-runtime"}
-    names = {name for name, _ in pm.pm.list_name_plugin()}
+    names = {name for name, _ in PluginManager().pm.list_name_plugin()}
     assert "flare.backends.cpu.plugin" in names and "flare.models.moe_lm.plugin" in names
-    assert {d.project_name for _, d in pm.pm.list_plugin_distinfo()} <= own  # nothing third-party
+    assert module not in names, "autoload disabled, yet a third-party plugin was loaded"
 
 
 class Counter:

@@ -107,7 +107,7 @@ def test_entry_points_share_one_allocation():
         pg = sess.prepare({"full": full, "body": body}, {"full": {"x": (8, 32)}, "body": {"x": (8, 32)}})
         needs = [pg.current_plan(e).device_plans["cpu:0"].total for e in ("full", "body")]
         assert pg.workspace.nbytes() == max(needs) < sum(needs)
-        assert len([k for k in pg._weights]) == 1, "weights shared by entry points are uploaded once"
+        assert len(pg.persistent.weights) == 1, "weights shared by entry points are uploaded once"
         pg.write_rows("bias", 0, np.ones((1, 32), np.float32))
         x = RNG.uniform(-1, 1, (8, 32)).astype(np.float32)
         np.testing.assert_allclose(pg.execute("body", x=x)["y"], np.tanh(x @ W) + 1, rtol=1e-5, atol=1e-5)

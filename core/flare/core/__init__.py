@@ -26,6 +26,8 @@ _PUBLIC = {
     "Binding": "backend", "MemoryInfo": "backend", "PreparedSplit": "backend", "ProbeResult": "backend",
     "SplitProgram": "backend", "BackendSpec": "specs", "ModelSpec": "specs", "ModelGraph": "specs",
     "CommandSpec": "specs", "hookimpl": "plugin_manager",
+    # placement callbacks: `devices` they receive, a preference the scheduler may overrule
+    "PlacementDevices": "partition", "Prefer": "partition",
     # memory accounting
     "LEDGER": "ledger",
     # errors

@@ -149,9 +149,10 @@ class Device(abc.ABC):
 
     backend: ClassVar[str] = "?"
 
-    def __init__(self, name: str, priority: int = 0):
+    # No per-device priority: the scheduler prefers devices in the order the session was
+    # given them (`Session(["vulkan", "cpu"])`); `BackendSpec.priority` only orders listings.
+    def __init__(self, name: str):
         self.name = name
-        self.priority = priority
         self.closed = False
         self._closing = False
         self._users = 0

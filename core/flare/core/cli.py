@@ -28,10 +28,12 @@ import sys
 from typing import Sequence, TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
 from .errors import USAGE, FlareError, InputError, exit_code
+from .options import add_backends_option, add_model_option, model_options
 from .plugin_manager import get_plugin_manager
 
 def _fmt_bytes(n: int) -> str:
@@ -44,26 +46,12 @@ def _fmt_bytes(n: int) -> str:
 
 def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments `flare run` (for a model without a job) and `flare describe` share."""
-    p.add_argument("--backends", default="cpu", help="devices in priority order, e.g. cpu:0,cpu:1 or vulkan,cpu "
-                                                     "(default cpu)")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="a model option passed to its ModelSpec (VALUE is read as JSON if it parses, "
-                        "else as text), e.g. --option experts=resident")
+    add_backends_option(p)
+    add_model_option(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def _model_options(items: Sequence[str]) -> dict:
-    """['slots=8', 'experts=offload'] -> {'slots': 8, 'experts': 'offload'}."""
-    options: dict = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise InputError(f"--option {item!r}: expected KEY=VALUE, e.g. --option experts=resident")
-        try:
-            options[key.strip()] = json.loads(text)
-        except ValueError:
-            options[key.strip()] = text
-    return options
+_model_options = model_options
 
 
 def _devices(text: str) -> list[str]:
@@ -100,12 +88,13 @@ def cmd_backends(args: argparse.Namespace) -> int:
         table.add_column(col)
     for r in rows:
         devs = "\n".join(f"{d['name']}: {_fmt_bytes(d['free'])} / {_fmt_bytes(d['total'])}" for d in r["devices"]) or "-"
-        status = ("[green]usable[/] " if r["usable"] else "[red]unusable[/] ") + r["status"]
+        # the status is text, not markup: install hints say `pip install 'flare-runtime[cuda]'`
+        status = ("[green]usable[/] " if r["usable"] else "[red]unusable[/] ") + escape(r["status"])
         table.add_row(r["name"], r["version"], status, devs)
     console = Console()
     console.print(table)
     for b in broken:
-        console.print(f"[yellow]broken plugin[/] {b['plugin']}: {b['error']}")
+        console.print(f"[yellow]broken plugin[/] {escape(b['plugin'])}: {escape(b['error'])}")
     return 0
 
 
@@ -122,11 +111,11 @@ def cmd_models(args: argparse.Namespace) -> int:
         table.add_column(col)
     for r in rows:
         callbacks = [name for name in ("run", "placement", "stage_experts") if r[name]]
-        table.add_row(r["name"], r["version"], ", ".join(callbacks) or "-", r["description"])
+        table.add_row(r["name"], r["version"], ", ".join(callbacks) or "-", escape(r["description"]))
     console = Console()
     console.print(table)
     for b in pm.broken:
-        console.print(f"[yellow]broken plugin[/] {b.name}: {b.error}")
+        console.print(f"[yellow]broken plugin[/] {escape(b.name)}: {escape(b.error)}")
     return 0
 
 
@@ -217,8 +206,12 @@ def cmd_describe(args: argparse.Namespace) -> int:
         for col in ("split", "device", "nodes", "copies in"):
             table.add_column(col)
         for i, s in enumerate(e["split_list"]):
-            table.add_row(str(i), s["device"] + (" (host)" if s["host"] else ""), str(s["nodes"]), "\n".join(s["copies"]) or "-")
+            nodes = f"{s['nodes']}: {', '.join(s['node_names'])}"
+            table.add_row(str(i), s["device"] + (" (host)" if s["host"] else ""), escape(nodes),
+                          escape("\n".join(s["copies"])) or "-")
         console.print(table)
+        for fallback in e["placement_fallbacks"]:
+            console.print(f"  placement fallback: {fallback}", highlight=False, markup=False)
         for dev, a in e["arena"].items():
             if a["planned"]:
                 console.print(f"  arena {dev}: planned {_fmt_bytes(a['planned'])}, liveness lower bound "

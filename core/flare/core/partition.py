@@ -1,12 +1,16 @@
 """The scheduler: one graph over several devices (ggml's backend scheduler, simplified).
 
 Rules, in order, for each op node:
-1. the model's placement callback (or a pinned placement) decides if it answers;
+1. the model's placement callback (or a pinned placement) decides if it answers
+   with a device name; an answer wrapped in `Prefer(name)` is only a wish: when
+   that device cannot run the node (its `supports` says no, or the state it writes
+   lives elsewhere) the rules below decide, and the schedule records the fallback
+   (`Schedule.fallbacks`, `describe()["entries"][e]["placement_fallbacks"]`);
 2. a write into state (`set_rows`, `copy_into`) runs where that state lives;
 3. weights follow: a node reading a weight goes to the weight's device if that
    device supports it;
-4. otherwise the highest-priority device that supports the node.
-In strict mode a node that cannot go to the highest-priority device (a silent
+4. otherwise the first device (in the session's order) that supports the node.
+In strict mode a node that cannot go to the first device (a silent
 fallback) is an error listing every such node. View nodes need no device of
 their own: they live where their storage lives. Inputs and state go to the
 device of their first real consumer unless placed.
@@ -23,11 +27,60 @@ from typing import Callable, Mapping, Sequence
 
 from .backend import Device
 from .errors import PlacementError
-from .graph import INPUT, PERSISTENT, WEIGHT, Graph, Tensor
+from .graph import WEIGHT, Graph, Tensor
 from .ops import OPS
 
-PlacementFn = Callable[[Tensor, list[str]], "str | None"]
 _copy_keys = itertools.count(-1, -1)  # copies get negative keys, tensors positive ids
+
+
+@dataclass(frozen=True)
+class Prefer:
+    """A placement answer that may be overruled: run on `device` if it can run the node,
+    else let the scheduler's other rules choose (and record the fallback)."""
+
+    device: str
+
+
+class PlacementDevices(list):
+    """What a placement callback gets as `devices`: the session's device names in the
+    order the user gave (a plain `list[str]`, so `devices[0]` and `devices[-1]` work),
+    plus the questions a callback needs to place a node where it can run.
+
+    Read-only use only; one is made per schedule and not shared between threads."""
+
+    def __init__(self, devices: Sequence[Device]):
+        super().__init__(d.name for d in devices)
+        self._by_name = {d.name: d for d in devices}
+
+    def device(self, name: str) -> Device:
+        """The Device behind a name (a backend name means its first device)."""
+        dev = self._by_name.get(name) or self._by_name.get(f"{name}:0")
+        if dev is None:
+            raise PlacementError(f"no device {name!r} in this session ({', '.join(self)})", [name])
+        return dev
+
+    def can_run(self, node: Tensor, name: str) -> bool:
+        """Whether device `name` supports `node` (True for leaves and views, which run nowhere)."""
+        if node.op is None or node.op == "host" or OPS[node.op].view is not None:
+            return True
+        return self.device(name).supports(node)
+
+
+PlacementFn = Callable[[Tensor, PlacementDevices], "str | Prefer | None"]
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """A node a placement callback preferred on `preferred` that runs on `device` instead."""
+
+    node: str
+    op: str
+    preferred: str
+    device: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.node} ({self.op}): preferred {self.preferred}, runs on {self.device} ({self.why})"
 
 
 @dataclass
@@ -66,6 +119,7 @@ class Schedule:
     device_of: dict[int, str]          # storage/op tensor id -> device name
     time_of: dict[int, int]            # op node id -> schedule time (odd numbers)
     split_time: dict[int, int]         # split index -> time its copies happen (even)
+    fallbacks: list[Fallback] = field(default_factory=list)   # preferences the scheduler overruled
 
     @property
     def copies(self) -> list[Copy]:
@@ -99,18 +153,35 @@ def schedule(
     top = devices[0]
     pinned = dict(pinned or {})
     device_of: dict[int, str] = {}
+    overruled: list[tuple[Tensor, str, str]] = []   # (node, the device it preferred, why not there)
+    offered = PlacementDevices(devices)   # what the callback sees as `devices`
 
     def ask(t: Tensor) -> str | None:
+        """The callback's (or pin's) device for `t`; a Prefer answer is returned only where
+        it can be kept (else it is recorded in `overruled` and the other rules decide)."""
         if t.name in pinned:
             return pinned[t.name]
-        if placement is not None:
-            choice = placement(t, list(names))
-            if choice is not None and choice not in by_name and f"{choice}:0" in by_name:
-                choice = f"{choice}:0"  # a backend name means its first device
-            if choice is not None and choice not in by_name:
-                raise PlacementError(f"placement callback put {t.name!r} on {choice!r}, which is not one of {names}", [t.name])
-            return choice
-        return None
+        if placement is None:
+            return None
+        answer = placement(t, offered)
+        prefer = isinstance(answer, Prefer)
+        choice = answer.device if prefer else answer
+        if choice is not None and choice not in by_name and f"{choice}:0" in by_name:
+            choice = f"{choice}:0"  # a backend name means its first device
+        if choice is not None and choice not in by_name:
+            raise PlacementError(f"placement callback put {t.name!r} on {choice!r}, which is not one of {names}", [t.name])
+        if prefer and choice is not None and t.op is not None and t.op != "host":
+            why = None
+            if not by_name[choice].supports(t):
+                why = f"{choice} does not support {t.op}"
+            elif OPS[t.op].writes_src0:
+                home = device_of.get(t.srcs[0].storage.id)
+                if home is not None and home != choice:
+                    why = f"the state {t.srcs[0].storage.name!r} it writes lives on {home}"
+            if why is not None:
+                overruled.append((t, choice, why))
+                return None
+        return choice
 
     # weights first: where the callback says, else the best device for their first consumer
     consumers = graph.consumers()
@@ -168,6 +239,9 @@ def schedule(
             device_of.setdefault(node.srcs[0].storage.id, chosen)
     if unplaceable:
         raise PlacementError(f"no device supports: {', '.join(unplaceable)}", unplaceable)
+    preferences = [Fallback(t.name, t.op, want, device_of[t.id], why) for t, want, why in overruled]
+    fallbacks = [f for f in fallbacks if f.split(" ")[0] not in {p.node for p in preferences}]
+    fallbacks += [str(f) for f in preferences]
     if strict and fallbacks:
         raise PlacementError(
             f"strict placement: {len(fallbacks)} node(s) cannot run on {top.name} and would fall back: "
@@ -190,7 +264,9 @@ def schedule(
         if OPS[node.op].view is not None:
             device_of[node.id] = device_of[node.storage.id]
 
-    return _cut(graph, device_of)
+    sched = _cut(graph, device_of)
+    sched.fallbacks = preferences
+    return sched
 
 
 def _real_consumers(t: Tensor, consumers: Mapping[int, list[Tensor]]) -> list[Tensor]:

@@ -27,6 +27,12 @@ an execute in flight; every call after it raises ReleasedError.
 
 A graph dropped without `release()` is released by a `weakref.finalize` with a
 ResourceWarning naming it; the session keeps only weak references to graphs.
+
+This module is the lifecycle, its locks and the public surface. The roles it
+delegates live beside it: planning and the plan cache (`planning.py`: one path
+for `prepare` and its dry run `reserve`), persistent buffers (`persistent.py`),
+bindings, copies and compiling (`bindings.py`), state and cache rows read and
+written from the host (`state_rows.py`), host-callback nodes (`host_calls.py`).
 """
 from __future__ import annotations
 
@@ -35,78 +41,28 @@ import threading
 import time
 import warnings
 import weakref
-from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .backend import Binding, Buffer, Device, PreparedSplit, SplitProgram
-from .dtypes import to_numpy
+from . import state_rows
+from .backend import Binding
+from .bindings import CopyStep, bind, tuning_for
 from .errors import GraphError, InputError, ReleasedError
-from .fusion import fuse, fusion_enabled
-from .graph import INPUT, PERSISTENT, STATE, WEIGHT, Graph, GraphBuilder, Tensor, integer_shape
+from .dtypes import to_numpy
+from .graph import STATE, Tensor, integer_shape
+from .host_calls import HostCallback, run_host
 from .ops import OPS
-from .planner import DevicePlan, plan_schedule
-from .partition import Copy, PlacementFn, Schedule, Split, schedule
-from .workspace import GraphWorkspace, Growth
+from .partition import PlacementFn
+from .persistent import PersistentStore
+from .planning import MAX_PLANS_PER_ENTRY, EntryBuilder, EntryPlan, PlanCache, plan_entry
+from .workspace import GraphWorkspace
 
 if TYPE_CHECKING:
     from .session import Session
 
-EntryBuilder = Callable[[GraphBuilder, Mapping[str, tuple]], None]
-HostCallback = Callable[..., np.ndarray]
-MAX_PLANS_PER_ENTRY = 8
-
-
-@dataclass
-class _CopyStep:
-    copy: Copy
-    src_device: Device
-    src: Binding
-    dst_device: Device
-    dst: Binding
-    staging: np.ndarray | None = None
-
-    def run(self) -> None:
-        sv = self.src_device.host_view(self.src)
-        dv = self.dst_device.host_view(self.dst)
-        if sv is not None and dv is not None:
-            np.copyto(dv, sv)
-        elif sv is not None:
-            self.dst_device.write(self.dst, sv)
-        elif dv is not None:
-            self.src_device.read_into(self.src, dv)
-        else:
-            if self.staging is None:
-                self.staging = np.empty(self.src.shape, to_numpy(self.src.dtype))
-            self.src_device.read_into(self.src, self.staging)
-            self.dst_device.write(self.dst, self.staging)
-
-
-@dataclass
-class EntryPlan:
-    """One entry point prepared for one set of input shapes."""
-
-    entry: str
-    shapes: dict[str, tuple]
-    graph: Graph
-    schedule: Schedule
-    device_plans: dict[str, DevicePlan]
-    generation: int = -1
-    persist_generation: int = -1
-    programs: list[PreparedSplit | None] = field(default_factory=list)
-    split_bindings: list[dict[int, Binding]] = field(default_factory=list)
-    copy_steps: list[list[_CopyStep]] = field(default_factory=list)
-    inputs: dict[str, tuple[Device, Binding]] = field(default_factory=dict)
-    outputs: dict[str, tuple[Device, Binding]] = field(default_factory=dict)
-
-    def release_captures(self) -> None:
-        for prog in self.programs:
-            if prog is not None:
-                prog.release()
-        self.programs = []
-        self.generation = -1
+__all__ = ["PreparedGraph", "EntryPlan", "EntryBuilder", "HostCallback", "MAX_PLANS_PER_ENTRY"]
+_CopyStep = CopyStep   # the name before the split into modules
 
 
 class PreparedGraph:
@@ -144,15 +100,8 @@ class PreparedGraph:
         # entry -> {"BACKEND.op": variant}: tuned kernel variants (from an exported core)
         self.tuning = {e: dict(t) for e, t in (tuning or {}).items()}
         self.devices = {d.name: d for d in session.devices}
-        self._plans: dict[str, OrderedDict[tuple, EntryPlan]] = {e: OrderedDict() for e in entries}
-        # plans kept per entry (least recently used dropped first); a model whose shapes vary
-        # more (exact sequence lengths) may raise it: a plan is host objects, its arena is the workspace's
-        self.max_plans = MAX_PLANS_PER_ENTRY
-        self._current: dict[str, EntryPlan] = {}
-        self._weights: dict[tuple[str, str], Buffer] = {}
-        self._states: dict[str, tuple[str, Buffer, Tensor]] = {}
-        self._inputs: dict[tuple[str, str], Buffer] = {}
-        self._persist_generation = 0
+        self.plans = PlanCache(entries)
+        self.persistent = PersistentStore(name)
         self.released = False
         self.stats = {"plans_built": 0, "rebinds": 0, "executes": 0}
         self._hook = session.plugins.hook   # observers: flare_graph_prepared/executed/reset/released
@@ -160,8 +109,7 @@ class PreparedGraph:
         self._executing = False  # an execute holds the graph: its host callbacks' helpers need no lock
         self.workspace.attach()
         # releases what a graph dropped without release() still holds (never references self)
-        self._finalizer = weakref.finalize(self, _release_dropped, name, self._plans, self._inputs, self._states,
-                                           self._weights, workspace)
+        self._finalizer = weakref.finalize(self, _release_dropped, name, self.plans, self.persistent, workspace)
         self._finalizer.atexit = False
         try:
             for entry, entry_shapes in shapes.items():
@@ -170,11 +118,31 @@ class PreparedGraph:
             self.release()
             raise
 
+    # the plan cache's knobs and views, under the names callers have used
+    @property
+    def max_plans(self) -> int:
+        return self.plans.max_plans
+
+    @max_plans.setter
+    def max_plans(self, value: int) -> None:
+        self.plans.max_plans = int(value)
+
+    @property
+    def _current(self) -> dict[str, EntryPlan]:
+        return self.plans.current
+
     # ------------------------------------------------------------------ public
     def prepare(self, entry: str, shapes: Mapping[str, Sequence[int]]) -> EntryPlan:
         """Plan, reserve and compile `entry` for input `shapes` (cached per shapes)."""
         with self._guard():
             return self._prepare_impl(entry, shapes, replan=False)
+
+    def reserve(self, entry: str, shapes: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
+        """Dry run of `prepare`: the arena chunk sizes per device `entry` would need for
+        `shapes`, from the same planning path (validation, pinning, fusion). Allocates nothing."""
+        with self._lock:
+            self._check_alive()
+            return self._plan(entry, self._shapes(entry, shapes)).chunks()
 
     def execute(self, entry: str, **inputs: np.ndarray) -> dict[str, np.ndarray]:
         """Run `entry` on `inputs`; returns a dict of output arrays (fresh copies)."""
@@ -185,30 +153,12 @@ class PreparedGraph:
             finally:
                 self._executing = False
 
-    def _execute(self, entry: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        start = time.perf_counter()
-        plan = self._plan_for_inputs(entry, inputs)
-        for name, (dev, binding) in plan.inputs.items():
-            dev.write(binding, inputs[name])
-        for split, prog, steps in zip(plan.schedule.splits, plan.programs, plan.copy_steps):
-            for step in steps:
-                step.run()
-            if split.host:
-                self._run_host(split, plan.split_bindings[split.index])
-            else:
-                prog.run()
-        self.stats["executes"] += 1
-        outputs = {name: dev.read(binding) for name, (dev, binding) in plan.outputs.items()}
-        self._hook.flare_graph_executed(graph=self, entry=entry, seconds=time.perf_counter() - start)
-        return outputs
-
     def reset(self) -> None:
         """Zero per-request state (LSTM state, KV caches). Memory and captures stay."""
         with self._guard():
-            for dev_name, buf, tensor in self._states.values():
+            for dev_name, buf, tensor in self.persistent.states.values():
                 if tensor.role == STATE:
-                    dev = self.devices[dev_name]
-                    dev.fill_zero(Binding(buf, 0, tensor.shape, tensor.strides, tensor.dtype))
+                    self.devices[dev_name].fill_zero(Binding(buf, 0, tensor.shape, tensor.strides, tensor.dtype))
             self._hook.flare_graph_reset(graph=self)
 
     def release(self) -> None:
@@ -218,83 +168,52 @@ class PreparedGraph:
         with self._lock:
             if self.released:
                 return
-            self._release_impl()
+            self._finalizer.detach()
+            self.released = True
+            try:
+                _release_resources(self.plans, self.persistent, self.workspace)
+            finally:
+                self.session._forget(self)
             self._hook.flare_graph_released(graph=self)
 
     def describe(self) -> dict[str, Any]:
-        """Splits, copies, bytes copied and arena bytes per device for each prepared entry."""
+        """Splits (with node names), copies, bytes copied, arena bytes per device, fusions and
+        placement fallbacks for each prepared entry."""
         with self._lock:
             self._check_alive()
             return self._describe()
 
-    def _describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "entries": {}, "persistent_bytes": self.persistent_bytes(),
-                               "workspace_bytes": {d: self.workspace.nbytes(d) for d in self.devices}}
-        for entry, plan in self._current.items():
-            info = plan.schedule.summary()
-            info["shapes"] = {k: list(v) for k, v in plan.shapes.items()}
-            info["nodes"] = len(plan.graph.nodes)
-            info["arena"] = {d: {"planned": p.total, "lower_bound": p.lower_bound, "naive": p.naive,
-                                 "chunks": p.chunks, "inplace": p.inplace} for d, p in plan.device_plans.items()}
-            info["split_list"] = [{"device": s.device, "nodes": len(s.nodes), "host": s.host,
-                                   "copies": [f"{c.src.name} {c.src_device}->{c.dst_device} ({c.nbytes} B)" for c in s.copies],
-                                   **(prog.describe() if prog is not None else {})}
-                                  for s, prog in zip(plan.schedule.splits, plan.programs or [None] * len(plan.schedule.splits))]
-            info["fusions"] = [str(f) for f in plan.graph.fusions]
-            out["entries"][entry] = info
-        return out
-
     def persistent_bytes(self) -> dict[str, int]:
-        per: dict[str, int] = {}
-        for (_, dev), buf in list(self._weights.items()) + list(self._inputs.items()):
-            per[dev] = per.get(dev, 0) + buf.nbytes
-        for dev, buf, _ in self._states.values():
-            per[dev] = per.get(dev, 0) + buf.nbytes
-        return per
+        return self.persistent.nbytes()
 
+    def current_plan(self, entry: str) -> EntryPlan:
+        return self.plans.current[entry]
+
+    def tuning_for(self, entry: str, device: Any) -> dict[str, str]:
+        """The kernel variants (op -> variant) `device`'s splits of `entry` are compiled with."""
+        return tuning_for(self.tuning.get(entry, {}), device)
+
+    # -- state and cache tensors from the host (state_rows.py) -----------------
     def state(self, name: str) -> np.ndarray:
         """Read a state/cache tensor back to the host (for tests and debugging)."""
         with self._callback_guard():
-            dev, buf, t = self._states[name]
-            return self.devices[dev].read(Binding(buf, 0, t.shape, t.strides, t.dtype))
+            dev, binding = state_rows.whole(self.persistent, name)
+            return self.devices[dev].read(binding)
 
     def states(self) -> dict[str, tuple[str, tuple[int, ...], str]]:
         """Every state/cache tensor: name -> (device name, shape, dtype)."""
-        return {name: (dev, tuple(t.shape), t.dtype) for name, (dev, _, t) in self._states.items()}
-
-    def _row_binding(self, name: str, row: int, rows: int) -> tuple[str, Binding]:
-        dev, buf, t = self._states[name]
-        row_elems = int(np.prod(t.shape[1:], dtype=np.int64))
-        if rows < 0 or row < 0 or row + rows > t.shape[0]:
-            raise InputError(f"rows [{row}, {row + rows}) are outside {name!r} {t.shape}")
-        itemsize = to_numpy(t.dtype).itemsize
-        return dev, Binding(buf, row * row_elems * itemsize, (rows, *t.shape[1:]),
-                            (row_elems, *t.strides[1:]) if len(t.shape) > 1 else (1,), t.dtype)
+        return {name: (dev, tuple(t.shape), t.dtype) for name, (dev, _, t) in self.persistent.states.items()}
 
     def read_rows(self, name: str, row: int, rows: int) -> np.ndarray:
         """Rows [row, row+rows) of a state/cache tensor, read back to the host (KV reuse, tests)."""
         with self._callback_guard():
-            dev, binding = self._row_binding(name, row, rows)
+            dev, binding = state_rows.rows(self.persistent, name, row, rows)
             return self.devices[dev].read(binding)
 
     def write_rows(self, name: str, row: int, array: np.ndarray) -> None:
         """Write `array` into rows [row, row+len) of a state/cache tensor (host callbacks use it)."""
         with self._callback_guard():
-            self._write_rows(name, row, array)
-
-    def _write_rows(self, name: str, row: int, array: np.ndarray) -> None:
-        dev, buf, t = self._states[name]
-        array = np.ascontiguousarray(array, to_numpy(t.dtype))
-        row_elems = int(np.prod(t.shape[1:], dtype=np.int64))
-        if array.size % row_elems or row < 0 or row + array.size // row_elems > t.shape[0]:
-            raise InputError(f"write_rows: {array.shape} at row {row} does not fit {name!r} {t.shape}")
-        rows = array.size // row_elems
-        binding = Binding(buf, row * row_elems * array.itemsize, (rows, *t.shape[1:]),
-                          (row_elems, *t.strides[1:]) if len(t.shape) > 1 else (1,), t.dtype)
-        self.devices[dev].write(binding, array.reshape(binding.shape))
-
-    def current_plan(self, entry: str) -> EntryPlan:
-        return self._current[entry]
+            state_rows.write_rows(self.persistent, self.devices, name, row, array)
 
     def __enter__(self) -> "PreparedGraph":
         return self
@@ -327,70 +246,59 @@ class PreparedGraph:
                     uses.enter_context(dev.in_use())
                 yield
 
-    def _prepare_impl(self, entry: str, shapes: Mapping[str, Sequence[int]], replan: bool) -> EntryPlan:
+    def _shapes(self, entry: str, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple]:
         if entry not in self.entries:
             raise InputError(f"unknown entry point {entry!r}; {self.name} has {sorted(self.entries)}")
-        shapes = {k: integer_shape(v, f"{self.name}.{entry} input {k!r}") for k, v in shapes.items()}
-        key = tuple(sorted(shapes.items()))
-        cache = self._plans[entry]
-        if key in cache:
-            cache.move_to_end(key)
-            plan = cache[key]
+        return {k: integer_shape(v, f"{self.name}.{entry} input {k!r}") for k, v in shapes.items()}
+
+    def _plan(self, entry: str, shapes: Mapping[str, tuple]) -> EntryPlan:
+        """The one planning path (planning.plan_entry), with persistent tensors pinned where they live."""
+        return plan_entry(entry, self.entries[entry], shapes, self.devices, self.placement,
+                          self.persistent.pins(), self.strict)
+
+    def _bind(self, plan: EntryPlan, fresh: bool = False) -> None:
+        if bind(plan, self.devices, self.workspace, self.persistent, self.tuning.get(plan.entry, {}), fresh) \
+                and not fresh:
+            self.stats["rebinds"] += 1
+
+    def _prepare_impl(self, entry: str, shapes: Mapping[str, Sequence[int]], replan: bool) -> EntryPlan:
+        shapes = self._shapes(entry, shapes)
+        plan = self.plans.get(entry, shapes)
+        if plan is not None:
             self._bind(plan)
-            self._current[entry] = plan
+            self.plans.current[entry] = plan
             return plan
         start = time.perf_counter()
-        b = GraphBuilder()
-        self.entries[entry](b, shapes)
-        graph = b.build()
-        graph.validate()
-        pinned = {name: dev for name, (dev, _, _) in self._states.items()}
-        pinned.update({name: dev for (name, dev) in self._weights})
-        sched = schedule(graph, list(self.devices.values()), self.placement, pinned, self.strict)
-        if fusion_enabled():
-            sched = self._fuse(graph, sched, pinned)
-        plans = self._plan_memory(sched)
-        plan = EntryPlan(entry, shapes, graph, sched, plans)
+        plan = self._plan(entry, shapes)
         self._bind(plan, fresh=True)
-        cache[key] = plan
+        self.plans.put(plan)
         self.stats["plans_built"] += 1
-        while len(cache) > self.max_plans:
-            _, old = cache.popitem(last=False)
-            old.release_captures()
-        self._current[entry] = plan
         self._hook.flare_graph_prepared(graph=self, entry=entry, shapes=dict(shapes), replan=replan,
                                         seconds=time.perf_counter() - start)
         return plan
 
-    def _release_impl(self) -> None:
-        self._finalizer.detach()
-        self._current.clear()
-        self.released = True
-        try:
-            _release_resources(self._plans, self._inputs, self._states, self._weights, self.workspace)
-        finally:
-            self.session._forget(self)
-
-    # ---------------------------------------------------------------- internals
-    def _fuse(self, graph: Graph, sched: Schedule, pinned: dict[str, str]) -> Schedule:
-        """Merge chains that sit on one device supporting the fused op (flare.core.fusion), then
-        partition the rewritten graph with each fused node pinned where its chain was."""
-        where = sched.device_of
-
-        def accept(candidate: Tensor, chain: list[Tensor]) -> bool:
-            devs = {where.get(t.id) for t in chain}
-            return len(devs) == 1 and None not in devs and self.devices[devs.pop()].supports(candidate)
-
-        graph.fusions = fuse(graph, accept)
-        if not graph.fusions:
-            return sched
-        pins = {**pinned, **{t.name: where[t.id] for t in graph.nodes if t.id in where and OPS[t.op].fused}}
-        return schedule(graph, list(self.devices.values()), self.placement, pins, self.strict)
+    def _execute(self, entry: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        start = time.perf_counter()
+        plan = self._plan_for_inputs(entry, inputs)
+        for name, (dev, binding) in plan.inputs.items():
+            dev.write(binding, inputs[name])
+        for split, prog, steps in zip(plan.schedule.splits, plan.programs, plan.copy_steps):
+            for step in steps:
+                step.run()
+            if split.host:
+                run_host(self.name, split, plan.split_bindings[split.index], self.devices[split.device],
+                         self.callbacks, self)
+            else:
+                prog.run()
+        self.stats["executes"] += 1
+        outputs = {name: dev.read(binding) for name, (dev, binding) in plan.outputs.items()}
+        self._hook.flare_graph_executed(graph=self, entry=entry, seconds=time.perf_counter() - start)
+        return outputs
 
     def _plan_for_inputs(self, entry: str, inputs: Mapping[str, np.ndarray]) -> EntryPlan:
         if entry not in self.entries:
             raise InputError(f"unknown entry point {entry!r}; {self.name} has {sorted(self.entries)}")
-        plan = self._current.get(entry)
+        plan = self.plans.current.get(entry)
         if plan is None:
             raise InputError(f"entry point {entry!r} of {self.name} was not prepared; call prepare({entry!r}, shapes)")
         expected = plan.graph.inputs
@@ -414,222 +322,54 @@ class PreparedGraph:
             self._bind(plan)
         return plan
 
-    def _plan_memory(self, sched: Schedule) -> dict[str, DevicePlan]:
-        return plan_schedule(sched, self.devices)
-
-    def reserve(self, entry: str, shapes: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
-        """Dry run: arena chunk sizes per device `entry` would need for `shapes`. Allocates nothing."""
-        with self._lock:
-            self._check_alive()
-            return self._reserve(entry, shapes)
-
-    def _reserve(self, entry: str, shapes: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
-        b = GraphBuilder()
-        self.entries[entry](b, {k: tuple(v) for k, v in shapes.items()})
-        graph = b.build()
-        sched = schedule(graph, list(self.devices.values()), self.placement, None, self.strict)
-        return {d: p.chunks for d, p in self._plan_memory(sched).items() if p.chunks}
-
-    # -- binding: persistent memory, workspace growth, compile ---------------
-    def _bind(self, plan: EntryPlan, fresh: bool = False) -> None:
-        """Make `plan` runnable against current memory; a no-op when already bound."""
-        if (not fresh and plan.programs and plan.generation == self.workspace.generation
-                and plan.persist_generation == self._persist_generation):
-            return
-        if not fresh:
-            self.stats["rebinds"] += 1
-        old_programs, plan.programs = plan.programs, []
-        new_buffers: list[Buffer] = []
-        retired: list[tuple[tuple[str, str], Buffer]] = []
-        growth: Growth | None = None
-        programs: list[PreparedSplit | None] = []
-        try:
-            grew_persistent = self._reserve_persistent(plan, new_buffers, retired)
-            needs = {self.devices[d]: p.chunks for d, p in plan.device_plans.items() if p.chunks}
-            growth = self.workspace.grow(needs)
-            self._make_bindings(plan, growth)
-            for split in plan.schedule.splits:
-                old = old_programs[split.index] if old_programs else None
-                if split.host:
-                    programs.append(None)
-                    continue
-                dev = self.devices[split.device]
-                program = SplitProgram(dev, split.nodes, plan.split_bindings[split.index],
-                                       self._tuning_for(plan.entry, dev))
-                if old is not None and old.rebind(program):
-                    programs.append(old)   # updated in place (e.g. cuGraphExecUpdate)
-                    continue
-                if old is not None:
-                    old.release()
-                programs.append(dev.compile(program))
-        except BaseException:
-            for prog in {id(p): p for p in programs + list(old_programs) if p is not None}.values():
-                prog.release()
-            if growth is not None:
-                growth.abort()
-            self._forget(new_buffers, retired)
-            raise
-        growth.commit()
-        for _, buf in retired:
-            buf.release()
-        if grew_persistent:
-            self._persist_generation += 1
-        plan.programs = programs
-        plan.generation = self.workspace.generation
-        plan.persist_generation = self._persist_generation
-
-    def _tuning_for(self, entry: str, dev: Device) -> dict[str, str]:
-        prefix = f"{dev.backend}."
-        return {k[len(prefix):]: v for k, v in self.tuning.get(entry, {}).items() if k.startswith(prefix)}
-
-    def _forget(self, buffers: list[Buffer], retired: list[tuple]) -> None:
-        """Undo persistent allocations of a failed attempt (and restore retired ones)."""
-        ids = {id(b) for b in buffers}
-        for key in [k for k, b in self._weights.items() if id(b) in ids]:
-            del self._weights[key]
-        for key in [k for k, v in self._states.items() if id(v[1]) in ids]:
-            del self._states[key]
-        for key in [k for k, b in self._inputs.items() if id(b) in ids]:
-            del self._inputs[key]
-        for buf in buffers:
-            buf.release()
-        for key, buf in retired:
-            self._inputs[key] = buf
-        retired.clear()
-
-    def _reserve_persistent(self, plan: EntryPlan, new: list[Buffer], retired: list) -> bool:
-        """Weights (uploaded once), state (shared by name), input buffers (grown to the max)."""
-        sched = plan.schedule
-        grew = False
-        for t in plan.graph.tensors:
-            if t.op is not None:
-                continue
-            dev_name = sched.device_of[t.id]
-            dev = self.devices[dev_name]
-            if t.role == WEIGHT:
-                if (t.name, dev_name) not in self._weights:
-                    data = np.ascontiguousarray(t.host_data())
-                    if data.shape != t.shape or data.dtype != to_numpy(t.dtype):
-                        raise GraphError(f"weight data is {data.shape} {data.dtype}, declared {t.shape} {t.dtype}", t.name)
-                    buf = dev.alloc(t.nbytes, tag=f"{self.name}:weight:{t.name}")
-                    new.append(buf)
-                    self._weights[(t.name, dev_name)] = buf
-                    dev.write(Binding(buf, 0, t.shape, t.strides, t.dtype), data)
-            elif t.role in PERSISTENT:
-                have = self._states.get(t.name)
-                if have is None:
-                    buf = dev.alloc(t.nbytes, tag=f"{self.name}:{t.role}:{t.name}")
-                    new.append(buf)
-                    self._states[t.name] = (dev_name, buf, t)
-                    dev.fill_zero(Binding(buf, 0, t.shape, t.strides, t.dtype))
-                elif have[2].shape != t.shape or have[2].dtype != t.dtype or have[0] != dev_name:
-                    raise GraphError(f"{t.role} declared as {t.shape} {t.dtype} on {dev_name}, but an earlier entry "
-                                     f"declared {have[2].shape} {have[2].dtype} on {have[0]}", t.name)
-            elif t.role == INPUT:
-                key = (t.name, dev_name)
-                old = self._inputs.get(key)
-                if old is None or old.nbytes < t.nbytes:
-                    buf = dev.alloc(t.nbytes, tag=f"{self.name}:input:{t.name}")
-                    new.append(buf)
-                    self._inputs[key] = buf
-                    if old is not None:
-                        retired.append((key, old))
-                        grew = True
-        return grew
-
-    def _home_location(self, plan: EntryPlan, growth: Growth, storage: Tensor) -> tuple[Buffer, int]:
-        dev = plan.schedule.device_of[storage.id]
-        if storage.op is None:
-            if storage.role == WEIGHT:
-                return self._weights[(storage.name, dev)], 0
-            if storage.role == INPUT:
-                return self._inputs[(storage.name, dev)], 0
-            return self._states[storage.name][1], 0
-        p = plan.device_plans[dev].placements[storage.id]
-        return growth.chunk(dev, p.chunk), p.offset
-
-    def _make_bindings(self, plan: EntryPlan, growth: Growth) -> None:
-        sched = plan.schedule
-
-        def bind(t: Tensor, buf: Buffer, base: int) -> Binding:
-            return Binding(buf, base + t.offset * np.dtype(to_numpy(t.dtype)).itemsize, t.shape, t.strides, t.dtype)
-
-        plan.split_bindings, plan.copy_steps = [], []
-        for split in sched.splits:
-            bindings: dict[int, Binding] = {}
-            steps: list[_CopyStep] = []
-            for c in split.copies:
-                dst_p = plan.device_plans[split.device].placements[c.key]
-                src_buf, src_off = self._home_location(plan, growth, c.src)
-                dst_buf = growth.chunk(split.device, dst_p.chunk)
-                full = Tensor(c.src.id, c.src.name, c.src.shape, c.src.dtype)
-                steps.append(_CopyStep(c, self.devices[c.src_device], bind(full, src_buf, src_off),
-                                       self.devices[split.device], bind(full, dst_buf, dst_p.offset)))
-            for node in split.nodes:
-                for t in (node, *node.srcs):
-                    st = t.storage
-                    copy = split.copy_of(st)
-                    if copy is not None:
-                        p = plan.device_plans[split.device].placements[copy.key]
-                        buf, base = growth.chunk(split.device, p.chunk), p.offset
-                    else:
-                        buf, base = self._home_location(plan, growth, st)
-                    bindings[t.id] = bind(t, buf, base)
-            plan.split_bindings.append(bindings)
-            plan.copy_steps.append(steps)
-        plan.inputs = {}
-        for name, t in plan.graph.inputs.items():
-            dev = sched.device_of[t.id]
-            plan.inputs[name] = (self.devices[dev], bind(t, self._inputs[(name, dev)], 0))
-        plan.outputs = {}
-        for name, t in plan.graph.outputs.items():
-            buf, base = self._home_location(plan, growth, t.storage)
-            plan.outputs[name] = (self.devices[sched.device_of[t.storage.id]], bind(t, buf, base))
-
-    def _run_host(self, split: Split, bindings: Mapping[int, Binding]) -> None:
-        node = split.nodes[0]
-        dev = self.devices[split.device]
-        cb = self.callbacks.get(node.params["callback"])
-        if cb is None:
-            raise InputError(f"{self.name}: no host callback {node.params['callback']!r} for node {node.name!r}")
-        arrays = [dev.read(bindings[s.id]) for s in node.srcs]
-        result = np.asarray(cb(node, *arrays, ctx=self))
-        if result.shape != node.shape:
-            raise InputError(f"host callback {node.params['callback']!r} returned {result.shape}, node {node.name!r} expects {node.shape}")
-        dev.write(bindings[node.id], result.astype(to_numpy(node.dtype), copy=False))
+    def _describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "entries": {}, "persistent_bytes": self.persistent_bytes(),
+                               "workspace_bytes": {d: self.workspace.nbytes(d) for d in self.devices}}
+        for entry, plan in self.plans.current.items():
+            info = plan.schedule.summary()
+            info["shapes"] = {k: list(v) for k, v in plan.shapes.items()}
+            info["nodes"] = len(plan.graph.nodes)
+            info["arena"] = {d: {"planned": p.total, "lower_bound": p.lower_bound, "naive": p.naive,
+                                 "chunks": p.chunks, "inplace": p.inplace} for d, p in plan.device_plans.items()}
+            fused = {f.node: f for f in plan.graph.fusions}
+            info["split_list"] = [{"device": s.device, "nodes": len(s.nodes), "host": s.host,
+                                   "node_names": [_node_label(n, fused) for n in s.nodes],
+                                   "copies": [f"{c.src.name} {c.src_device}->{c.dst_device} ({c.nbytes} B)" for c in s.copies],
+                                   **(prog.describe() if prog is not None else {})}
+                                  for s, prog in zip(plan.schedule.splits, plan.programs or [None] * len(plan.schedule.splits))]
+            info["fusions"] = [str(f) for f in plan.graph.fusions]
+            info["placement_fallbacks"] = [str(f) for f in plan.schedule.fallbacks]
+            out["entries"][entry] = info
+        return out
 
 
-def _release_resources(plans: Mapping[str, OrderedDict], inputs: dict, states: dict, weights: dict,
-                       workspace: GraphWorkspace) -> None:
+def _node_label(node: Tensor, fused: Mapping[str, Any]) -> str:
+    """A node's name for describe(): a fused node (named after its chain's first node) also
+    lists the nodes it replaced, `name (linear: a + b + c)`."""
+    f = fused.get(node.name)
+    if f is not None and OPS[node.op].fused:
+        return f"{node.name} ({f.op}: {' + '.join(f.replaced)})"
+    return node.name
+
+
+def _release_resources(plans: PlanCache, persistent: PersistentStore, workspace: GraphWorkspace) -> None:
     """Captures, then persistent buffers, then the workspace reference; reports the first failure.
 
-    Module-level (and holding the containers, not the graph) so the finalizer of a
+    Module-level (and holding the parts, not the graph) so the finalizer of a
     dropped graph can run it without keeping the graph alive."""
     first_error: BaseException | None = None
-    for cache in plans.values():                    # 1. captures
-        for plan in cache.values():
-            try:
-                plan.release_captures()
-            except BaseException as exc:  # keep releasing; report the first failure
-                first_error = first_error or exc
-        cache.clear()
-    for buf in list(inputs.values()) + [b for _, b, _ in states.values()] + list(weights.values()):
-        try:                                          # 2. persistent buffers
-            buf.release()
-        except BaseException as exc:
+    for step in (plans.release, persistent.release):     # 1. captures, 2. persistent buffers
+        try:
+            step()
+        except BaseException as exc:  # keep releasing; report the first failure
             first_error = first_error or exc
-    inputs.clear()
-    states.clear()
-    weights.clear()
-    workspace.detach()                                # 3. the workspace reference
+    workspace.detach()                                    # 3. the workspace reference
     if first_error is not None:
         raise first_error
 
 
-def _release_dropped(name: str, plans: Mapping[str, OrderedDict], inputs: dict, states: dict, weights: dict,
-                     workspace: GraphWorkspace) -> None:
+def _release_dropped(name: str, plans: PlanCache, persistent: PersistentStore, workspace: GraphWorkspace) -> None:
     """Finalizer of a PreparedGraph garbage-collected without release()."""
-    held = len(inputs) + len(states) + len(weights)
-    warnings.warn(f"prepared graph {name!r} was dropped without release(); releasing its {held} persistent "
-                  f"buffer(s) and captures now", ResourceWarning, stacklevel=2)
-    _release_resources(plans, inputs, states, weights, workspace)
+    warnings.warn(f"prepared graph {name!r} was dropped without release(); releasing its {persistent.held()} "
+                  f"persistent buffer(s) and captures now", ResourceWarning, stacklevel=2)
+    _release_resources(plans, persistent, workspace)

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from .graph import GraphBuilder, Tensor
 
 EntryBuilder = Callable[["GraphBuilder", Mapping[str, tuple]], None]
-PlacementFn = Callable[["Tensor", list], "str | None"]
+# (tensor, devices: flare.core.partition.PlacementDevices) -> device name | Prefer(name) | None
+PlacementFn = Callable[["Tensor", list], Any]
 HostCallback = Callable[..., Any]
 
 # the name of the host callback a model graph calls before an expert matmul; the runtime
@@ -26,9 +27,10 @@ STAGE_EXPERTS = "stage_experts"
 class BackendSpec:
     """A backend plugin: `backend` is a `flare.core.backend.Backend` subclass.
 
-    `priority` orders backends in listings (`flare backends`, the test matrix)
-    and picks the default device order when a caller names none; the scheduler
-    itself follows the session's device order, which the caller chooses.
+    `priority` orders backends in listings: `flare backends` and the test
+    matrix's default `--backends` (highest first). It places nothing: the
+    scheduler prefers devices in the order the session was given them, which
+    the caller chooses (`Session(["vulkan", "cpu"])`, `--backends vulkan,cpu`).
     """
 
     name: str
@@ -58,9 +60,12 @@ class ModelSpec:
     - `graph(options) -> ModelGraph`: the model's entry points and shapes for
       the given options (sizes, weights, batch limits); `Session.prepare_model`
       calls it.
-    - `placement(tensor, devices) -> device name | None`: where a node or weight
-      goes (None: the scheduler decides). `Session.prepare_model` hands it to the
-      scheduler unless the caller gives a placement of its own.
+    - `placement(tensor, devices) -> device name | Prefer(name) | None`: where a
+      node or weight goes (None: the scheduler decides; a name insists, `Prefer`
+      falls back where that device cannot run the node). `devices` lists the
+      session's device names and answers `devices.can_run(node, name)`
+      (`flare.core.partition.PlacementDevices`). `Session.prepare_model` hands it
+      to the scheduler unless the caller gives a placement of its own.
     - `stage_experts(options) -> callback | None`: for MoE models, makes the
       selected experts resident before an expert matmul. The runtime calls the
       factory once per prepared model and binds the callback to the graph's host

@@ -45,7 +45,7 @@ class CpuDevice(Device):
 
     def __init__(self, name: str, memory_limit: int | None = None, max_buffer: int | None = None,
                  native: bool = True, threads: int | None = None):
-        super().__init__(name, priority=0)
+        super().__init__(name)
         self.memory_limit = memory_limit
         self.max_buffer = max_buffer
         self.native = native_mod.load() if native else None

@@ -28,6 +28,7 @@ from flare.core.graph import Tensor
 from . import lowering
 from .compiler import KernelCompiler, default_compiler, kernel_sources
 from .driver import OUT_OF_MEMORY, CudaError, call, load, status_name
+from .graph_host import GraphHandle
 from .split import CudaGraphSplit
 from .probe import GpuFacts
 
@@ -44,10 +45,10 @@ class CudaDevice(Device):
     backend = "cuda"
 
     def __init__(self, gpu: GpuFacts, arch: int, fmt: str, compiler: KernelCompiler | None = None,
-                 priority: int = 100, driver: Any | None = None, name: str | None = None):
+                 driver: Any | None = None, name: str | None = None):
         """`driver` defaults to cuda.bindings.driver; the emulator passes a host stand-in
         with the same calls (flare.backends.cuda_emu.host_driver.HostDriver)."""
-        super().__init__(name or f"cuda:{gpu.index}", priority)
+        super().__init__(name or f"cuda:{gpu.index}")
         self.gpu = gpu
         self.arch, self.fmt = arch, fmt
         self.compiler = compiler or default_compiler()
@@ -279,7 +280,7 @@ class CudaDevice(Device):
     def compile(self, program: SplitProgram) -> CudaGraphSplit:
         """Capture the split's launches into a CUDA graph (nothing runs yet)."""
         self._check_open()
-        split = CudaGraphSplit(self, program)
+        split = CudaGraphSplit(self.graph_handle, program)
         self._splits.add(split)
         return split
 
@@ -289,9 +290,14 @@ class CudaDevice(Device):
             for kernel in kernel_sources()[name].kernels():
                 self.function(name, kernel)
 
-    # -- graphs (used by CudaGraphSplit) ----------------------------------------------
-    def capture(self, record: Callable[[Any], None]) -> Any:
-        """Record what `record(stream)` enqueues into a new CUDA graph.
+    # -- graphs: what a CudaGraphSplit may ask, through `graph_handle` -----------------
+    @property
+    def graph_handle(self) -> GraphHandle:
+        """The narrow handle compiled splits get (graph_host.GraphHost) instead of the device."""
+        return GraphHandle(self)
+
+    def capture(self, record: Callable[[Any, Any], None]) -> Any:
+        """Record what `record(driver, stream)` enqueues into a new CUDA graph.
 
         A failure mid-capture still ends the capture and destroys the partial
         graph, so the stream stays usable and nothing leaks."""
@@ -301,7 +307,7 @@ class CudaDevice(Device):
             call(d.cuStreamBeginCapture(self.stream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
                  "cuStreamBeginCapture")
             try:
-                record(self.stream)
+                record(d, self.stream)
             except BaseException:
                 result = d.cuStreamEndCapture(self.stream)  # invalidated capture: usually no graph
                 if int(result[0]) == 0 and len(result) > 1 and result[1] is not None:
@@ -310,6 +316,18 @@ class CudaDevice(Device):
             graph = call(d.cuStreamEndCapture(self.stream), "cuStreamEndCapture")
             self.count("graphs", +1)
             return graph
+
+    def instantiate_graph(self, graph: Any) -> Any:
+        with self._lock:
+            self._make_current()
+            exec_ = call(self.driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+            self.count("graph_execs", +1)
+            return exec_
+
+    def update_graph_exec(self, exec_: Any, graph: Any) -> bool:
+        with self._lock:
+            self._make_current()
+            return int(self.driver.cuGraphExecUpdate(exec_, graph)[0]) == 0
 
     def launch_graph(self, exec_: Any) -> None:
         d = self.driver
@@ -373,3 +391,4 @@ class CudaDevice(Device):
         info.update({"gpu": self.gpu.name, "compute_capability": "%d.%d" % self.gpu.capability,
                      "target": f"{self.fmt} sm_{self.arch}"})
         return info
+

@@ -10,20 +10,24 @@ When only buffer addresses change (the workspace grew and was re-bound), the
 split is re-lowered, re-captured into a new graph and pushed into the existing
 executable graph with cuGraphExecUpdate, which avoids a new instantiation; if
 the topology changed, the executable graph is rebuilt.
+
+A split reaches its device only through a `GraphHost` — the handful of calls a
+captured graph needs (load a kernel, capture, instantiate, update, launch,
+destroy, say it is gone) — which `CudaDevice` hands it (`graph_host.GraphHandle`).
+This module does not import the device: the split cannot reach device
+internals (memory, staging, the context) and the two files form no import loop.
 """
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flare.core.backend import PreparedSplit, SplitProgram
 from flare.core.errors import ReleasedError
 
 from . import lowering
 from .driver import call
-
-if TYPE_CHECKING:
-    from .device import CudaDevice
+from .graph_host import GraphHost
 
 
 def _signature(program: SplitProgram) -> tuple:
@@ -34,8 +38,8 @@ def _signature(program: SplitProgram) -> tuple:
 class CudaGraphSplit(PreparedSplit):
     """The captured program of one split on one CUDA device."""
 
-    def __init__(self, device: "CudaDevice", program: SplitProgram):
-        self.device = device
+    def __init__(self, host: GraphHost, program: SplitProgram):
+        self.host = host
         self._signature = _signature(program)
         self.plan: list[lowering.Launch] = []
         self.graph: Any = None
@@ -55,12 +59,11 @@ class CudaGraphSplit(PreparedSplit):
     def _capture(self, program: SplitProgram) -> None:
         """Lower the split and record its launches into a new graph (self.graph)."""
         plan = lowering.lower_all(program.nodes, program.binding, program.tuning)
-        functions = [self.device.function(launch.module, launch.kernel) for launch in plan]
+        functions = [self.host.function(launch.module, launch.kernel) for launch in plan]
         if not plan:
             self.plan, self.graph = plan, None  # views only: nothing to run
             return
-        driver = self.device.driver
-        graph = self.device.capture(lambda stream: self._launch_all(driver, plan, functions, stream))
+        graph = self.host.capture(lambda driver, stream: self._launch_all(driver, plan, functions, stream))
         self.plan, self.graph = plan, graph
         self.captures += 1
 
@@ -75,9 +78,7 @@ class CudaGraphSplit(PreparedSplit):
     def _instantiate(self, graph: Any) -> Any:
         if graph is None:
             return None
-        driver = self.device.driver
-        exec_ = call(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-        self.device.count("graph_execs", +1)
+        exec_ = self.host.instantiate(graph)
         self.instantiations += 1
         return exec_
 
@@ -85,10 +86,10 @@ class CudaGraphSplit(PreparedSplit):
     def run(self) -> None:
         """Replay the graph and wait for it (the split's outputs are then readable)."""
         if self.released:
-            raise ReleasedError(f"CUDA split on {self.device.name} was released")
+            raise ReleasedError(f"CUDA split on {self.host.name} was released")
         if self.exec is None:
             return
-        self.device.launch_graph(self.exec)
+        self.host.launch(self.exec)
 
     def rebind(self, program: SplitProgram) -> bool:
         """Point the captured program at new bindings (same nodes, new addresses).
@@ -97,21 +98,19 @@ class CudaGraphSplit(PreparedSplit):
         it had to be rebuilt (topology changed). A different node list is a
         ValueError: that is a new split, to be compiled."""
         if self.released:
-            raise ReleasedError(f"CUDA split on {self.device.name} was released")
+            raise ReleasedError(f"CUDA split on {self.host.name} was released")
         if _signature(program) != self._signature:
             raise ValueError("rebind with different nodes: compile a new split instead")
         old_graph, old_exec = self.graph, self.exec
         self._capture(program)
-        driver = self.device.driver
         if old_graph is not None:
-            self.device.destroy_graph(old_graph)
+            self.host.destroy_graph(old_graph)
         if self.graph is not None and old_exec is not None:
-            status = driver.cuGraphExecUpdate(old_exec, self.graph)[0]
-            if int(status) == 0:
+            if self.host.update(old_exec, self.graph):
                 self.updates += 1
                 return True
         if old_exec is not None:
-            self.device.destroy_graph_exec(old_exec)
+            self.host.destroy_exec(old_exec)
             self.exec = None
         self.exec = self._instantiate(self.graph)
         return False
@@ -124,17 +123,17 @@ class CudaGraphSplit(PreparedSplit):
         try:
             if self.exec is not None:
                 exec_, self.exec = self.exec, None
-                self.device.destroy_graph_exec(exec_)
+                self.host.destroy_exec(exec_)
         finally:
             if self.graph is not None:
                 graph, self.graph = self.graph, None
-                self.device.destroy_graph(graph)
+                self.host.destroy_graph(graph)
             self.plan = []
-            self.device.forget(self)
+            self.host.forget(self)
 
     def __del__(self) -> None:  # a forgotten split must not leak a CUDA graph
         try:
-            if not self.released and not self.device.closed:
+            if not self.released and not self.host.closed:
                 self.release()
         except Exception:
             pass

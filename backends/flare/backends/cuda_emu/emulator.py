@@ -141,7 +141,7 @@ def open_emulated_device(capacity: int = 1 << 30, name: str = "cuda-emu:0"):
 
     driver = HostDriver(build_library(), capacity)
     return CudaDevice(GpuFacts(0, "host emulator", (9, 0), capacity), 90, "cubin", driver=driver,
-                      name=name, priority=-10)
+                      name=name)
 
 
 class EmulatedBackend(Backend):

@@ -52,8 +52,8 @@ class VulkanBackend(Backend):
         devices: list[Device] = []
         instance.acquire()  # held while opening, so a failed open does not destroy it under the others
         try:
-            for rank, info in enumerate(chosen):
-                devices.append(VulkanDevice(info, instance.acquire(), config, priority=50 - rank))
+            for info in chosen:
+                devices.append(VulkanDevice(info, instance.acquire(), config))
         except BaseException:
             for dev in devices:
                 dev.close()

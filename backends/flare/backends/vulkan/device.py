@@ -54,9 +54,8 @@ class VulkanDevice(Device):
 
     backend = "vulkan"
 
-    def __init__(self, info: PhysicalDeviceInfo, instance: Instance, config: Mapping[str, Any] | None = None,
-                 priority: int = 50):
-        super().__init__(info.flare_name, priority)
+    def __init__(self, info: PhysicalDeviceInfo, instance: Instance, config: Mapping[str, Any] | None = None):
+        super().__init__(info.flare_name)
         config = dict(config or {})
         self.info = info
         self.instance = instance

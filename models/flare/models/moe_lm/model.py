@@ -114,7 +114,7 @@ class MoeLM:
         sess = session or Session(list(devices or ["cpu"]))
         try:
             placement = Placement(main_device, expert_device, layers=layer_devices,
-                                  expert_layers=expert_layer_devices, devices=sess.devices)
+                                  expert_layers=expert_layer_devices)
             model = cls(cfg, sess, wf, experts=experts, slots=slots, prefill_chunk=chunk, placement=placement,
                         owns_session=owns, expert_source=expert_source, trace=trace)
             if model.stager is not None and prefetch:

@@ -4,9 +4,11 @@ residency policy (or a per-layer override) puts them.
 The scheduler asks `policy(tensor, devices)` for every weight, state and node.
 Names decide: `L{i}.experts.*` (expert weights or cache slots) and
 `L{i}.expert.*` (expert nodes, the staging node) belong to layer i's experts;
-everything else belongs to its layer (`L{i}.`) or to the main device. A node a
-device cannot run is left to the scheduler (`None`), which falls back and, in
-strict mode, reports it, instead of failing here.
+everything else belongs to its layer (`L{i}.`) or to the main device. Op nodes
+are answered with `Prefer(device)`: a node that device cannot run is placed by
+the scheduler's other rules instead, which records the fallback (describe()'s
+`placement_fallbacks`; an error in strict mode). Weights, state and caches are
+placed where asked.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Iterable, Mapping, Sequence
 
 from flare.core.errors import PlacementError
 from flare.core.graph import Tensor
+from flare.core.partition import Prefer
 
 _EXPERT = re.compile(r"^L(\d+)\.experts?\.")
 _LAYER = re.compile(r"^L(\d+)\.")
@@ -39,17 +42,16 @@ def parse_layer_map(items: Iterable[str] | None) -> dict[int, str]:
 class Placement:
     """A placement callback. `main`: device of attention/norms/router (default: the
     session's first); `experts`: device of all experts (default: main);
-    `layers` / `expert_layers`: per-layer overrides. `devices` (the session's Device
-    objects) lets it leave unsupported nodes to the scheduler."""
+    `layers` / `expert_layers`: per-layer overrides. Registered with no devices
+    (`plugin.py`), it needs none: op nodes get a `Prefer`, which the scheduler
+    overrules where the device cannot run them."""
 
     def __init__(self, main: str | None = None, experts: str | None = None, *,
-                 layers: Mapping[int, str] | None = None, expert_layers: Mapping[int, str] | None = None,
-                 devices: Sequence[object] | None = None):
+                 layers: Mapping[int, str] | None = None, expert_layers: Mapping[int, str] | None = None):
         self.main = main
         self.experts = experts
         self.layers = dict(layers or {})
         self.expert_layers = dict(expert_layers or {})
-        self._devices = {getattr(d, "name", str(d)): d for d in (devices or [])}
 
     def wanted(self, name: str) -> str | None:
         """The device name (as given by the user) this tensor should go to."""
@@ -62,13 +64,9 @@ class Placement:
             return self.layers.get(int(m.group(1))) or self.main
         return self.main
 
-    def __call__(self, tensor: Tensor, devices: list[str]) -> str | None:
-        want = self.wanted(tensor.name) or devices[0]
-        device = resolve(want, devices)
-        dev = self._devices.get(device)
-        if tensor.op is not None and tensor.op != "host" and dev is not None and not dev.supports(tensor):
-            return None
-        return device
+    def __call__(self, tensor: Tensor, devices: Sequence[str]) -> str | Prefer:
+        device = resolve(self.wanted(tensor.name) or devices[0], devices)
+        return Prefer(device) if tensor.op is not None and tensor.op != "host" else device
 
 
 def resolve(want: str, devices: Sequence[str]) -> str:

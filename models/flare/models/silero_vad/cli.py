@@ -1,4 +1,4 @@
-"""`flare run silero-vad [FILE.wav] [--backend ...] [--json] [--mode offline|streaming]`.
+"""`flare run silero-vad [FILE.wav] [--backends ...] [--json] [--mode offline|streaming]`.
 
 Prints the speech segments of a file as a table (or JSON). With no FILE it
 runs on the speech sample shipped with the plugin. Long files get a progress
@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from flare.core.options import add_backends_option
+
 SAMPLE = Path(__file__).resolve().parent / "data" / "speech_sample.wav"
 PROGRESS_AFTER_S = 60.0  # show a progress bar for audio longer than this
 
@@ -22,8 +24,7 @@ def parser() -> argparse.ArgumentParser:
                                 description="Voice activity detection with Silero VAD (16 kHz).")
     p.add_argument("file", nargs="?", type=Path, default=None,
                    help="WAV file (any rate, mono or stereo; resampled to 16 kHz). Default: the shipped sample.")
-    p.add_argument("--backend", default="cpu",
-                   help="device(s) in priority order, comma separated (e.g. vulkan,cpu). Default: cpu")
+    add_backends_option(p, dest="backend")
     p.add_argument("--mode", choices=("offline", "streaming"), default="offline",
                    help="offline: whole file, batched frontend (fast). streaming: 512-sample chunks as a live stream would.")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -54,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     path = args.file or SAMPLE
     try:
-        devices = device_list(args.backend)
+        devices = device_list(args.backend, "--backends")
         params = VadParams(threshold=args.threshold, min_speech_duration_ms=args.min_speech_ms,
                            min_silence_duration_ms=args.min_silence_ms, speech_pad_ms=args.speech_pad_ms)
         audio = load_audio(path)

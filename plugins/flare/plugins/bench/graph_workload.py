@@ -5,11 +5,13 @@ benchmarked: each request executes every entry point of the model's graph on
 zeros of its first shapes, prepared through `Session.prepare_model` (so the
 model's placement and expert-staging callbacks apply, as in `flare run` and
 `flare describe`). The metric is graph executes per second; compare two
-device lists or prepared vs rebuilt.
+device lists or prepared vs rebuilt. Any key under `[options]` is handed to
+the model's `graph(options)` as it is (what `--option KEY=VALUE` does for
+`flare run` and `flare describe`); the model itself rejects what it does not know.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
@@ -23,10 +25,10 @@ if TYPE_CHECKING:
 class GraphModel:
     """The model prepared on a session, with zero inputs for each entry."""
 
-    def __init__(self, session: Any, model: str):
+    def __init__(self, session: Any, model: str, options: Mapping[str, Any] | None = None):
         from flare.core.dtypes import to_numpy
 
-        self.pg = session.prepare_model(model)
+        self.pg = session.prepare_model(model, dict(options or {}))
         self.inputs = {}
         for entry in sorted(self.pg.entries):
             plan = self.pg.current_plan(entry)
@@ -49,6 +51,7 @@ class GraphWorkload(Workload):
     metric = Metric("executes/s", "executes", per_work=False)
     tolerance = 1e-5
     default_requests = 8
+    free_options = True
 
     def __init__(self, model: str):
         self.model = model
@@ -57,4 +60,6 @@ class GraphWorkload(Workload):
         return [Request(i, None, 1.0, "every entry on zeros") for i in range(count)]
 
     def open_flare(self, config: "BenchConfig") -> FlareRunner:
-        return FlareRunner(config, lambda session: GraphModel(session, self.model), lambda m, request: m.run())
+        options = dict(config.options)
+        return FlareRunner(config, lambda session: GraphModel(session, self.model, options),
+                           lambda m, request: m.run())

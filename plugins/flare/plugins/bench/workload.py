@@ -138,6 +138,9 @@ class Workload(ABC):
     tolerance: ClassVar[float]          # largest |a - b| counted as the same output
     peers: tuple[Peer, ...] = (FLARE_PEER,)   # set from the flare_bench_peers hook
     options: ClassVar[Mapping[str, Option]] = {}
+    # True: any key under [options] is taken as is and handed to the model (the generic graph
+    # workload: a ModelSpec declares no option schema, its `graph(options)` checks them)
+    free_options: ClassVar[bool] = False
     default_requests: ClassVar[int] = 8
     # can the model's entry points be prepared as separate graphs (workspace_sharing = false)?
     # False where entries share state (a KV cache written by one entry, read by another).

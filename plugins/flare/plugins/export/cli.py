@@ -2,7 +2,7 @@
 
     flare export moe-lm -o moe.core [--size tiny] [--tuning quick|audit] [--backends cpu] [--force]
     flare run moe.core [--mixed-prefill | --no-mixed-prefill] [--requests FILE|-] [--prompt TEXT]
-                       [--max-new-tokens N] [--backend cpu] [--ranks N] [--check] [--json]
+                       [--max-new-tokens N] [--backends cpu] [--ranks N] [--check] [--json]
 
 `--ranks N` re-runs the command under `mpirun -n N`; under mpirun rank 0
 parses the command line and broadcasts it (see flare.plugins.export.ranks and

@@ -14,6 +14,7 @@ import sys
 from typing import Any, Sequence, TextIO
 
 from flare.core.errors import FlareError, InputError
+from flare.core.options import add_backends_option
 
 from .expert_parallel import Partition
 from .loader import LoadedCore, load_core
@@ -30,7 +31,7 @@ def parser() -> argparse.ArgumentParser:
                             "core has none that can run here")
     mixed.add_argument("--no-mixed-prefill", dest="mixed_prefill", action="store_false",
                        help="exclude mixed programs (separate prefill and decode steps)")
-    p.add_argument("--backend", default=None, help="backend to run on (default: the core's first)")
+    add_backends_option(p, dest="backend", default=None, help="backend to run on (default: the core's first)")
     p.add_argument("--requests", default=None, metavar="FILE",
                    help="JSONL requests ('-' = standard input; default: stdin unless --prompt is given)")
     p.add_argument("--prompt", default=None, help="serve one request with this text")
@@ -93,7 +94,7 @@ def _check(args: argparse.Namespace) -> argparse.Namespace:
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
         raise InputError(f"--max-new-tokens {args.max_new_tokens}: must be between 1 and {MAX_NEW_TOKENS}")
     if args.backend is not None and ("," in args.backend or not args.backend.strip()):
-        raise InputError(f"--backend {args.backend!r}: expected one backend name (e.g. cpu)")
+        raise InputError(f"--backends {args.backend!r}: expected one backend name (e.g. cpu)")
     return args
 
 

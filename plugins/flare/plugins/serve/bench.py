@@ -46,7 +46,7 @@ class HttpRunner:
 
         o = config.options
         path = Path(o["core"]) if o["core"] else default_core(o["size"])
-        argv = ["--host", "127.0.0.1", "--max-queue", str(4 * o["clients"]), "--backend", config.backends[0],
+        argv = ["--host", "127.0.0.1", "--max-queue", str(4 * o["clients"]), "--backends", config.backends[0],
                 "--mixed-prefill" if o["mixed_prefill"] else "--no-mixed-prefill",
                 "--prefix-cache" if o["prefix_cache"] else "--no-prefix-cache"]
         argv += ["--speculative", str(o["speculative"])] if o["speculative"] else ["--no-speculative"]

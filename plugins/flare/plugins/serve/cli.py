@@ -2,7 +2,7 @@
 
     flare serve moe.core [--host 127.0.0.1] [--port 8000] [--mixed-prefill | --no-mixed-prefill]
                          [--prefix-cache | --no-prefix-cache] [--speculative K | --no-speculative]
-                         [--ranks N] [--max-queue N] [--backend B]
+                         [--ranks N] [--max-queue N] [--backends B]
 
 Loading is `load_core(path, LoadOptions(...))`, the very call `flare run`
 makes: the same validation, selection (and refusals: `--mixed-prefill` or
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from flare.core.errors import FlareError, InputError
+from flare.core.options import add_backends_option
 
 
 HELP = "serve an exported core over an OpenAI-compatible HTTP API"
@@ -56,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                            "if the core has none")
     spec.add_argument("--no-speculative", dest="speculative", action="store_const", const=0,
                       help="plain decoding even if the core's default is speculative")
-    p.add_argument("--backend", default=None, help="backend to run on (default: the core's first)")
+    add_backends_option(p, dest="backend", default=None, help="backend to run on (default: the core's first)")
     p.add_argument("--ranks", type=int, default=None, help="run on N MPI ranks (spawns mpirun; experts are split)")
     p.add_argument("--max-queue", type=int, default=256, help="most requests waiting for a slot; more get 429")
     p.add_argument("--graceful-seconds", type=float, default=5.0,
@@ -109,7 +110,7 @@ def _check(args: argparse.Namespace) -> None:
     if not (math.isfinite(args.graceful_seconds) and args.graceful_seconds >= 0):
         raise InputError(f"--graceful-seconds {args.graceful_seconds}: must be a number >= 0")
     if args.backend is not None and ("," in args.backend or not args.backend.strip()):
-        raise InputError(f"--backend {args.backend!r}: expected one backend name (e.g. cpu)")
+        raise InputError(f"--backends {args.backend!r}: expected one backend name (e.g. cpu)")
 
 
 def build(core: Any, args: argparse.Namespace, comm: Any = None, rank: int = 0, size: int = 1) -> Any:
@@ -218,7 +219,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
     if args.speculative is not None:
         out += ["--speculative", str(args.speculative)] if args.speculative else ["--no-speculative"]
     if args.backend:
-        out += ["--backend", args.backend]
+        out += ["--backends", args.backend]
     return out
 
 

@@ -327,3 +327,48 @@ def case_expected(case: Case) -> tuple[dict[str, np.ndarray], np.ndarray]:
     b.output("out", out)
     return inputs, evaluate(b.build(), inputs)[0]["out"]
 OPS_COVERED = sorted({c.op for c in CASES + FUSED_CASES})
+
+
+def refused_nodes(graph, device) -> list[str]:
+    """'name (op)' of every non-view node of `graph` that `device.supports` refuses.
+
+    The one skip rule of the suite: a test whose graph has such a node skips with
+    this list on a device tested alone (op and fused-chain tests); lifecycle tests
+    instead run the graph with the CPU behind the device, which takes those nodes."""
+    from flare.core.ops import OPS
+
+    return [f"{n.name} ({n.op})" for n in graph.nodes if OPS[n.op].view is None and not device.supports(n)]
+
+
+def _inplace_case(op: str) -> Case:
+    """op applied three times, `op(op(op(x, ...)))`: the inner result is read only by the
+    middle node, which has its shape and dtype and is no output, so the planner puts the
+    middle result on the inner one's bytes — the kernel runs with `out` aliasing
+    `srcs[0]` (docs/write-a-backend.md, "Kernel contract"). Tolerance: the op's own,
+    tripled for three applications (inputs are kept where the op is well conditioned)."""
+    from flare.core.ops import OPS
+
+    arity = OPS[op].n_srcs[0]
+
+    def build(b, rng):
+        inputs: dict[str, np.ndarray] = {}
+        lo, hi = {"sqrt": (0.25, 4.0), "div": (0.25, 4.0), "exp": (-1.0, 0.5)}.get(op, (-1.5, 1.5))
+        x = _in(b, inputs, "x", f32(rng, 3, 5, 8, lo=lo, hi=hi))
+        params = {"scale": 0.75, "bias": -0.25} if op == "scale" else {}
+        if arity == 2:
+            other = _in(b, inputs, "b", f32(rng, 8, lo=0.5, hi=1.5))   # broadcast row; never 0 (div)
+            return b.op(op, b.op(op, b.op(op, x, other), other), other), inputs
+        return b.op(op, b.op(op, b.op(op, x, **params), **params), **params), inputs
+
+    tol = next(c.tol for c in CASES if c.op == op)
+    return Case(f"{op}_in_place", op, build, (tol[0] * 3, tol[1] * 3))
+
+
+def _inplace_cases() -> list[Case]:
+    from flare.core.ops import OPS
+
+    return [_inplace_case(name) for name, d in sorted(OPS.items())
+            if d.inplace and not d.fused and not d.view and d.n_srcs[0] <= 2 and any(c.op == name for c in CASES)]
+
+
+INPLACE_CASES = _inplace_cases()

@@ -1,0 +1,44 @@
+"""Reading and writing state and cache tensors from the host: whole, or rows of them.
+
+KV-cache reuse (a served prefix copied into a new sequence's rows), host callbacks
+(expert staging writes the cache) and tests use them through PreparedGraph's
+`state`, `read_rows` and `write_rows`, which take the graph's guard first.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from .backend import Binding, Device
+from .dtypes import to_numpy
+from .errors import InputError
+from .persistent import PersistentStore
+
+
+def whole(store: PersistentStore, name: str) -> tuple[str, Binding]:
+    """(device, binding) of the state/cache tensor `name`."""
+    dev, buf, t = store.states[name]
+    return dev, Binding(buf, 0, t.shape, t.strides, t.dtype)
+
+
+def rows(store: PersistentStore, name: str, row: int, count: int) -> tuple[str, Binding]:
+    """(device, binding) of rows [row, row+count) of `name`; InputError outside it."""
+    dev, buf, t = store.states[name]
+    row_elems = int(np.prod(t.shape[1:], dtype=np.int64))
+    if count < 0 or row < 0 or row + count > t.shape[0]:
+        raise InputError(f"rows [{row}, {row + count}) are outside {name!r} {t.shape}")
+    itemsize = to_numpy(t.dtype).itemsize
+    return dev, Binding(buf, row * row_elems * itemsize, (count, *t.shape[1:]),
+                        (row_elems, *t.strides[1:]) if len(t.shape) > 1 else (1,), t.dtype)
+
+
+def write_rows(store: PersistentStore, devices: Mapping[str, Device], name: str, row: int, array: np.ndarray) -> None:
+    """Write `array` (any shape holding whole rows) into `name` from `row` on."""
+    _, _, t = store.states[name]
+    array = np.ascontiguousarray(array, to_numpy(t.dtype))
+    row_elems = int(np.prod(t.shape[1:], dtype=np.int64))
+    if array.size % row_elems or row < 0 or row + array.size // row_elems > t.shape[0]:
+        raise InputError(f"write_rows: {array.shape} at row {row} does not fit {name!r} {t.shape}")
+    dev, binding = rows(store, name, row, array.size // row_elems)
+    devices[dev].write(binding, array.reshape(binding.shape))
