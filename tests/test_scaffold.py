@@ -124,7 +124,8 @@ def test_new_backend_installs_and_passes_its_tests_and_the_conformance_suite(ven
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     summary = done.stdout.strip().splitlines()[-1]
     assert " passed" in summary and "skipped" not in summary and "failed" not in summary, summary
-    assert "foo: 40 of 40 ops supported" in done.stdout
+    import re
+    assert re.search(r"^foo: (\d+) of \1 ops supported", done.stdout, re.M), done.stdout[-3000:]  # every op
 
 
 @pytest.mark.slow

@@ -130,7 +130,8 @@ class F64Device(Device):
         np.copyto(out, self.host_view(binding))
 
     def supports(self, node) -> bool:
-        return node.op in KERNELS
+        # float64 kernels read floats: block-quantized weights (docs/ops.md) go elsewhere
+        return node.op in KERNELS and all(s.dtype in ("f32", "f16") for s in node.srcs)
 
     def compile(self, program) -> F64Program:
         return F64Program(self, program)
