@@ -80,10 +80,12 @@ def _serve(core_path: Path, *, mixed: bool, cache: bool, spec: int, waves=WAVES,
     return jobs, status
 
 
-@pytest.mark.parametrize("mixed,cache,spec", list(itertools.product([True, False], [True, False], [0, 3])))
+@pytest.mark.parametrize("mixed,cache,spec", list(itertools.product([True, False], [True, False],
+                                                                   [0, (3, "ngram"), (3, "self")])))
 def test_every_combination_gives_flare_runs_greedy_tokens(core_path, reference, mixed, cache, spec) -> None:
     start = LEDGER.live_bytes()
-    jobs, status = _serve(core_path, mixed=mixed, cache=cache, spec=spec)
+    spec, draft = spec if spec else (0, "ngram")
+    jobs, status = _serve(core_path, mixed=mixed, cache=cache, spec=spec, draft=draft)
     for rid, job in jobs.items():
         assert job.tokens == reference[rid], (rid, mixed, cache, spec)
         assert job.finish_reason in ("length", "stop")
@@ -112,23 +114,31 @@ def test_prefix_cache_evicts_least_recently_used_unheld_blocks(core_path) -> Non
 
 
 def test_speculative_acceptance_keeps_the_target_distribution() -> None:
-    """The standard rule: whatever the draft q, the first emitted token is distributed as p."""
+    """Sampled verification takes the token plain sampling takes at that output index (a function of the
+    seed and the index), so over seeds the first emitted token is distributed as p whatever the draft,
+    and a coupled draft close to p is accepted often."""
     rng = np.random.default_rng(1)
-    vocab, trials = 6, 20000
+    vocab, trials = 6, 6000
     p_logits, q_logits = rng.standard_normal(vocab) * 1.5, rng.standard_normal(vocab) * 1.5
-    ch = TokenChooser(SamplingParams(temperature=1.0, seed=7), never=())
-    p, q = ch.probs(p_logits), ch.probs(q_logits)
-    counts = np.zeros(vocab)
-    for _ in range(trials):
-        d = ch.draw(q)
-        counts[Speculator._accept(ch, [d], [q], np.stack([p_logits, p_logits]))[0]] += 1
-    assert np.abs(counts / trials - p).max() < 0.015, (counts / trials, p)
+    p = TokenChooser(SamplingParams(temperature=1.0, seed=0), never=()).probs(p_logits)
+    q = TokenChooser(SamplingParams(temperature=1.0, seed=0), never=()).probs(q_logits)
+    counts, accepted_far, accepted_near = np.zeros(vocab), 0, 0
+    for seed in range(trials):
+        ch = TokenChooser(SamplingParams(temperature=1.0, seed=seed), never=())
+        d = ch(q_logits, 0)                                    # a coupled draft: the same uniform, from q
+        out = Speculator.accept(ch, 0, [d], np.stack([p_logits, p_logits]))
+        assert out[0] == ch(p_logits, 0)                       # exactly plain sampling's token
+        counts[out[0]] += 1
+        accepted_far += len(out) == 2
+        accepted_near += ch(p_logits + 0.01 * q_logits, 0) == ch(p_logits, 0)
+    assert np.abs(counts / trials - p).max() < 0.025, (counts / trials, p)
     assert np.abs(q - p).max() > 0.1           # the draft really was different
+    assert accepted_near > 0.95 * trials and accepted_far < accepted_near
 
 
 def test_speculative_sampled_requests_finish(core_path) -> None:
     waves = [[(f"s{i}", "Sampled speculative", 10) for i in range(3)]]
-    jobs, status = _serve(core_path, mixed=True, cache=True, spec=2, waves=waves,
+    jobs, status = _serve(core_path, mixed=True, cache=True, spec=2, waves=waves, draft="self",
                           params=SamplingParams(temperature=0.8, top_p=0.9, seed=3))
     assert all(len(j.tokens) == 10 or j.tokens[-1] == 257 for j in jobs.values())
     assert status["speculative"]["proposed"] > 0

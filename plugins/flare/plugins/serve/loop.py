@@ -57,8 +57,11 @@ class Job:
     params: SamplingParams
     stops: tuple[str, ...]
     sink: Callable[[dict[str, Any]], None]
+    end_ids: frozenset[int] = frozenset()      # ids that end it besides the contract's <eos> (end of turn)
+    decoder: Any = None                        # the tokenizer's incremental decoder (None: token-lm/1 bytes)
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
+    cancel_reason: str = "cancelled"           # "shutdown": the grace period ran out
     cached_tokens: int = 0
     tokens: list[int] = field(default_factory=list)
     first_token: float | None = None
@@ -83,6 +86,10 @@ class _Seq:
     @property
     def req(self) -> Job:
         return self.job
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return self.job.prompt
 
     @property
     def prefilling(self) -> bool:
@@ -112,6 +119,7 @@ class ServeLoop:
         self._lock = threading.Condition()
         self._inbox: deque[Job] = deque()
         self._stopping = False
+        self._draining = False
         self._thread = threading.Thread(target=self._main, name="flare-serve-steps", daemon=True)
         self.error: BaseException | None = None
         self.step_failures = 0
@@ -124,8 +132,9 @@ class ServeLoop:
 
     def submit(self, job: Job) -> None:
         with self._lock:
-            if self._stopping or self.error is not None:
-                raise FlareError("the server is shutting down" if self._stopping else f"the step loop failed: {self.error}")
+            if self._stopping or self._draining or self.error is not None:
+                raise FlareError(f"the step loop failed: {self.error}" if self.error is not None
+                                 else "the server is shutting down")
             if len(self._inbox) + self._waiting_count >= self.max_queue:
                 raise QueueFull(f"{self.max_queue} requests are already waiting (--max-queue)")
             self._inbox.append(job)
@@ -135,6 +144,13 @@ class ServeLoop:
     def cancel(self, job: Job) -> None:
         with self._lock:
             job.cancelled = True
+            self._lock.notify()
+
+    def drain(self) -> None:
+        """The grace period is over: refuse new requests and end every waiting and running one with
+        reason "shutdown" at the next turn (their handlers answer 503 / an error event and [DONE])."""
+        with self._lock:
+            self._draining = True
             self._lock.notify()
 
     def shutdown(self, timeout: float | None = None) -> None:
@@ -168,6 +184,9 @@ class ServeLoop:
                     waiting.extend(self._inbox)
                     self._inbox.clear()
                     self._waiting_count = len(waiting)
+                    if self._draining:
+                        for j in [*waiting, *(s.job for s in running)]:
+                            j.cancelled, j.cancel_reason = True, "shutdown"
                 self._drop_cancelled(waiting, running, free)
                 while waiting and free:
                     self._admit(waiting.popleft(), free.pop(0), running)
@@ -224,12 +243,12 @@ class ServeLoop:
     def _drop_cancelled(self, waiting: deque[Job], running: list[_Seq], free: list[int]) -> None:
         for j in [j for j in waiting if j.cancelled]:
             waiting.remove(j)
-            self._end(j, reason="cancelled")
+            self._end(j, reason=j.cancel_reason)
         for s in [s for s in running if s.job.cancelled]:
-            self._retire(s, running, free, reason="cancelled")
+            self._retire(s, running, free, reason=s.job.cancel_reason)
 
     def _admit(self, job: Job, slot: int, running: list[_Seq]) -> None:
-        s = _Seq(job, slot, TokenChooser(job.params, self.serving.never), TextStream(job.stops))
+        s = _Seq(job, slot, TokenChooser(job.params, self.serving.never), TextStream(job.stops, job.decoder))
         if self.cache is not None:
             s.fed, s.held = self.cache.reuse(slot, job.prompt)
             job.cached_tokens = s.fed
@@ -259,7 +278,7 @@ class ServeLoop:
                 if self.cache is not None and not s.stored:
                     s.stored = True
                     self.cache.store(s.slot, s.job.prompt, s.held)
-            self._emit(s, s.chooser(np.asarray(row)))
+            self._emit(s, s.chooser(np.asarray(row), len(s.job.tokens)))
         return kind
 
     def _emit(self, s: _Seq, tok: int) -> bool:
@@ -273,7 +292,7 @@ class ServeLoop:
             self.metrics.ttft.observe(job.first_token - job.arrival)
         self.metrics.generated.inc()
         delta = s.text.push(tok)
-        if s.text.stopped or tok == self.serving.eos:
+        if s.text.stopped or tok == self.serving.eos or tok in job.end_ids:
             job.finish_reason = "stop"
         elif len(job.tokens) >= job.max_tokens or s.position >= self.serving.max_ctx:
             job.finish_reason = "length"

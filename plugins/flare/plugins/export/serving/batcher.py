@@ -28,7 +28,7 @@ from .batch import Chunk
 from .sampling import SamplingParams, TokenChooser
 from .engine import Engine
 from .metrics import RequestStats, summarize
-from .requests import Request
+from .requests import Request, prompt_ids_problem
 
 Clock = Callable[[], float]
 
@@ -189,7 +189,4 @@ class Batcher:
         sv = self.serving
         if len(r.prompt) + r.max_new_tokens - 1 > sv.max_ctx:
             return f"prompt of {len(r.prompt)} + {r.max_new_tokens} new tokens exceeds the context of {sv.max_ctx}"
-        bad = [t for t in r.prompt if not 0 <= t < sv.vocab]
-        if bad:
-            return f"token ids {bad[:4]} outside the vocabulary 0..{sv.vocab - 1}"
-        return None
+        return prompt_ids_problem(r.prompt, sv)
