@@ -20,6 +20,7 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
+from html import escape
 from importlib import resources
 from typing import Any, AsyncIterator, Callable
 
@@ -58,7 +59,7 @@ class Api:
     # -------------------------------------------------------------- routes
     async def page(self, request: Request) -> Response:
         html = resources.files("flare.plugins.serve").joinpath("static/chat.html").read_text("utf-8")
-        return HTMLResponse(html.replace("{{MODEL}}", self.model))
+        return HTMLResponse(html.replace("{{MODEL}}", escape(self.model)))
 
     async def health(self, request: Request) -> Response:
         if not self.loop.alive:
