@@ -21,7 +21,8 @@ from flare.core.errors import CoreFormatError  # noqa: E402
 from flare.core.ledger import LEDGER  # noqa: E402
 from flare.plugins.export import LoadOptions, SelectionError, export_core, load_core  # noqa: E402
 from flare.plugins.export.runtime import CoreRuntime  # noqa: E402
-from flare.plugins.export.serving import Batcher, Engine, Request  # noqa: E402
+from flare.plugins.export.serving import Engine, Request  # noqa: E402
+from flare.plugins.serve.offline import Batcher  # noqa: E402
 from flare.plugins.serve.loop import Job, QueueFull  # noqa: E402
 from flare.plugins.export.serving.sampling import SamplingParams, TokenChooser  # noqa: E402
 from flare.plugins.serve.server import Server  # noqa: E402
@@ -48,7 +49,7 @@ def core_path(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(core_path) -> dict[str, list[int]]:
-    """What `flare run NAME.core` generates (its batcher, default selection, greedy)."""
+    """What `flare run NAME.core` generates (the same loop driven offline, default selection, greedy)."""
     reqs = [Request(rid, _ids(p), n) for wave in WAVES for rid, p, n in wave]
     with CoreRuntime(load_core(core_path)) as rt:
         report = Batcher(Engine(rt)).run(reqs)

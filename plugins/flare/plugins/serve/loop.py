@@ -8,7 +8,7 @@ prefix into the slot's KV rows), then runs one step:
 - `mixed` (a prefill chunk of the oldest prompt plus a decode token of every
   decoding sequence) when the core's mixed programs are selected;
 - otherwise `prefill` and decode alternate whenever both have work: the
-  policy is `flare run`'s batcher's own (`plan_step`), so neither starves and
+  policy is `policy.plan_step`, so neither starves and
   greedy tokens are the same;
 - a decode turn is a speculative round (draft K, verify once) when
   speculative decoding is on, a plain `decode` step otherwise.
@@ -32,10 +32,10 @@ from typing import Any, Callable
 import numpy as np
 
 from flare.core.errors import FlareError
-from flare.plugins.export.serving.batcher import plan_step
 
 from .engine import StepEngine
 from .metrics import ServeMetrics
+from .policy import plan_step
 from .prefix_cache import Block, PrefixCache
 from flare.plugins.export.serving.sampling import SamplingParams, TokenChooser
 from .speculative import Speculator
@@ -104,18 +104,43 @@ class _Seq:
         return self.job.max_tokens - len(self.job.tokens)
 
 
-class ServeLoop:
-    """Continuous batching on a StepEngine; see the module docstring."""
+Observer = Callable[[str, str, list, np.ndarray, int], None]
 
-    def __init__(self, engine: StepEngine, *, mixed: bool, prefix_cache: PrefixCache | None,
-                 speculator: Speculator | None, max_queue: int, metrics: ServeMetrics):
+
+@dataclass
+class Turns:
+    """What the loop schedules over: requests waiting for a slot, sequences running, free slots,
+    and the kind of the last step (the policy alternates on it)."""
+
+    waiting: deque[Job]
+    running: list[_Seq]
+    free: list[int]
+    last: str | None = None
+
+    @classmethod
+    def empty(cls, max_seqs: int) -> "Turns":
+        return cls(deque(), [], list(range(max_seqs)))
+
+
+class ServeLoop:
+    """Continuous batching on a StepEngine; see the module docstring.
+
+    One loop for both fronts: `start()` runs it on its own thread for `flare serve`; `flare run
+    NAME.core` drives the same `schedule` and `step` turn by turn (`flare.plugins.serve.offline`).
+    `observer(kind, program, plan, logits, decoding)`, if given, hears every plain step after its
+    tokens were emitted (`decoding`: sequences decoding when it was planned)."""
+
+    def __init__(self, engine: StepEngine, *, mixed: bool, prefix_cache: PrefixCache | None = None,
+                 speculator: Speculator | None = None, max_queue: int = 256, metrics: ServeMetrics | None = None,
+                 observer: Observer | None = None):
         self.engine = engine
         self.serving = engine.serving
         self.mixed = mixed and engine.has("mixed")
         self.cache = prefix_cache
         self.spec = speculator
         self.max_queue = max_queue
-        self.metrics = metrics
+        self.metrics = metrics if metrics is not None else ServeMetrics()
+        self.observer = observer
         self._lock = threading.Condition()
         self._inbox: deque[Job] = deque()
         self._stopping = False
@@ -170,10 +195,8 @@ class ServeLoop:
 
     # ---------------------------------------------------------- loop thread
     def _main(self) -> None:
-        waiting: deque[Job] = deque()
-        running: list[_Seq] = []
-        free = list(range(self.serving.max_seqs))
-        last: str | None = None
+        st = Turns.empty(self.serving.max_seqs)
+        waiting, running = st.waiting, st.running
         try:
             while True:
                 with self._lock:
@@ -187,22 +210,15 @@ class ServeLoop:
                     if self._draining:
                         for j in [*waiting, *(s.job for s in running)]:
                             j.cancelled, j.cancel_reason = True, "shutdown"
-                self._drop_cancelled(waiting, running, free)
-                while waiting and free:
-                    self._admit(waiting.popleft(), free.pop(0), running)
+                self.schedule(st)
                 self._waiting_count = len(waiting)
-                self.metrics.queue_depth.set(len(waiting))
-                self.metrics.running.set(len(running))
-                if not running:
-                    continue
                 try:
-                    last = self._step(running, last)
+                    self.step(st)
                 except Exception as exc:
                     if self.engine.comm is not None:
                         raise             # the other ranks may be inside the step: stop them all
-                    self._fail_running(running, free, exc)   # alone: those requests fail, the server goes on
-                    last = None
-                self._finish(running, free)
+                    self._fail_running(running, st.free, exc)   # alone: those requests fail, the server goes on
+                    st.last = None
                 self.metrics.running.set(len(running))
         except BaseException as exc:  # noqa: BLE001 - every request in flight must hear about it
             self.error = exc
@@ -227,6 +243,23 @@ class ServeLoop:
                     self.cache.clear()
             finally:
                 self.engine.stop()
+
+    # ------------------------------------------------------------ one turn
+    def schedule(self, st: Turns) -> None:
+        """Drop cancelled requests, admit waiting ones into free slots (oldest first)."""
+        self._drop_cancelled(st.waiting, st.running, st.free)
+        while st.waiting and st.free:
+            self._admit(st.waiting.popleft(), st.free.pop(0), st.running)
+        self.metrics.queue_depth.set(len(st.waiting))
+        self.metrics.running.set(len(st.running))
+
+    def step(self, st: Turns) -> bool:
+        """One step over the running sequences (if any), then retire the finished ones."""
+        if not st.running:
+            return False
+        st.last = self._step(st.running, st.last)
+        self._finish(st.running, st.free)
+        return True
 
     def _fail_running(self, running: list[_Seq], free: list[int], exc: Exception) -> None:
         """A step raised: every request it may have touched gets the error and its slot back (their KV
@@ -267,7 +300,8 @@ class ServeLoop:
                         break
             self.metrics.steps.labels("speculative").inc()
             return kind
-        logits, _ = self.engine.run(kind, [c for _, c in plan])
+        decoding = sum(1 for s in running if not s.prefilling)
+        logits, bucket = self.engine.run(kind, [c for _, c in plan])
         self.metrics.steps.labels(kind).inc()
         for (s, chunk), row in zip(plan, logits):
             s.served = turn
@@ -279,6 +313,8 @@ class ServeLoop:
                     s.stored = True
                     self.cache.store(s.slot, s.job.prompt, s.held)
             self._emit(s, s.chooser(np.asarray(row), len(s.job.tokens)))
+        if self.observer is not None:
+            self.observer(kind, bucket.program, plan, logits, decoding)
         return kind
 
     def _emit(self, s: _Seq, tok: int) -> bool:
