@@ -38,6 +38,8 @@ def core_path(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(core_path):
     s = ServerProcess(str(core_path), "--speculative", "2", "--read-timeout", "1", "--max-body-kib", "64")
+    said = "".join(s.lines)                   # progress: what it loads, then that it is ready
+    assert "flare serve: loading" in said and "preparing" in said and "ready" in said, said
     with httpx.Client(timeout=60) as c:
         s.probe = c.post(f"{s.url}/v1/completions", json=PROBE).json()["choices"][0]["token_ids"]
     yield s
