@@ -145,6 +145,7 @@ class ServeLoop:
         self._inbox: deque[Job] = deque()
         self._stopping = False
         self._draining = False
+        self._cancels = False             # a cancel since the waiting queue was last scanned
         self._thread = threading.Thread(target=self._main, name="flare-serve-steps", daemon=True)
         self.error: BaseException | None = None
         self.step_failures = 0
@@ -169,6 +170,7 @@ class ServeLoop:
     def cancel(self, job: Job) -> None:
         with self._lock:
             job.cancelled = True
+            self._cancels = True
             self._lock.notify()
 
     def drain(self) -> None:
@@ -210,6 +212,7 @@ class ServeLoop:
                     if self._draining:
                         for j in [*waiting, *(s.job for s in running)]:
                             j.cancelled, j.cancel_reason = True, "shutdown"
+                        self._cancels = True
                 self.schedule(st)
                 self._waiting_count = len(waiting)
                 try:
@@ -274,9 +277,14 @@ class ServeLoop:
         free.sort()
 
     def _drop_cancelled(self, waiting: deque[Job], running: list[_Seq], free: list[int]) -> None:
-        for j in [j for j in waiting if j.cancelled]:
-            waiting.remove(j)
-            self._end(j, reason=j.cancel_reason)
+        with self._lock:
+            scan, self._cancels = self._cancels, False
+        if scan:                          # the waiting queue is scanned only after a cancel (it may be long)
+            kept = [j for j in waiting if not j.cancelled]
+            for j in [j for j in waiting if j.cancelled]:
+                self._end(j, reason=j.cancel_reason)
+            waiting.clear()
+            waiting.extend(kept)
         for s in [s for s in running if s.job.cancelled]:
             self._retire(s, running, free, reason=s.job.cancel_reason)
 
