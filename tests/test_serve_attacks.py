@@ -247,3 +247,20 @@ def test_flare_run_requests_file_is_linear_and_deep_lines_exit_2(core_path, tmp_
                          env=ENV, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.count("error:") == 1 and "line 2" in out.stderr, out.stderr
     assert "nested" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_serve_a_model_by_name_exports_it_once(tmp_path, monkeypatch, capsys) -> None:
+    from flare.core.errors import InputError
+    from flare.plugins.serve.cli import resolve_core
+
+    monkeypatch.setenv("FLARE_CACHE_DIR", str(tmp_path))
+    core = resolve_core("moe-lm")
+    assert core == tmp_path / "serve" / "cores" / "moe-lm.core" and "exporting moe-lm once" in capsys.readouterr().err
+    assert resolve_core("moe-lm") == core and "exporting" not in capsys.readouterr().err     # reused
+    with pytest.raises(InputError, match="not a core directory, nor an exportable model"):
+        resolve_core("no-such-model")
+    s = ServerProcess("moe-lm", env={"FLARE_CACHE_DIR": str(tmp_path)})
+    try:
+        assert httpx.get(f"{s.url}/v1/models").json()["data"][0]["id"] == "moe-lm.core"
+    finally:
+        assert "exporting" not in s.stop()

@@ -36,7 +36,9 @@ DESCRIPTION = ("Serve an exported core over an OpenAI-compatible HTTP API (/v1/c
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("core", metavar="NAME.core", help="exported core directory (flare export MODEL -o NAME.core)")
+    p.add_argument("core", metavar="NAME.core|MODEL",
+                   help="exported core directory (flare export MODEL -o NAME.core), or an exportable model's name "
+                        "(exported once into the cache on first use)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port; the line printed says which)")
     mixed = p.add_mutually_exclusive_group()
@@ -90,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if under_mpirun():
         return _main_rank(args)
     _check(args)
+    args.core = str(resolve_core(args.core))
     if args.ranks is not None and args.ranks > 1:
         return _spawn(args.ranks, ["serve", *_argv(args)])
     from flare.plugins.export.loader import load_core
@@ -97,6 +100,33 @@ def run(args: argparse.Namespace) -> int:
     _say(f"loading {args.core} (validate, select, prune)")
     core = load_core(args.core, load_options(args))
     return serve(core, args, comm=None)
+
+
+def resolve_core(arg: str) -> Path:
+    """A core directory as given, or the core of an exportable model named `arg`, exported once into
+    the cache (`serve/cores/MODEL.core`, default export options) and reused after."""
+    path = Path(arg)
+    if path.is_dir():
+        return path
+    from flare.core.cache import cache_dir
+    from flare.core.plugin_manager import get_plugin_manager
+    from flare.plugins.export.adapters import AdapterSpec
+    from flare.plugins.export.exporter import export_core
+
+    adapters = get_plugin_manager().collect("flare_export_adapters", AdapterSpec)
+    if arg not in adapters:
+        raise InputError(f"{arg!r}: not a core directory, nor an exportable model (exportable: "
+                         f"{', '.join(sorted(adapters)) or 'none'})")
+    core = cache_dir("serve", "cores") / f"{arg}.core"
+    if not core.is_dir():
+        from flare.plugins.export.files import CoreExistsError
+
+        _say(f"exporting {arg} once into {core} (first use; later starts reuse it)")
+        try:
+            export_core(arg, core, progress=False)   # written aside and renamed: never half a core
+        except CoreExistsError:
+            pass                                     # another server exported it meanwhile
+    return core
 
 
 def _say(what: str) -> None:
