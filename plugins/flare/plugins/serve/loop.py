@@ -1,4 +1,5 @@
-"""The model step loop: its own thread, continuous batching over the core's sequence slots.
+"""The one serving loop: continuous batching over the core's sequence slots (a thread for `flare serve`,
+driven turn by turn for `flare run NAME.core`: `offline.py`).
 
 The HTTP side only `submit`s and `cancel`s; this thread owns the runtime and
 is the only one that touches it. Each turn it takes new requests (waiting
@@ -10,15 +11,19 @@ prefix into the slot's KV rows), then runs one step:
 - otherwise `prefill` and decode alternate whenever both have work: the
   policy is `policy.plan_step`, so neither starves and
   greedy tokens are the same;
-- a decode turn is a speculative round (draft K, verify once) when
-  speculative decoding is on, a plain `decode` step otherwise.
+- a decode turn is a speculative round (up to K proposals from prompt lookup
+  or the draft programs, verified in one step) when speculative decoding is on,
+  a plain `decode` step otherwise.
 A request whose prompt is fully read stores its whole blocks in the prefix
 cache. Every generated token is handed to the request's `sink` (from this
 thread; the app forwards it to the event loop). A step that raises fails the
 requests in flight with its error and the loop goes on serving; on several
 ranks (which may be inside that step) it stops the loop instead, and the API
-answers 503. Shutdown cancels what is left, frees every prefix-cache block and
-tells other ranks to stop.
+answers 503. `drain()` (the grace period ran out) ends every request with
+reason "shutdown"; shutdown cancels what is left, frees every prefix-cache
+block and tells other ranks to stop. Only this thread touches the runtime, the
+prefix cache and the speculator; `submit`, `cancel` and `drain` may be called
+from any thread (they take the lock).
 """
 from __future__ import annotations
 
