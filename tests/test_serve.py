@@ -195,9 +195,11 @@ def test_api_errors_name_the_field_and_a_full_queue_is_429(core_path) -> None:
         assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
         r = client.post("/v1/completions", json={"prompt": "hi"})
         assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+        r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
         assert client.get("/v1/models").json()["data"][0]["id"] == "tiny.core"
         metrics = client.get("/metrics").text
-        assert 'flare_rejected_requests_total{status="429"} 1.0' in metrics and "flare_memory_bytes" in metrics
+        assert 'flare_rejected_requests_total{status="429"} 2.0' in metrics and "flare_memory_bytes" in metrics
     finally:
         server.close()
 
