@@ -4,13 +4,17 @@ Starts `flare serve` on 127.0.0.1 (a free port) over moe-lm `tiny` (exported
 once into --workdir), runs --clients asyncio clients that each send streaming
 completions back to back (mixed lengths, a third of them sharing a prefix,
 half greedy, half sampled with a seed) until --seconds have passed, then
-sends SIGTERM. Pass: no HTTP error, no in-stream error, no request without
+sends SIGTERM. `--chat`: the clients speak /v1/chat/completions instead (a shared
+system message, the model's chat template). After the load, up to --replay of the
+answers are asked again one at a time and must be token for token the same (greedy
+and seeded alike: a request's tokens depend on nothing but itself). Pass: no HTTP error, no in-stream error, no request without
 `data: [DONE]`, every streamed token count equal to usage.completion_tokens,
 the server exits 0 and its ledger's live bytes after shutdown equal those at
 start. Reports requests, tokens/s, time to first token (p50/p95) and the
 server's /metrics prefix-cache and step counts at the end.
 
-    OPENBLAS_NUM_THREADS=1 python bench/serve_load.py [--clients 64] [--seconds 60] [-- extra flare serve options]
+    OPENBLAS_NUM_THREADS=1 python bench/serve_load.py [--clients 64] [--seconds 60] [--chat] [--replay 64]
+                                                      [-- extra flare serve options]
 """
 from __future__ import annotations
 
@@ -29,20 +33,30 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 SHARED = "System: you are a terse assistant; answer in one short line. User: "
 
 
-async def client(n: int, url: str, until: float, stats: dict) -> None:
+def request_body(n: int, i: int, chat: bool) -> tuple[str, dict]:
+    """Client n's i-th request: (route, body)."""
+    text = f"client {n} request {i} " + "x" * ((n * 7 + i) % 40)
+    common = {"max_tokens": 4 + (n + i) % 24, "stream": True, "stop": None,
+              "temperature": 0 if (n + i) % 2 else 0.8, "seed": n * 1000 + i}
+    if chat:
+        return "chat/completions", {"messages": [{"role": "system", "content": SHARED}, {"role": "user", "content": text}],
+                                    **common}
+    return "completions", {"prompt": (SHARED if (n + i) % 3 == 0 else "") + text, **common}
+
+
+async def client(n: int, url: str, until: float, stats: dict, chat: bool = False) -> None:
     import httpx
 
     i = 0
     async with httpx.AsyncClient(timeout=300) as c:
         while time.monotonic() < until:
             i += 1
-            prompt = (SHARED if (n + i) % 3 == 0 else "") + f"client {n} request {i} " + "x" * ((n * 7 + i) % 40)
-            body = {"prompt": prompt, "max_tokens": 4 + (n + i) % 24, "stream": True, "stop": None,
-                    "temperature": 0 if (n + i) % 2 else 0.8, "seed": n * 1000 + i}
+            route, body = request_body(n, i, chat)
             t0 = time.perf_counter()
+            ids: list[int] = []
             first, tokens, done, usage = None, 0, False, None
             try:
-                async with c.stream("POST", f"{url}/v1/completions", json=body) as r:
+                async with c.stream("POST", f"{url}/v1/{route}", json=body) as r:
                     if r.status_code != 200:
                         stats["errors"].append(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
                         continue
@@ -56,6 +70,7 @@ async def client(n: int, url: str, until: float, stats: dict) -> None:
                         if "error" in ev:
                             stats["errors"].append(f"in-stream: {ev['error']}")
                             break
+                        ids += ev["choices"][0]["token_ids"]
                         k = len(ev["choices"][0]["token_ids"])
                         if k and first is None:
                             first = time.perf_counter() - t0
@@ -70,13 +85,30 @@ async def client(n: int, url: str, until: float, stats: dict) -> None:
             stats["requests"] += 1
             stats["tokens"] += tokens
             stats["ttft"].append(first)
+            stats["answers"].append((route, body, ids))
 
 
-async def drive(url: str, clients: int, seconds: float) -> dict:
-    stats: dict = {"requests": 0, "tokens": 0, "errors": [], "ttft": []}
+def replay(url: str, answers: list, limit: int) -> dict:
+    """Ask `limit` of the answered requests again, one at a time: the same tokens?"""
+    import httpx
+
+    same, differ = 0, []
+    with httpx.Client(timeout=300) as c:
+        for route, body, ids in answers[:: max(1, len(answers) // max(1, limit))][:limit]:
+            data = c.post(f"{url}/v1/{route}", json={**body, "stream": False}).json()
+            again = data["choices"][0]["token_ids"]
+            if again == ids:
+                same += 1
+            else:
+                differ.append({"body": body, "under_load": ids, "alone": again})
+    return {"identical": same, "asked": same + len(differ), "first_differences": differ[:3]}
+
+
+async def drive(url: str, clients: int, seconds: float, chat: bool = False) -> dict:
+    stats: dict = {"requests": 0, "tokens": 0, "errors": [], "ttft": [], "answers": []}
     until = time.monotonic() + seconds
     t0 = time.perf_counter()
-    await asyncio.gather(*(client(n, url, until, stats) for n in range(clients)))
+    await asyncio.gather(*(client(n, url, until, stats, chat) for n in range(clients)))
     stats["seconds"] = time.perf_counter() - t0
     return stats
 
@@ -87,6 +119,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--workdir", default="/tmp/flare-bench-serve")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--chat", action="store_true", help="clients use /v1/chat/completions")
+    ap.add_argument("--replay", type=int, default=64, help="answers asked again alone and compared (0: none)")
     ap.add_argument("serve_options", nargs="*", help="extra `flare serve` options (after --)")
     args = ap.parse_args()
     import httpx
@@ -100,8 +134,9 @@ def main() -> int:
         export_core("moe-lm", core, options={"size": "tiny", "max_ctx": 512}, progress=False)
     server = ServerProcess(core, "--host", "127.0.0.1", "--max-queue", str(4 * args.clients), *args.serve_options)
     try:
-        stats = asyncio.run(drive(server.url, args.clients, args.seconds))
+        stats = asyncio.run(drive(server.url, args.clients, args.seconds, args.chat))
         metrics = httpx.get(f"{server.url}/metrics").text
+        sequential = replay(server.url, stats["answers"], args.replay) if args.replay else None
     finally:
         err = server.stop()
     ledger = ledger_after_stop(err)
@@ -109,7 +144,8 @@ def main() -> int:
     pick = {k: float(m.group(1)) for k in ("flare_prefix_cache_reused_tokens", "flare_prefix_cache_evictions",
                                              "flare_requests_total{outcome=\"cancelled\"}")
             if (m := re.search(rf"^{re.escape(k)} ([0-9.e+-]+)$", metrics, re.M))}
-    out = {"clients": args.clients, "seconds": stats["seconds"], "requests": stats["requests"],
+    out = {"clients": args.clients, "chat": args.chat, "identical_to_sequential": sequential,
+           "seconds": stats["seconds"], "requests": stats["requests"],
            "tokens": stats["tokens"], "tokens_per_s": stats["tokens"] / stats["seconds"],
            "ttft_ms": {"p50": float(np.percentile(ttft, 50) * 1000) if ttft.size else None,
                        "p95": float(np.percentile(ttft, 95) * 1000) if ttft.size else None},
@@ -119,7 +155,8 @@ def main() -> int:
     print(json.dumps(out, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
-    ok = not stats["errors"] and server.proc.returncode == 0 and ledger is not None and ledger[0] == ledger[1]
+    ok = not stats["errors"] and server.proc.returncode == 0 and ledger is not None and ledger[0] == ledger[1] \
+        and (sequential is None or sequential["identical"] == sequential["asked"])
     return 0 if ok else 1
 
 

@@ -5,7 +5,10 @@ into --workdir: the self-draft (`--draft-layers` default: the first half of
 the layers plus the model's head) and the ideal case (`--draft-layers` = all
 layers: the model drafting for itself, whose proposals the verifier always
 accepts under greedy decoding — the upper bound of acceptance). For each core,
-servers run without speculation and with `--speculative K`; each serves the
+servers run without speculation and with `--speculative K --draft self`; then
+prompt lookup (`--draft ngram`, no second model) on the self-draft core, once on
+prompts whose answers can copy from them (`ngram`) and once on the ordinary
+prompts (`ngram-nothing-to-copy`: its cost when it finds little). Each serves the
 same greedy requests one at a time (speculation pays most at low batch) and
 then `--concurrent` at once. Reported: generated tokens/s (client wall time),
 acceptance (accepted / proposed draft tokens, read from /metrics) and whether
@@ -30,6 +33,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 PROMPTS = ["Speculative decoding proposes tokens with a cheap draft", "The quick brown fox",
            "Mixture of experts route tokens", "Once upon a time"]
+# prompt lookup has something to copy: the (greedy, random-weight) answer falls into repeats of the prompt
+REPEAT = ["Repeat exactly: " + "the cat sat on the mat. " * 8, "Copy: " + "abc abd abe " * 10,
+          "Again: " + "0123456789" * 8, "Echo: " + "la la la " * 12]
 
 
 def _metric(text: str, name: str) -> float:
@@ -37,21 +43,21 @@ def _metric(text: str, name: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def measure(core: Path, options: list[str], new_tokens: int, concurrent: int) -> dict:
+def measure(core: Path, options: list[str], new_tokens: int, concurrent: int, prompts: list[str] = PROMPTS) -> dict:
     import httpx
 
     from flare.plugins.serve.process import ServerProcess, complete
 
     with ServerProcess(core, *options) as s, httpx.Client(timeout=600) as c:
-        complete(c, s.url, PROMPTS[0], 4, temperature=0)                      # warm-up
+        complete(c, s.url, prompts[0], 4, temperature=0)                      # warm-up
         base = httpx.get(f"{s.url}/metrics").text
         t0 = time.perf_counter()
-        single = [complete(c, s.url, p, new_tokens, temperature=0).token_ids for p in PROMPTS]
+        single = [complete(c, s.url, p, new_tokens, temperature=0).token_ids for p in prompts]
         t_single = time.perf_counter() - t0
         t0 = time.perf_counter()
         with ThreadPoolExecutor(concurrent) as pool:
             many = list(pool.map(lambda p: complete(httpx.Client(timeout=600), s.url, p, new_tokens,
-                                                    temperature=0).token_ids, PROMPTS[:concurrent]))
+                                                    temperature=0).token_ids, prompts[:concurrent]))
         t_many = time.perf_counter() - t0
         after = httpx.get(f"{s.url}/metrics").text
     proposed = _metric(after, "flare_speculative_proposed_tokens") - _metric(base, "flare_speculative_proposed_tokens")
@@ -75,16 +81,18 @@ def main() -> int:
 
     out: dict = {"size": args.size, "k": args.k, "new_tokens": args.new_tokens}
     layers = None
-    for case in ("self-draft", "ideal"):
-        path = Path(args.workdir) / f"{args.size}-ctx512-{case}.core"
+    for case in ("self-draft", "ideal", "ngram", "ngram-nothing-to-copy"):
+        path = Path(args.workdir) / f"{args.size}-ctx512-{'self-draft' if case.startswith('ngram') else case}.core"
         if not path.exists():
             if case == "ideal":
                 layers = int(load_core(Path(args.workdir) / f"{args.size}-ctx512-self-draft.core")
                              .manifest.config["n_layers"])
             export_core("moe-lm", path, options={"size": args.size, "max_ctx": 512}, progress=False,
                         draft_layers=layers if case == "ideal" else None)
-        plain = measure(path, ["--no-speculative"], args.new_tokens, args.concurrent)
-        spec = measure(path, ["--speculative", str(args.k)], args.new_tokens, args.concurrent)
+        prompts = REPEAT if case == "ngram" else PROMPTS
+        draft = "ngram" if case.startswith("ngram") else "self"
+        plain = measure(path, ["--no-speculative"], args.new_tokens, args.concurrent, prompts)
+        spec = measure(path, ["--speculative", str(args.k), "--draft", draft], args.new_tokens, args.concurrent, prompts)
         out[case] = {
             "plain_tokens_per_s": {"single": plain["tokens_per_s_single"], "concurrent": plain["tokens_per_s_concurrent"]},
             "speculative_tokens_per_s": {"single": spec["tokens_per_s_single"],
@@ -96,7 +104,8 @@ def main() -> int:
     print(json.dumps(out, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
-    return 0 if all(out[c]["greedy_identical"] for c in ("self-draft", "ideal")) else 1
+    return 0 if all(out[c]["greedy_identical"] for c in ("self-draft", "ideal", "ngram", "ngram-nothing-to-copy")) \
+        else 1
 
 
 if __name__ == "__main__":

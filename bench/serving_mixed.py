@@ -42,7 +42,8 @@ def run_once(core_path: Path, mixed: bool, requests) -> dict:
     from flare.plugins.export import LoadOptions, load_core
     from flare.plugins.export.runtime import CoreRuntime
     from flare.core.ledger import LEDGER
-    from flare.plugins.export.serving import Engine, Batcher
+    from flare.plugins.export.serving import Engine
+    from flare.plugins.serve.offline import Batcher
 
     t0 = time.perf_counter()
     core = load_core(core_path, LoadOptions(mixed_prefill=mixed))

@@ -6,6 +6,7 @@
 #   espeak-ng                         regenerates the shipped speech sample (optional)
 #   gcc + libc6-dev + python3-dev     build the CPU backend's C kernels (cffi API mode; without
 #                                     them the CPU backend runs its NumPy kernels instead)
+#   chromium + chromium-driver        headless browser test of flare serve's chat page (Selenium)
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
@@ -13,5 +14,5 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
     libvulkan1 mesa-vulkan-drivers glslc vulkan-tools \
-    openmpi-bin libopenmpi-dev espeak-ng gcc libc6-dev python3-dev >/dev/null
+    openmpi-bin libopenmpi-dev espeak-ng gcc libc6-dev python3-dev chromium chromium-driver >/dev/null
 echo "system packages installed"

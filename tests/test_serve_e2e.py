@@ -56,7 +56,7 @@ def expected(core_path, tmp_path_factory) -> dict[str, list[int]]:
 
 @pytest.fixture(scope="module")
 def server(core_path):
-    s = ServerProcess(str(core_path), "--speculative", "2", "--max-queue", "64")
+    s = ServerProcess(str(core_path), "--speculative", "2", "--draft", "self", "--max-queue", "64")
     yield s
     s.stop()
 

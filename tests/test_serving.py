@@ -9,7 +9,8 @@ import pytest
 
 from flare.plugins.export import LoadOptions, export_core, load_core
 from flare.plugins.export.runtime import CoreRuntime
-from flare.plugins.export.serving import Chunk, Engine, Request, RequestError, Batcher, read_requests, token_lm_inputs
+from flare.plugins.export.serving import Chunk, Engine, Request, RequestError, read_requests, token_lm_inputs
+from flare.plugins.serve.offline import Batcher
 
 PROMPTS = [("Hello world", 9), ("The quick brown fox", 7), ("abc", 11), ("Mixture of experts", 6), ("zz", 4),
            ("Once upon a time", 8), ("x", 1), ("Serving many requests at once", 5)]

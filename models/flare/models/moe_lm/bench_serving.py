@@ -65,7 +65,8 @@ class ServingRunner:
                             f"{','.join(config.backends)}, continuous batching")
 
     def run(self, request: Request) -> Timed:
-        from flare.plugins.export.serving import Engine, Batcher
+        from flare.plugins.export.serving import Engine
+        from flare.plugins.serve.offline import Batcher
 
         self.runtime.graph.reset()
         report = Batcher(Engine(self.runtime)).run(list(request.payload))

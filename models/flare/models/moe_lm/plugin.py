@@ -100,4 +100,19 @@ def flare_export_adapters() -> list:
 
     from .export import MoeLmAdapter
 
-    return [AdapterSpec("moe-lm", MoeLmAdapter)]
+    return [AdapterSpec("moe-lm", MoeLmAdapter, tokenizer=chat_tokenizer)]
+
+
+# moe-lm's chat format: role markers as plain text, the assistant's turn ends at <eos>. The weights are
+# random, so the answers are noise; the template exists so that chat serving is testable end to end.
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def chat_tokenizer(core_dir: Any, manifest: Any) -> Any:
+    """`flare serve`'s tokenizer of a moe-lm core: <bos> + UTF-8 bytes, and `CHAT_TEMPLATE`."""
+    from flare.plugins.export.serving.tokenizer import ByteTokenizer
+
+    from .config import BOS, EOS
+
+    return ByteTokenizer(CHAT_TEMPLATE, bos=BOS, eos=EOS)

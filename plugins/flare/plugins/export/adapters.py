@@ -123,10 +123,13 @@ def token_lm_shapes(serving: Serving, kind: str, tokens: int, batch: int) -> dic
 @dataclass(frozen=True)
 class AdapterSpec:
     """What `flare_export_adapters` returns: `factory(**options)` builds the adapter of
-    model `name` with its export options (size, seed, ...)."""
+    model `name` with its export options (size, seed, ...). `tokenizer(core_dir, manifest)`, if
+    given, returns the model's `flare.plugins.export.serving.tokenizer.Tokenizer` (text and chat
+    template) for `flare serve`; without it a core is served with the token-lm/1 byte tokenizer."""
 
     name: str
     factory: Callable[..., ExportAdapter]
+    tokenizer: Callable[[Path, Any], Any] | None = None
 
 
 def get_adapter(name: str, options: Mapping[str, Any] | None = None) -> ExportAdapter:

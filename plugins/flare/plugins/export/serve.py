@@ -129,8 +129,9 @@ def _rank_info(core: LoadedCore, rank: int) -> dict[str, Any]:
 
 def _serve(core: LoadedCore, requests: list[dict[str, Any]], part: Partition, comm: Any) -> dict[str, Any]:
     from flare.core.ledger import LEDGER
-    from flare.plugins.export.serving import Engine, Batcher
     from flare.plugins.export.serving.requests import parse_request
+    from flare.plugins.serve.engine import StepEngine
+    from flare.plugins.serve.offline import Batcher
 
     from .runtime import CoreRuntime
 
@@ -138,7 +139,7 @@ def _serve(core: LoadedCore, requests: list[dict[str, Any]], part: Partition, co
     LEDGER.reset_peak()
     runtime = CoreRuntime(core, partition=part, comm=comm)
     try:
-        engine = Engine(runtime, comm)
+        engine = StepEngine(runtime, comm)
         if part.rank == 0:
             report = Batcher(engine).run(reqs)
         else:

@@ -1,114 +1,66 @@
-"""The OpenAI-compatible HTTP API (Starlette): /v1/completions, /v1/models, /health, /metrics.
+"""The OpenAI-compatible HTTP API (Starlette): /v1/completions, /v1/chat/completions, /v1/models,
+/health, /metrics, and the chat page at /.
 
-Handlers never run the model: they validate a request, hand a `Job` to the
-step loop's thread and await its events through an asyncio queue (the loop
-thread posts with `call_soon_threadsafe`), so the event loop never blocks on
-a step. A client that goes away cancels its job (streaming: Starlette stops
-the body generator; plain: a task waits for `http.disconnect`). Bad fields get
-400 with an OpenAI-style error naming the field, a full queue 429, a loop
-that failed or is shutting down 503; nothing a client sends can stop the loop.
+Handlers never run the model: they read and check a request (`requests_api`),
+hand a `Job` to the step loop's thread and await its events through an
+asyncio queue (the loop thread posts with `call_soon_threadsafe`), so the
+event loop never blocks on a step. A client that goes away cancels its job
+(streaming: Starlette stops the body generator; plain: a task waits for
+`http.disconnect`). Every refusal is an OpenAI-shaped error counted in
+`flare_rejected_requests_total{status}`: 400 naming the field, 408 for a body
+that stalls, 413 for one too large, 429 for a full queue, 503 while shutting
+down, and 500 (one log line, no traceback) for anything unforeseen; nothing a
+client sends can stop the loop.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
+from html import escape
+from importlib import resources
 from typing import Any, AsyncIterator, Callable
 
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from flare.core.errors import FlareError
 
 from .loop import Job, QueueFull, ServeLoop
-from flare.plugins.export.serving.sampling import SamplingParams
+from .requests_api import BadRequest, Limits, parse_chat, parse_completion, read_json
 
-BOS = 256   # token-lm/1: a text prompt is <bos> then its UTF-8 bytes (as `flare run --prompt`)
-
-
-class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None, status: int = 400, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.message, self.param, self.status, self.kind = message, param, status, kind
-
-    def response(self) -> JSONResponse:
-        return JSONResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
-                                       "code": None}}, status_code=self.status)
+log = logging.getLogger("flare.serve")
+SHUTDOWN = "the server shut down before the request finished"
 
 
-def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
-    v = body.get(name)
-    if v is None:
-        return default
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not (lo < v if lo_open else lo <= v) or v > hi:
-        raise BadRequest(f"'{name}' must be a number in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}", name)
-    return float(v)
-
-
-def parse_completion(body: Any, *, model: str, serving: Any) -> dict[str, Any]:
-    """Check a /v1/completions body against the served core; the fields a Job needs."""
-    if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object", None)
-    if body.get("model") not in (None, model):
-        raise BadRequest(f"model {body.get('model')!r} is not served here; this server serves {model!r}", "model")
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]                     # a batch of one prompt
-    if isinstance(prompt, str) and prompt:
-        ids = (BOS, *prompt.encode("utf-8"))
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        ids = tuple(prompt)
-        bad = [t for t in ids if not 0 <= t < serving.vocab]
-        if bad:
-            raise BadRequest(f"token ids {bad[:4]} are outside the vocabulary 0..{serving.vocab - 1}", "prompt")
-    else:
-        raise BadRequest("'prompt' must be a non-empty string or a non-empty list of token ids (one prompt per "
-                         "request)", "prompt")
-    mt = body.get("max_tokens", 16)
-    if mt is None:
-        mt = 16
-    if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1:
-        raise BadRequest(f"'max_tokens' must be a positive integer, got {mt!r}", "max_tokens")
-    if len(ids) + mt - 1 > serving.max_ctx:
-        raise BadRequest(f"a prompt of {len(ids)} tokens plus max_tokens {mt} exceeds the context of "
-                         f"{serving.max_ctx} tokens", "max_tokens")
-    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
-    seed = body.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
-        raise BadRequest(f"'seed' must be a non-negative integer, got {seed!r}", "seed")
-    stop = body.get("stop")
-    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-    if not all(isinstance(s, str) for s in stops) or len(stops) > 4:
-        raise BadRequest("'stop' must be a string or a list of at most 4 strings", "stop")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise BadRequest("'stream' must be a boolean", "stream")
-    n = body.get("n", 1)
-    if n not in (None, 1):
-        raise BadRequest("only n=1 is supported", "n")
-    for name in ("echo", "logprobs", "best_of", "suffix"):
-        if body.get(name) not in (None, False, 1 if name == "best_of" else None):
-            raise BadRequest(f"'{name}' is not supported", name)
-    return {"prompt": ids, "max_tokens": mt, "params": SamplingParams(temperature, top_p, seed), "stops": stops,
-            "stream": stream}
+class ClientGone(Exception):
+    """The client left while its request was being read."""
 
 
 class Api:
     """Routes over one step loop. `status()` feeds /metrics' live gauges and /health."""
 
-    def __init__(self, loop: ServeLoop, *, model: str, created: int | None = None,
-                 on_shutdown: Callable[[], None] | None = None):
+    def __init__(self, loop: ServeLoop, *, model: str, tokenizer: Any = None, limits: Limits | None = None,
+                 created: int | None = None, on_shutdown: Callable[[], None] | None = None):
+        from flare.plugins.export.serving.tokenizer import ByteTokenizer
+
         self.loop = loop
         self.model = model
+        self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
+        self.limits = limits or Limits()
         self.created = created or int(time.time())
         self.on_shutdown = on_shutdown
 
     # -------------------------------------------------------------- routes
+    async def page(self, request: Request) -> Response:
+        html = resources.files("flare.plugins.serve").joinpath("static/chat.html").read_text("utf-8")
+        return HTMLResponse(html.replace("{{MODEL}}", escape(self.model)))
+
     async def health(self, request: Request) -> Response:
         if not self.loop.alive:
             return JSONResponse({"status": "stopped", "error": str(self.loop.error or "")}, status_code=503)
@@ -122,15 +74,32 @@ class Api:
         return Response(self.loop.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def completions(self, request: Request) -> Response:
+        return await self._serve(request, chat=False)
+
+    async def chat(self, request: Request) -> Response:
+        return await self._serve(request, chat=True)
+
+    # ------------------------------------------------------------- serving
+    def _reject(self, exc: BadRequest) -> Response:
+        self.loop.metrics.rejected.labels(str(exc.status)).inc()
+        return exc.response()
+
+    async def _serve(self, request: Request, *, chat: bool) -> Response:
         try:
             try:
-                body = json.loads(await request.body())
-            except ValueError as exc:
-                raise BadRequest(f"the body is not JSON: {exc}", None) from None
-            fields = parse_completion(body, model=self.model, serving=self.loop.serving)
+                body = await read_json(request, self.limits)
+            except ClientDisconnect:
+                raise ClientGone() from None
+            parse = parse_chat if chat else parse_completion
+            fields = parse(body, model=self.model, serving=self.loop.serving, tokenizer=self.tokenizer)
+        except ClientGone:
+            return Response(status_code=499)
         except BadRequest as exc:
-            self.loop.metrics.rejected.labels("400").inc()
-            return exc.response()
+            return self._reject(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug in checking must not become a traceback page
+            log.error("flare serve: unexpected %s while reading a request: %s", type(exc).__name__, exc)
+            return self._reject(BadRequest(f"internal error reading the request: {type(exc).__name__}", None, 500,
+                                           "server_error"))
         events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         aloop = asyncio.get_running_loop()
 
@@ -140,37 +109,28 @@ class Api:
             except RuntimeError:        # the event loop is gone (shutdown): nobody is listening
                 pass
 
-        rid = f"cmpl-{uuid.uuid4().hex}"
-        job = Job(rid, fields["prompt"], fields["max_tokens"], fields["params"], fields["stops"], sink)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        job = Job(rid, fields["prompt"], fields["max_tokens"], fields["params"], fields["stops"], sink,
+                  end_ids=fields["end_ids"], decoder=self.tokenizer.decoder())
         try:
             self.loop.submit(job)
         except QueueFull as exc:
-            self.loop.metrics.rejected.labels("429").inc()
-            return BadRequest(str(exc), None, 429, "rate_limit_error").response()
+            return self._reject(BadRequest(str(exc), None, 429, "rate_limit_error"))
         except FlareError as exc:
-            self.loop.metrics.rejected.labels("503").inc()
-            return BadRequest(str(exc), None, 503, "server_error").response()
+            return self._reject(BadRequest(str(exc), None, 503, "server_error"))
         self.loop.metrics.prompt_tokens.inc(len(job.prompt))
+        shape = _Chat(self, job) if chat else _Completion(self, job)
         if fields["stream"]:
-            return StreamingResponse(self._stream(job, events), media_type="text/event-stream",
+            return StreamingResponse(self._stream(job, events, shape), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return await self._whole(request, job, events)
+        return await self._whole(request, job, events, shape)
 
-    # ------------------------------------------------------------- helpers
-    def _usage(self, job: Job) -> dict[str, Any]:
+    def usage(self, job: Job) -> dict[str, Any]:
         return {"prompt_tokens": len(job.prompt), "completion_tokens": len(job.tokens),
                 "total_tokens": len(job.prompt) + len(job.tokens),
                 "prompt_tokens_details": {"cached_tokens": job.cached_tokens}}
 
-    def _body(self, job: Job, text: str, token_ids: list[int], finish: str | None, usage: bool) -> dict[str, Any]:
-        out = {"id": job.id, "object": "text_completion", "created": int(time.time()), "model": self.model,
-               "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
-                            "token_ids": token_ids}]}
-        if usage:
-            out["usage"] = self._usage(job)
-        return out
-
-    async def _whole(self, request: Request, job: Job, events: asyncio.Queue) -> Response:
+    async def _whole(self, request: Request, job: Job, events: asyncio.Queue, shape: "_Shape") -> Response:
         async def collect() -> tuple[str, dict[str, Any]]:
             text = []
             while True:
@@ -196,25 +156,28 @@ class Api:
         text, end = work.result()
         if "error" in end:
             return BadRequest(f"generation failed: {end['error']}", None, 500, "server_error").response()
-        if end["done"] == "cancelled":
-            return BadRequest("the server shut down before the request finished", None, 503,
-                              "server_error").response()
-        return JSONResponse(self._body(job, text, list(job.tokens), end["done"], usage=True))
+        if end["done"] in ("cancelled", "shutdown"):
+            return BadRequest(SHUTDOWN, None, 503, "server_error").response()
+        return JSONResponse(shape.whole(text, end["done"]))
 
-    async def _stream(self, job: Job, events: asyncio.Queue) -> AsyncIterator[str]:
+    async def _stream(self, job: Job, events: asyncio.Queue, shape: "_Shape") -> AsyncIterator[str]:
         finished = False
         try:
+            first = shape.first()
+            if first is not None:
+                yield _sse(first)
             while True:
                 ev = await events.get()
                 if "token" in ev:
-                    yield f"data: {json.dumps(self._body(job, ev['text'], [ev['token']], None, usage=False))}\n\n"
+                    yield _sse(shape.delta(ev["text"], ev["token"]))
                     continue
                 finished = True
-                if "error" in ev or ev.get("done") == "cancelled":
-                    msg = ev.get("error") or "the server shut down before the request finished"
-                    yield f"data: {json.dumps({'error': {'message': msg, 'type': 'server_error'}})}\n\n"
+                if "error" in ev or ev.get("done") in ("cancelled", "shutdown"):
+                    msg = ev.get("error") or SHUTDOWN
+                    yield _sse({"error": {"message": msg, "type": "server_error", "param": None,
+                                          "code": 503 if "error" not in ev else 500}})
                 else:
-                    yield f"data: {json.dumps(self._body(job, '', [], ev['done'], usage=True))}\n\n"
+                    yield _sse(shape.last(ev["done"]))
                 yield "data: [DONE]\n\n"
                 return
         finally:
@@ -229,8 +192,67 @@ class Api:
                 await asyncio.get_running_loop().run_in_executor(None, self.on_shutdown)
 
         return Starlette(routes=[
+            Route("/", self.page, methods=["GET"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
         ], lifespan=lifespan)
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+class _Shape:
+    """The JSON of one endpoint's answers (whole, first/delta/last stream events)."""
+
+    def __init__(self, api: Api, job: Job):
+        self.api, self.job = api, job
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.job.id, "object": obj, "created": int(time.time()), "model": self.api.model}
+
+    def first(self) -> dict[str, Any] | None:
+        return None
+
+
+class _Completion(_Shape):
+    def _body(self, text: str, ids: list[int], finish: str | None, usage: bool) -> dict[str, Any]:
+        out = {**self._head("text_completion"),
+               "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "token_ids": ids}]}
+        if usage:
+            out["usage"] = self.api.usage(self.job)
+        return out
+
+    def whole(self, text: str, finish: str) -> dict[str, Any]:
+        return self._body(text, list(self.job.tokens), finish, True)
+
+    def delta(self, text: str, token: int) -> dict[str, Any]:
+        return self._body(text, [token], None, False)
+
+    def last(self, finish: str) -> dict[str, Any]:
+        return self._body("", [], finish, True)
+
+
+class _Chat(_Shape):
+    def whole(self, text: str, finish: str) -> dict[str, Any]:
+        return {**self._head("chat.completion"),
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                             "finish_reason": finish, "token_ids": list(self.job.tokens)}],
+                "usage": self.api.usage(self.job)}
+
+    def _chunk(self, delta: dict[str, Any], ids: list[int], finish: str | None) -> dict[str, Any]:
+        return {**self._head("chat.completion.chunk"),
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
+                             "token_ids": ids}]}
+
+    def first(self) -> dict[str, Any]:
+        return self._chunk({"role": "assistant", "content": ""}, [], None)
+
+    def delta(self, text: str, token: int) -> dict[str, Any]:
+        return self._chunk({"content": text}, [token], None)
+
+    def last(self, finish: str) -> dict[str, Any]:
+        return {**self._chunk({}, [], finish), "usage": self.api.usage(self.job)}

@@ -49,7 +49,8 @@ class HttpRunner:
         argv = ["--host", "127.0.0.1", "--max-queue", str(4 * o["clients"]), "--backends", config.backends[0],
                 "--mixed-prefill" if o["mixed_prefill"] else "--no-mixed-prefill",
                 "--prefix-cache" if o["prefix_cache"] else "--no-prefix-cache"]
-        argv += ["--speculative", str(o["speculative"])] if o["speculative"] else ["--no-speculative"]
+        argv += ["--speculative", str(o["speculative"]), "--draft", o["draft"]] if o["speculative"] \
+            else ["--no-speculative"]
         self.server = ServerProcess(path, *argv)
         self.stream = o["stream"]
         self.description = (f"flare serve {path.name} ({' '.join(argv[4:])}), {o['clients']} concurrent "
@@ -101,6 +102,8 @@ class ServeHttpWorkload(Workload):
         "mixed_prefill": Option(bool, True, "serve with the core's mixed programs"),
         "prefix_cache": Option(bool, True, "reuse KV blocks of prompts already seen"),
         "speculative": Option(int, 0, "speculative decoding with K proposals (0: off)", minimum=0),
+        "draft": Option(str, "ngram", "who proposes: ngram (prompt lookup) or self (the core's draft programs)",
+                        choices=("ngram", "self")),
         "stream": Option(bool, True, "clients stream (server-sent events)"),
         "clients": Option(int, 16, "concurrent clients in one burst", minimum=1, shapes_requests=True),
         "new_tokens": Option(int, 16, "tokens generated per client", minimum=1, shapes_requests=True),

@@ -37,7 +37,9 @@ DESCRIPTION = ("Serve an exported core over an OpenAI-compatible HTTP API (/v1/c
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("core", metavar="NAME.core", help="exported core directory (flare export MODEL -o NAME.core)")
+    p.add_argument("core", metavar="NAME.core|MODEL",
+                   help="exported core directory (flare export MODEL -o NAME.core), or an exportable model's name "
+                        "(exported once into the cache on first use)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port; the line printed says which)")
     mixed = p.add_mutually_exclusive_group()
@@ -57,11 +59,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                            "if the core has none")
     spec.add_argument("--no-speculative", dest="speculative", action="store_const", const=0,
                       help="plain decoding even if the core's default is speculative")
+    p.add_argument("--draft", choices=("ngram", "self"), default="ngram",
+                   help="who proposes under --speculative: ngram (prompt lookup: tokens that followed the same "
+                        "n-gram earlier in the prompt or answer; default) or self (the core's draft programs)")
     add_backends_option(p, dest="backend", default=None, help="backend to run on (default: the core's first)")
     p.add_argument("--ranks", type=int, default=None, help="run on N MPI ranks (spawns mpirun; experts are split)")
     p.add_argument("--max-queue", type=int, default=256, help="most requests waiting for a slot; more get 429")
     p.add_argument("--graceful-seconds", type=float, default=5.0,
                    help="on SIGTERM, how long open requests may take to finish before they are cancelled")
+    p.add_argument("--max-body-kib", type=int, default=4096, help="largest request body accepted (larger: 413)")
+    p.add_argument("--read-timeout", type=float, default=30.0,
+                   help="seconds a client has to send a request's headers, and its body (then: closed / 408)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
 
 
@@ -85,12 +93,46 @@ def run(args: argparse.Namespace) -> int:
     if under_mpirun():
         return _main_rank(args)
     _check(args)
+    args.core = str(resolve_core(args.core))
     if args.ranks is not None and args.ranks > 1:
         return _spawn(args.ranks, ["serve", *_argv(args)])
     from flare.plugins.export.loader import load_core
 
+    _say(f"loading {args.core} (validate, select, prune)")
     core = load_core(args.core, load_options(args))
     return serve(core, args, comm=None)
+
+
+def resolve_core(arg: str) -> Path:
+    """A core directory as given, or the core of an exportable model named `arg`, exported once into
+    the cache (`serve/cores/MODEL.core`, default export options) and reused after."""
+    path = Path(arg)
+    if path.is_dir():
+        return path
+    from flare.core.cache import cache_dir
+    from flare.core.plugin_manager import get_plugin_manager
+    from flare.plugins.export.adapters import AdapterSpec
+    from flare.plugins.export.exporter import export_core
+
+    adapters = get_plugin_manager().collect("flare_export_adapters", AdapterSpec)
+    if arg not in adapters:
+        raise InputError(f"{arg!r}: not a core directory, nor an exportable model (exportable: "
+                         f"{', '.join(sorted(adapters)) or 'none'})")
+    core = cache_dir("serve", "cores") / f"{arg}.core"
+    if not core.is_dir():
+        from flare.plugins.export.files import CoreExistsError
+
+        _say(f"exporting {arg} once into {core} (first use; later starts reuse it)")
+        try:
+            export_core(arg, core, progress=False)   # written aside and renamed: never half a core
+        except CoreExistsError:
+            pass                                     # another server exported it meanwhile
+    return core
+
+
+def _say(what: str) -> None:
+    """Progress on stderr: what is being loaded, and when the server is ready."""
+    print(f"flare serve: {what}", file=sys.stderr, flush=True)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -107,6 +149,10 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError(f"--port {args.port}: must be 0..65535")
     if args.ranks is not None and not 1 <= args.ranks <= 1024:
         raise InputError(f"--ranks {args.ranks}: must be between 1 and 1024")
+    if args.max_body_kib < 1:
+        raise InputError(f"--max-body-kib {args.max_body_kib}: must be >= 1")
+    if not (math.isfinite(args.read_timeout) and args.read_timeout > 0):
+        raise InputError(f"--read-timeout {args.read_timeout}: must be a number > 0")
     if not (math.isfinite(args.graceful_seconds) and args.graceful_seconds >= 0):
         raise InputError(f"--graceful-seconds {args.graceful_seconds}: must be a number >= 0")
     if args.backend is not None and ("," in args.backend or not args.backend.strip()):
@@ -120,11 +166,17 @@ def build(core: Any, args: argparse.Namespace, comm: Any = None, rank: int = 0, 
 
     from .server import Server
 
+    from .requests_api import Limits
+
+    if rank == 0:
+        _say(f"preparing {len(core.selection.programs)} programs on {core.selection.backend} "
+             f"(arenas, weights, captures)")
     runtime = CoreRuntime(core, partition=Partition(rank, size), comm=comm)
     try:
         return Server(runtime, comm=comm, name=Path(args.core).name, prefix_cache=args.prefix_cache,
                       prefix_cache_bytes=int(args.prefix_cache_mib * 2**20), prefix_block=args.prefix_block,
-                      speculative=args.speculative or 0, max_queue=args.max_queue)
+                      speculative=args.speculative or 0, draft=args.draft, max_queue=args.max_queue,
+                      limits=Limits(args.max_body_kib << 10, body_seconds=args.read_timeout))
     except BaseException:
         runtime.release()
         raise
@@ -148,21 +200,30 @@ def serve(core: Any, args: argparse.Namespace, comm: Any) -> int:
             raise FlareError(f"--host/--port: cannot listen on {args.host}:{args.port}: {exc}") from None
         host, port = sock.getsockname()[:2]
         server.loop.start()
+        from .http import GracefulServer, timed_h11
+
+        # uvicorn's own deadline comes after ours: by then the drained requests have had their answers
         config = uvicorn.Config(server.api.app(), log_level=args.log_level, lifespan="on",
-                                timeout_graceful_shutdown=args.graceful_seconds)
-        print(f"flare serve: {server.api.model} on http://{host}:{port}/v1 ({server.describe()})",
-              file=sys.stderr, flush=True)
+                                http=timed_h11(args.read_timeout),
+                                timeout_graceful_shutdown=args.graceful_seconds + 5.0)
+        print(f"flare serve: {server.api.model} on http://{host}:{port}/v1 ({server.describe()}); ready, "
+              f"chat page at http://{host}:{port}/", file=sys.stderr, flush=True)
         # uvicorn re-raises the signal that stopped it once it has shut down; with these handlers in
         # place that re-raise lands here instead of killing the process before the release below
         stopped_by: list[int] = []
         old = {sig: signal.signal(sig, lambda signum, _f: stopped_by.append(signum))
                for sig in (signal.SIGTERM, signal.SIGINT)}
-        userver = uvicorn.Server(config)
+        import threading
+
+        drain = threading.Timer(args.graceful_seconds, server.loop.drain)
+        drain.daemon = True
+        userver = GracefulServer(config, on_exit=drain.start)
         if comm is not None:     # under mpirun the spawning process forwards SIGTERM/SIGINT as SIGUSR1
             old[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda _s, _f: userver.handle_exit(signal.SIGTERM, None))
         try:
             userver.run(sockets=[sock])
         finally:
+            drain.cancel()
             for sig, handler in old.items():
                 signal.signal(sig, handler)
     finally:
@@ -212,7 +273,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
     """The command line of one rank (everything but --ranks), rebuilt from the parsed options."""
     out = [args.core, "--host", args.host, "--port", str(args.port), "--max-queue", str(args.max_queue),
            "--prefix-cache-mib", str(args.prefix_cache_mib), "--prefix-block", str(args.prefix_block),
-           "--graceful-seconds", str(args.graceful_seconds), "--log-level", args.log_level,
+           "--graceful-seconds", str(args.graceful_seconds), "--log-level", args.log_level, "--draft", args.draft,
+           "--max-body-kib", str(args.max_body_kib), "--read-timeout", str(args.read_timeout),
            "--prefix-cache" if args.prefix_cache else "--no-prefix-cache"]
     if args.mixed_prefill is not None:
         out.append("--mixed-prefill" if args.mixed_prefill else "--no-mixed-prefill")

@@ -42,12 +42,6 @@ class StepEngine(Engine):
         self.kv = {n: info for n, info in runtime.graph.states().items() if info[1][0] == self.serving.kv_rows}
         self.blocks: dict[int, list[Buffer]] = {}
 
-    def has(self, kind: str) -> bool:
-        return bool(self.buckets.get(kind))
-
-    def limit(self, kind: str) -> tuple[int, int]:
-        return super().limit(kind) if kind in self.buckets else (0, 0)
-
     def run(self, kind: str, chunks: Sequence[Chunk]) -> tuple[np.ndarray, Bucket]:
         """Logits: a row per chunk (`prefill`, `mixed`) or per token (`decode`, `draft`, `verify`)."""
         self._tell({"op": "run", "kind": kind, "chunks": [c.to_list() for c in chunks]})

@@ -1,4 +1,5 @@
-"""The model step loop: its own thread, continuous batching over the core's sequence slots.
+"""The one serving loop: continuous batching over the core's sequence slots (a thread for `flare serve`,
+driven turn by turn for `flare run NAME.core`: `offline.py`).
 
 The HTTP side only `submit`s and `cancel`s; this thread owns the runtime and
 is the only one that touches it. Each turn it takes new requests (waiting
@@ -8,17 +9,21 @@ prefix into the slot's KV rows), then runs one step:
 - `mixed` (a prefill chunk of the oldest prompt plus a decode token of every
   decoding sequence) when the core's mixed programs are selected;
 - otherwise `prefill` and decode alternate whenever both have work: the
-  policy is `flare run`'s batcher's own (`plan_step`), so neither starves and
+  policy is `policy.plan_step`, so neither starves and
   greedy tokens are the same;
-- a decode turn is a speculative round (draft K, verify once) when
-  speculative decoding is on, a plain `decode` step otherwise.
+- a decode turn is a speculative round (up to K proposals from prompt lookup
+  or the draft programs, verified in one step) when speculative decoding is on,
+  a plain `decode` step otherwise.
 A request whose prompt is fully read stores its whole blocks in the prefix
 cache. Every generated token is handed to the request's `sink` (from this
 thread; the app forwards it to the event loop). A step that raises fails the
 requests in flight with its error and the loop goes on serving; on several
 ranks (which may be inside that step) it stops the loop instead, and the API
-answers 503. Shutdown cancels what is left, frees every prefix-cache block and
-tells other ranks to stop.
+answers 503. `drain()` (the grace period ran out) ends every request with
+reason "shutdown"; shutdown cancels what is left, frees every prefix-cache
+block and tells other ranks to stop. Only this thread touches the runtime, the
+prefix cache and the speculator; `submit`, `cancel` and `drain` may be called
+from any thread (they take the lock).
 """
 from __future__ import annotations
 
@@ -32,10 +37,10 @@ from typing import Any, Callable
 import numpy as np
 
 from flare.core.errors import FlareError
-from flare.plugins.export.serving.batcher import plan_step
 
 from .engine import StepEngine
 from .metrics import ServeMetrics
+from .policy import plan_step
 from .prefix_cache import Block, PrefixCache
 from flare.plugins.export.serving.sampling import SamplingParams, TokenChooser
 from .speculative import Speculator
@@ -57,8 +62,11 @@ class Job:
     params: SamplingParams
     stops: tuple[str, ...]
     sink: Callable[[dict[str, Any]], None]
+    end_ids: frozenset[int] = frozenset()      # ids that end it besides the contract's <eos> (end of turn)
+    decoder: Any = None                        # the tokenizer's incremental decoder (None: token-lm/1 bytes)
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
+    cancel_reason: str = "cancelled"           # "shutdown": the grace period ran out
     cached_tokens: int = 0
     tokens: list[int] = field(default_factory=list)
     first_token: float | None = None
@@ -85,6 +93,10 @@ class _Seq:
         return self.job
 
     @property
+    def prompt(self) -> tuple[int, ...]:
+        return self.job.prompt
+
+    @property
     def prefilling(self) -> bool:
         return self.fed < len(self.job.prompt)
 
@@ -97,21 +109,48 @@ class _Seq:
         return self.job.max_tokens - len(self.job.tokens)
 
 
-class ServeLoop:
-    """Continuous batching on a StepEngine; see the module docstring."""
+Observer = Callable[[str, str, list, np.ndarray, int], None]
 
-    def __init__(self, engine: StepEngine, *, mixed: bool, prefix_cache: PrefixCache | None,
-                 speculator: Speculator | None, max_queue: int, metrics: ServeMetrics):
+
+@dataclass
+class Turns:
+    """What the loop schedules over: requests waiting for a slot, sequences running, free slots,
+    and the kind of the last step (the policy alternates on it)."""
+
+    waiting: deque[Job]
+    running: list[_Seq]
+    free: list[int]
+    last: str | None = None
+
+    @classmethod
+    def empty(cls, max_seqs: int) -> "Turns":
+        return cls(deque(), [], list(range(max_seqs)))
+
+
+class ServeLoop:
+    """Continuous batching on a StepEngine; see the module docstring.
+
+    One loop for both fronts: `start()` runs it on its own thread for `flare serve`; `flare run
+    NAME.core` drives the same `schedule` and `step` turn by turn (`flare.plugins.serve.offline`).
+    `observer(kind, program, plan, logits, decoding)`, if given, hears every plain step after its
+    tokens were emitted (`decoding`: sequences decoding when it was planned)."""
+
+    def __init__(self, engine: StepEngine, *, mixed: bool, prefix_cache: PrefixCache | None = None,
+                 speculator: Speculator | None = None, max_queue: int = 256, metrics: ServeMetrics | None = None,
+                 observer: Observer | None = None):
         self.engine = engine
         self.serving = engine.serving
         self.mixed = mixed and engine.has("mixed")
         self.cache = prefix_cache
         self.spec = speculator
         self.max_queue = max_queue
-        self.metrics = metrics
+        self.metrics = metrics if metrics is not None else ServeMetrics()
+        self.observer = observer
         self._lock = threading.Condition()
         self._inbox: deque[Job] = deque()
         self._stopping = False
+        self._draining = False
+        self._cancels = False             # a cancel since the waiting queue was last scanned
         self._thread = threading.Thread(target=self._main, name="flare-serve-steps", daemon=True)
         self.error: BaseException | None = None
         self.step_failures = 0
@@ -124,8 +163,9 @@ class ServeLoop:
 
     def submit(self, job: Job) -> None:
         with self._lock:
-            if self._stopping or self.error is not None:
-                raise FlareError("the server is shutting down" if self._stopping else f"the step loop failed: {self.error}")
+            if self._stopping or self._draining or self.error is not None:
+                raise FlareError(f"the step loop failed: {self.error}" if self.error is not None
+                                 else "the server is shutting down")
             if len(self._inbox) + self._waiting_count >= self.max_queue:
                 raise QueueFull(f"{self.max_queue} requests are already waiting (--max-queue)")
             self._inbox.append(job)
@@ -135,6 +175,14 @@ class ServeLoop:
     def cancel(self, job: Job) -> None:
         with self._lock:
             job.cancelled = True
+            self._cancels = True
+            self._lock.notify()
+
+    def drain(self) -> None:
+        """The grace period is over: refuse new requests and end every waiting and running one with
+        reason "shutdown" at the next turn (their handlers answer 503 / an error event and [DONE])."""
+        with self._lock:
+            self._draining = True
             self._lock.notify()
 
     def shutdown(self, timeout: float | None = None) -> None:
@@ -154,10 +202,8 @@ class ServeLoop:
 
     # ---------------------------------------------------------- loop thread
     def _main(self) -> None:
-        waiting: deque[Job] = deque()
-        running: list[_Seq] = []
-        free = list(range(self.serving.max_seqs))
-        last: str | None = None
+        st = Turns.empty(self.serving.max_seqs)
+        waiting, running = st.waiting, st.running
         try:
             while True:
                 with self._lock:
@@ -168,22 +214,19 @@ class ServeLoop:
                     waiting.extend(self._inbox)
                     self._inbox.clear()
                     self._waiting_count = len(waiting)
-                self._drop_cancelled(waiting, running, free)
-                while waiting and free:
-                    self._admit(waiting.popleft(), free.pop(0), running)
+                    if self._draining:
+                        for j in [*waiting, *(s.job for s in running)]:
+                            j.cancelled, j.cancel_reason = True, "shutdown"
+                        self._cancels = True
+                self.schedule(st)
                 self._waiting_count = len(waiting)
-                self.metrics.queue_depth.set(len(waiting))
-                self.metrics.running.set(len(running))
-                if not running:
-                    continue
                 try:
-                    last = self._step(running, last)
+                    self.step(st)
                 except Exception as exc:
                     if self.engine.comm is not None:
                         raise             # the other ranks may be inside the step: stop them all
-                    self._fail_running(running, free, exc)   # alone: those requests fail, the server goes on
-                    last = None
-                self._finish(running, free)
+                    self._fail_running(running, st.free, exc)   # alone: those requests fail, the server goes on
+                    st.last = None
                 self.metrics.running.set(len(running))
         except BaseException as exc:  # noqa: BLE001 - every request in flight must hear about it
             self.error = exc
@@ -209,6 +252,23 @@ class ServeLoop:
             finally:
                 self.engine.stop()
 
+    # ------------------------------------------------------------ one turn
+    def schedule(self, st: Turns) -> None:
+        """Drop cancelled requests, admit waiting ones into free slots (oldest first)."""
+        self._drop_cancelled(st.waiting, st.running, st.free)
+        while st.waiting and st.free:
+            self._admit(st.waiting.popleft(), st.free.pop(0), st.running)
+        self.metrics.queue_depth.set(len(st.waiting))
+        self.metrics.running.set(len(st.running))
+
+    def step(self, st: Turns) -> bool:
+        """One step over the running sequences (if any), then retire the finished ones."""
+        if not st.running:
+            return False
+        st.last = self._step(st.running, st.last)
+        self._finish(st.running, st.free)
+        return True
+
     def _fail_running(self, running: list[_Seq], free: list[int], exc: Exception) -> None:
         """A step raised: every request it may have touched gets the error and its slot back (their KV
         rows are rewritten before any later request's mask admits them)."""
@@ -222,14 +282,19 @@ class ServeLoop:
         free.sort()
 
     def _drop_cancelled(self, waiting: deque[Job], running: list[_Seq], free: list[int]) -> None:
-        for j in [j for j in waiting if j.cancelled]:
-            waiting.remove(j)
-            self._end(j, reason="cancelled")
+        with self._lock:
+            scan, self._cancels = self._cancels, False
+        if scan:                          # the waiting queue is scanned only after a cancel (it may be long)
+            kept = [j for j in waiting if not j.cancelled]
+            for j in [j for j in waiting if j.cancelled]:
+                self._end(j, reason=j.cancel_reason)
+            waiting.clear()
+            waiting.extend(kept)
         for s in [s for s in running if s.job.cancelled]:
-            self._retire(s, running, free, reason="cancelled")
+            self._retire(s, running, free, reason=s.job.cancel_reason)
 
     def _admit(self, job: Job, slot: int, running: list[_Seq]) -> None:
-        s = _Seq(job, slot, TokenChooser(job.params, self.serving.never), TextStream(job.stops))
+        s = _Seq(job, slot, TokenChooser(job.params, self.serving.never), TextStream(job.stops, job.decoder))
         if self.cache is not None:
             s.fed, s.held = self.cache.reuse(slot, job.prompt)
             job.cached_tokens = s.fed
@@ -248,7 +313,8 @@ class ServeLoop:
                         break
             self.metrics.steps.labels("speculative").inc()
             return kind
-        logits, _ = self.engine.run(kind, [c for _, c in plan])
+        decoding = sum(1 for s in running if not s.prefilling)
+        logits, bucket = self.engine.run(kind, [c for _, c in plan])
         self.metrics.steps.labels(kind).inc()
         for (s, chunk), row in zip(plan, logits):
             s.served = turn
@@ -259,7 +325,9 @@ class ServeLoop:
                 if self.cache is not None and not s.stored:
                     s.stored = True
                     self.cache.store(s.slot, s.job.prompt, s.held)
-            self._emit(s, s.chooser(np.asarray(row)))
+            self._emit(s, s.chooser(np.asarray(row), len(s.job.tokens)))
+        if self.observer is not None:
+            self.observer(kind, bucket.program, plan, logits, decoding)
         return kind
 
     def _emit(self, s: _Seq, tok: int) -> bool:
@@ -273,7 +341,7 @@ class ServeLoop:
             self.metrics.ttft.observe(job.first_token - job.arrival)
         self.metrics.generated.inc()
         delta = s.text.push(tok)
-        if s.text.stopped or tok == self.serving.eos:
+        if s.text.stopped or tok == self.serving.eos or tok in job.end_ids:
             job.finish_reason = "stop"
         elif len(job.tokens) >= job.max_tokens or s.position >= self.serving.max_ctx:
             job.finish_reason = "length"

@@ -23,13 +23,13 @@ from .speculative import Speculator
 class Server:
     def __init__(self, runtime: Any, *, name: str, comm: Any = None, prefix_cache: bool = True,
                  prefix_cache_bytes: int = 64 << 20, prefix_block: int = 16, speculative: int = 0,
-                 max_queue: int = 256):
+                 draft: str = "ngram", max_queue: int = 256, tokenizer: Any = None, limits: Any = None):
         self.runtime = runtime
         self.engine = StepEngine(runtime, comm)
         self.follower = comm is not None and comm.Get_rank() > 0   # replays rank 0's steps, never decides
         core = runtime.core
         self.speculative = speculative
-        if speculative and not (self.engine.has("draft") and self.engine.has("verify")):
+        if speculative and not (self.engine.has("verify") and (draft == "ngram" or self.engine.has("draft"))):
             raise FlareError("--speculative: the selection holds no draft and verify programs")  # selection refuses first
         if speculative:
             k_max = self.engine.limit("verify")[0] - 1
@@ -38,27 +38,29 @@ class Server:
                                  f"{k_max} proposals (1 + K tokens of one sequence)")
         self.metrics = ServeMetrics()
         self.cache = PrefixCache(self.engine, prefix_cache_bytes, prefix_block) if prefix_cache else None
-        self.spec = Speculator(self.engine, speculative) if speculative else None
+        self.spec = Speculator(self.engine, speculative, draft) if speculative else None
         self.loop = ServeLoop(self.engine, mixed=core.mixed, prefix_cache=self.cache, speculator=self.spec,
                               max_queue=max_queue, metrics=self.metrics)
-        self.api = Api(self.loop, model=name, on_shutdown=self.close)
+        if tokenizer is None and getattr(core, "path", None) is not None:
+            from flare.plugins.export.serving.tokenizer import tokenizer_for
+
+            tokenizer = tokenizer_for(core.path, core.manifest)
+        self.tokenizer = tokenizer
+        self.api = Api(self.loop, model=name, tokenizer=tokenizer, limits=limits, on_shutdown=self.close)
         self.metrics.watch(self.status)
         self._closed = False
 
     def describe(self) -> str:
         return (f"mixed prefill {'on' if self.loop.mixed else 'off'}, prefix cache "
                 f"{'on' if self.cache else 'off'}, speculative "
-                f"{'K=' + str(self.speculative) if self.spec else 'off'}")
+                f"{f'K={self.speculative}, {self.spec.draft} draft' if self.spec else 'off'}")
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"memory": {} if self.runtime.released else self.runtime.memory()}
         if self.cache is not None:
             out["prefix_cache"] = self.cache.stats()
         if self.spec is not None:
-            s = self.spec.stats
-            out["speculative"] = {"k": self.spec.k, "rounds": s.rounds, "proposed": s.proposed,
-                                  "accepted": s.accepted, "acceptance": s.acceptance,
-                                  "draft_steps": s.draft_steps, "verify_steps": s.verify_steps}
+            out["speculative"] = self.spec.status()
         return out
 
     def close(self) -> None:

@@ -1,24 +1,31 @@
-"""Speculative decoding: a draft program proposes K tokens, the full model checks them in one step.
+"""Speculative decoding: a drafter proposes up to K tokens, the full model checks them in one step.
 
-The core's catalog holds `draft` programs (the exporter writes them: the
-model's first layers and its head, a self-draft; or every layer, the ideal
-case of the model drafting for itself) and `verify` programs (the full model,
-logits of every token). Draft layers share the model's KV state by name, so
-a draft step writes the rows its layers would write anyway; the verify step
-then rewrites every layer's rows of the checked positions, and rows past the
-accepted tokens are never admitted by a mask before being written again.
+Drafters (`--draft`):
+- `ngram` (prompt lookup, as llama.cpp's lookup decoding and vLLM's n-gram
+  speculator): no second model. The last n tokens of the sequence (n from
+  `NGRAM_MAX` down to `NGRAM_MIN`) are looked up in the prompt and the text so
+  far; the tokens that followed their latest earlier occurrence are the
+  proposals. A sequence with no match proposes nothing; a round where no
+  sequence proposes anything is a plain `decode` step (nothing is verified in vain).
+- `self`: the core's `draft` programs (the exporter writes them: the model's
+  first layers and its head, sharing the model's KV state by name), K batched
+  draft steps, one token per sequence each.
 
-One round for the decoding sequences: K draft steps (one token of each
-sequence per step, batched), then verify steps holding each sequence's
-last token and its proposals (`1 + K` tokens per sequence, as many sequences
-per step as a verify program holds). Acceptance:
-- greedy: accept proposals while each equals the argmax of the full model at
-  its position, then add the full model's own next token, so the output is
-  token for token what plain greedy decoding gives;
-- sampled: the standard rule (accept proposal x with probability
-  min(1, p(x)/q(x)); on the first rejection draw from max(0, p - q)
-  normalised; if all pass, draw one more from p), which keeps the full
-  model's distribution.
+Verification is the same for both: steps of the core's `verify` programs (the
+full model, logits of every token) holding each sequence's last token and its
+proposals (`1 + k` tokens per sequence, as many sequences per step as a
+verify program holds). The verify step rewrites every layer's KV rows of the
+checked positions, and rows past the accepted tokens are never admitted by a
+mask before being written again.
+
+Acceptance, greedy and sampled alike: the full model's token at each position
+is chosen exactly as plain decoding would choose it (`TokenChooser` at that
+output index: the argmax, or an inverse-CDF draw from the request's uniform
+for that index); proposals are accepted while they equal it, and the model's
+own token at the first mismatch (or after the last proposal) is added. So the
+output is token for token plain decoding's, greedy or seeded, whatever the
+drafter proposed; sampled self-drafts draw with the same uniform (a coupled
+draft), so a draft close to the model is accepted often.
 """
 from __future__ import annotations
 
@@ -28,9 +35,12 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from flare.plugins.export.serving.batch import Chunk
+from flare.plugins.export.serving.sampling import TokenChooser
 
 from .engine import StepEngine
-from flare.plugins.export.serving.sampling import TokenChooser
+
+DRAFTERS = ("ngram", "self")
+NGRAM_MAX, NGRAM_MIN = 3, 1
 
 
 class Speculating(Protocol):
@@ -40,6 +50,8 @@ class Speculating(Protocol):
     tokens: list[int]
     chooser: TokenChooser
 
+    @property
+    def prompt(self) -> Sequence[int]: ...
     @property
     def position(self) -> int: ...
     @property
@@ -53,18 +65,37 @@ class SpecStats:
     accepted: int = 0
     draft_steps: int = 0
     verify_steps: int = 0
+    plain_steps: int = 0       # rounds where nothing was proposed: a plain decode step instead
 
     @property
     def acceptance(self) -> float | None:
         return self.accepted / self.proposed if self.proposed else None
 
 
+def ngram_proposals(context: Sequence[int], k: int, n_max: int = NGRAM_MAX, n_min: int = NGRAM_MIN) -> list[int]:
+    """Up to `k` tokens that followed the latest earlier occurrence of the context's last n tokens
+    (the longest n in [n_min, n_max] that occurs); [] when none occurs."""
+    if k <= 0 or len(context) < n_min + 1:
+        return []
+    arr = np.asarray(context, np.int64)
+    for n in range(min(n_max, len(arr) - 1), n_min - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)   # every earlier n-gram start
+        hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return arr[start: start + k].tolist()
+    return []
+
+
 class Speculator:
-    def __init__(self, engine: StepEngine, k: int):
+    def __init__(self, engine: StepEngine, k: int, draft: str = "ngram"):
         if k < 1:
             raise ValueError("speculative K must be >= 1")
+        if draft not in DRAFTERS:
+            raise ValueError(f"draft must be one of {DRAFTERS}, got {draft!r}")
         self.engine = engine
         self.k = k
+        self.draft = draft
         self.stats = SpecStats()
         self.max_ctx = engine.serving.max_ctx
 
@@ -75,37 +106,43 @@ class Speculator:
     def round(self, seqs: Sequence[Speculating]) -> dict[int, list[int]]:
         """New tokens of each sequence (by index in `seqs`): its accepted proposals and one more."""
         ks = [self._k(s) for s in seqs]
-        drafts: list[list[int]] = [[] for _ in seqs]
-        qs: list[list[np.ndarray]] = [[] for _ in seqs]
-        for i in range(max(ks, default=0)):
-            active = [j for j, k in enumerate(ks) if k > i]
-            chunks = [Chunk(seqs[j].slot, seqs[j].position + i, (drafts[j][-1] if i else seqs[j].tokens[-1],))
-                      for j in active]
-            logits, _ = self._batched("draft", chunks, [1] * len(chunks))
-            self.stats.draft_steps += 1
-            for j, row in zip(active, logits):
-                ch = seqs[j].chooser
-                if ch.params.greedy:
-                    tok = ch(row)
-                else:
-                    q = ch.probs(row)
-                    qs[j].append(q)
-                    tok = ch.draw(q)
-                drafts[j].append(tok)
-        chunks = [Chunk(s.slot, s.position, (s.tokens[-1], *drafts[j])) for j, s in enumerate(seqs)]
-        rows, _ = self._batched("verify", chunks, [1 + k for k in ks])
+        drafts = self._propose_self(seqs, ks) if self.draft == "self" else \
+            [ngram_proposals([*s.prompt, *s.tokens], k) for s, k in zip(seqs, ks)]
         out: dict[int, list[int]] = {}
+        if not any(drafts):                 # nothing to check: one plain decode step
+            rows = self._batched("decode", [Chunk(s.slot, s.position, (s.tokens[-1],)) for s in seqs],
+                                 [1] * len(seqs))
+            self.stats.plain_steps += 1
+            for j, s in enumerate(seqs):
+                out[j] = [s.chooser(rows[j], len(s.tokens))]
+            self.stats.rounds += 1
+            return out
+        chunks = [Chunk(s.slot, s.position, (s.tokens[-1], *drafts[j])) for j, s in enumerate(seqs)]
+        rows = self._batched("verify", chunks, [1 + len(d) for d in drafts])
         at = 0
         for j, s in enumerate(seqs):
-            n = 1 + ks[j]
-            out[j] = self._accept(s.chooser, drafts[j], qs[j], rows[at: at + n])
+            n = 1 + len(drafts[j])
+            out[j] = self.accept(s.chooser, len(s.tokens), drafts[j], rows[at: at + n])
             at += n
-            self.stats.proposed += ks[j]
+            self.stats.proposed += len(drafts[j])
             self.stats.accepted += len(out[j]) - 1
         self.stats.rounds += 1
         return out
 
-    def _batched(self, kind: str, chunks: list[Chunk], sizes: list[int]) -> tuple[np.ndarray, Any]:
+    def _propose_self(self, seqs: Sequence[Speculating], ks: list[int]) -> list[list[int]]:
+        """K batched steps of the draft programs; each proposal chosen as the model would choose it."""
+        drafts: list[list[int]] = [[] for _ in seqs]
+        for i in range(max(ks, default=0)):
+            active = [j for j, k in enumerate(ks) if k > i]
+            chunks = [Chunk(seqs[j].slot, seqs[j].position + i, (drafts[j][-1] if i else seqs[j].tokens[-1],))
+                      for j in active]
+            logits = self._batched("draft", chunks, [1] * len(chunks))
+            self.stats.draft_steps += 1
+            for j, row in zip(active, logits):
+                drafts[j].append(seqs[j].chooser(row, len(seqs[j].tokens) + i))
+        return drafts
+
+    def _batched(self, kind: str, chunks: list[Chunk], sizes: list[int]) -> np.ndarray:
         """Run `chunks` in as few steps of `kind` as its programs allow; logits of every token, in order."""
         t_max, b_max = self.engine.limit(kind)
         parts: list[np.ndarray] = []
@@ -113,36 +150,34 @@ class Speculator:
         tokens = 0
         for c, n in zip(chunks, sizes):
             if group and (tokens + n > t_max or len(group) == b_max):
-                parts.append(self.engine.run(kind, group)[0])
-                if kind == "verify":
-                    self.stats.verify_steps += 1
+                parts.append(self._run(kind, group))
                 group, tokens = [], 0
             group.append(c)
             tokens += n
         if group:
-            parts.append(self.engine.run(kind, group)[0])
-            if kind == "verify":
-                self.stats.verify_steps += 1
-        return np.concatenate(parts), None
+            parts.append(self._run(kind, group))
+        return np.concatenate(parts)
+
+    def _run(self, kind: str, group: list[Chunk]) -> np.ndarray:
+        if kind == "verify":
+            self.stats.verify_steps += 1
+        return self.engine.run(kind, group)[0]
 
     @staticmethod
-    def _accept(ch: TokenChooser, drafts: list[int], qs: list[np.ndarray], rows: np.ndarray) -> list[int]:
+    def accept(ch: TokenChooser, index: int, drafts: Sequence[int], rows: np.ndarray) -> list[int]:
+        """The tokens plain decoding would give from output index `index`, as far as `drafts` agree
+        with them, plus the first that does not (or the one after the last proposal)."""
         out: list[int] = []
-        if ch.params.greedy:
-            for i, d in enumerate(drafts):
-                t = ch(rows[i])
-                out.append(t)
-                if t != d:
-                    return out
-            out.append(ch(rows[len(drafts)]))
-            return out
         for i, d in enumerate(drafts):
-            p, q = ch.probs(rows[i]), qs[i]
-            if ch.uniform() * q[d] < p[d]:          # accept with probability min(1, p/q)
-                out.append(d)
-                continue
-            residual = np.maximum(p - q, 0.0)
-            out.append(ch.draw(residual if residual.sum() > 0 else p))
-            return out
-        out.append(ch.draw(ch.probs(rows[len(drafts)])))
+            t = ch(rows[i], index + i)
+            out.append(t)
+            if t != d:
+                return out
+        out.append(ch(rows[len(drafts)], index + len(drafts)))
         return out
+
+    def status(self) -> dict[str, Any]:
+        s = self.stats
+        return {"k": self.k, "draft": self.draft, "rounds": s.rounds, "proposed": s.proposed,
+                "accepted": s.accepted, "acceptance": s.acceptance, "draft_steps": s.draft_steps,
+                "verify_steps": s.verify_steps, "plain_steps": s.plain_steps}

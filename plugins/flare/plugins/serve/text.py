@@ -1,4 +1,4 @@
-"""Token ids to text for token-lm/1 cores (ids 0..255 are bytes), with stop strings.
+"""Token ids to text with stop strings (the model's incremental decoder; token-lm/1 bytes by default).
 
 Streaming must not send half a UTF-8 character nor the start of a stop string
 that later completes, so `TextStream` decodes incrementally and holds back the
@@ -6,8 +6,9 @@ last `max(len(stop)) - 1` characters until they can no longer begin a stop.
 """
 from __future__ import annotations
 
-import codecs
 from typing import Sequence
+
+from flare.plugins.export.serving.tokenizer import ByteTokenizer, Decoder
 
 N_BYTES = 256
 
@@ -19,10 +20,10 @@ def detokenize(ids: Sequence[int]) -> str:
 class TextStream:
     """Feed generated ids one at a time; get text safe to send, and whether a stop string appeared."""
 
-    def __init__(self, stops: Sequence[str] = ()):
+    def __init__(self, stops: Sequence[str] = (), decoder: Decoder | None = None):
         self.stops = [s for s in stops if s]
         self._hold = max((len(s) for s in self.stops), default=1) - 1
-        self._dec = codecs.getincrementaldecoder("utf-8")("replace")
+        self._dec = decoder if decoder is not None else ByteTokenizer().decoder()
         self.text = ""        # all decoded text (up to the stop, once stopped)
         self.sent = 0         # characters of `text` handed out
         self.stopped = False
@@ -30,8 +31,7 @@ class TextStream:
     def push(self, token: int) -> str:
         if self.stopped:
             return ""
-        if 0 <= token < N_BYTES:
-            self.text += self._dec.decode(bytes([token]))
+        self.text += self._dec.push(token)
         for s in self.stops:
             at = self.text.find(s, max(0, self.sent - len(s)))
             if at >= 0:
@@ -45,6 +45,6 @@ class TextStream:
     def flush(self) -> str:
         """Everything not sent yet (at the end of a request)."""
         if not self.stopped:
-            self.text += self._dec.decode(b"", final=True)
+            self.text += self._dec.flush()
         out, self.sent = self.text[self.sent:], len(self.text)
         return out

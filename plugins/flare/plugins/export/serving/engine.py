@@ -54,9 +54,12 @@ class Engine:
     def mixed(self) -> bool:
         return bool(self.buckets["mixed"])
 
+    def has(self, kind: str) -> bool:
+        return bool(self.buckets.get(kind))
+
     def limit(self, kind: str) -> tuple[int, int]:
-        """(most tokens, most sequences) one step of `kind` can hold."""
-        bs = self.buckets[kind]
+        """(most tokens, most sequences) one step of `kind` can hold; (0, 0) if the core has none."""
+        bs = self.buckets.get(kind, [])
         return (max(b.tokens for b in bs), max(b.batch for b in bs)) if bs else (0, 0)
 
     def bucket(self, kind: str, tokens: int, seqs: int) -> Bucket:

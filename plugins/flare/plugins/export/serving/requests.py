@@ -13,6 +13,8 @@ and a file larger than `MAX_REQUEST_BYTES`.
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterable, TextIO
 
@@ -39,6 +41,46 @@ class Request:
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "prompt_ids": list(self.prompt), "max_new_tokens": self.max_new_tokens,
                 "arrival": self.arrival}
+
+
+def prompt_ids_problem(ids: Iterable[int], serving: Any, bos: int = BOS) -> str | None:
+    """Why prompt `ids` are not allowed on a core (None: they are). The rule of `flare run` and
+    `flare serve` alike: ids inside the vocabulary, and no special token but <bos> (a prompt holding
+    <eos>, <pad> or a forbidden id would be read as something no text encodes)."""
+    specials = (set(serving.never) | {serving.pad, serving.eos}) - {bos}
+    bad = [t for t in ids if not 0 <= t < serving.vocab or t in specials]
+    if bad:
+        return (f"token ids {bad[:4]} are outside the vocabulary 0..{serving.vocab - 1} or special "
+                f"(a prompt may hold <bos> {bos} but no other special id: {sorted(specials)[:8]})")
+    return None
+
+
+def load_json_line(text: str | bytes, where: str, max_depth: int = 64) -> Any:
+    """One JSON value, nested at most `max_depth` deep (RequestError otherwise, never RecursionError)."""
+    depth = json_depth(text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text)
+    if depth > max_depth:
+        raise RequestError(f"{where}: JSON nested {depth} deep; at most {max_depth} allowed")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise RequestError(f"{where}: JSON nested too deep") from None
+    except ValueError as exc:
+        raise RequestError(f"{where}: not JSON ({exc})") from None
+
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+
+
+def json_depth(data: bytes) -> int:
+    """The nesting depth of JSON text (strings skipped), in linear time and without recursion; for
+    text that is not JSON a number the parser will refuse anyway."""
+    import numpy as np
+
+    a = np.frombuffer(_STRING.sub(b"", data), np.uint8)
+    if not a.size:
+        return 0
+    step = np.isin(a, (0x5B, 0x7B)).astype(np.int32) - np.isin(a, (0x5D, 0x7D)).astype(np.int32)
+    return int(np.cumsum(step).max(initial=0))
 
 
 def parse_request(obj: Any, where: str, default_id: str, default_new: int = 16) -> Request:
@@ -101,13 +143,9 @@ def read_requests(stream: TextIO | BinaryIO | Iterable[str], default_new: int = 
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            raise RequestError(f"{what}: line {n}: not JSON ({exc})") from None
+        obj = load_json_line(line, f"{what}: line {n}")
         out.append(parse_request(obj, f"{what}: line {n}", str(len(out)), default_new))
-    ids = [r.id for r in out]
-    dup = sorted({i for i in ids if ids.count(i) > 1})
+    dup = sorted(i for i, c in Counter(r.id for r in out).items() if c > 1)   # linear, not ids.count()
     if dup:
         raise RequestError(f"{what}: request ids used twice: {dup}")
     return out
