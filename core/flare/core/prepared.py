@@ -100,6 +100,7 @@ class EntryPlan:
     copy_steps: list[list[_CopyStep]] = field(default_factory=list)
     inputs: dict[str, tuple[Device, Binding]] = field(default_factory=dict)
     outputs: dict[str, tuple[Device, Binding]] = field(default_factory=dict)
+    prepare_s: float = 0.0  # wall seconds of the prepare that built this plan (graph, plan, memory, compile)
 
     def release_captures(self) -> None:
         for prog in self.programs:
@@ -222,7 +223,7 @@ class PreparedGraph:
             self._hook.flare_graph_released(graph=self)
 
     def describe(self) -> dict[str, Any]:
-        """Splits, copies, bytes copied and arena bytes per device for each prepared entry."""
+        """Splits, copies, bytes copied, arena bytes per device and prepare seconds for each prepared entry."""
         with self._lock:
             self._check_alive()
             return self._describe()
@@ -241,6 +242,9 @@ class PreparedGraph:
                                    **(prog.describe() if prog is not None else {})}
                                   for s, prog in zip(plan.schedule.splits, plan.programs or [None] * len(plan.schedule.splits))]
             info["fusions"] = [str(f) for f in plan.graph.fusions]
+            # prepare time, and per split what the backend says its compile cost (Vulkan:
+            # pipelines built, primed, from the pipeline cache, seconds)
+            info["prepare_s"] = round(plan.prepare_s, 4)
             out["entries"][entry] = info
         return out
 
@@ -358,8 +362,9 @@ class PreparedGraph:
             _, old = cache.popitem(last=False)
             old.release_captures()
         self._current[entry] = plan
+        plan.prepare_s = time.perf_counter() - start
         self._hook.flare_graph_prepared(graph=self, entry=entry, shapes=dict(shapes), replan=replan,
-                                        seconds=time.perf_counter() - start)
+                                        seconds=plan.prepare_s)
         return plan
 
     def _release_impl(self) -> None:

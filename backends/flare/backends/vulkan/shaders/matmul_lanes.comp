@@ -159,18 +159,25 @@ void main() {
         }
     }
 
-    [[unroll]] for (uint i = 0u; i < TM; i++) {
+    // Store row by row from row 0 of the block, shifting the rows up after each: a loop
+    // the compiler keeps rolled, so the store and the epilogue are emitted for TN outputs,
+    // not TM x TN (on lavapipe that is most of this kernel's compile time; see prime.py).
+    [[dont_unroll]] for (uint i = 0u; i < TM; i++) {
         uint m = m0 + i;
         if (m >= M) break;
         [[unroll]] for (uint j = 0u; j < TN; j++) {
             uint n = n0 + j;
-            if (n >= N) break;
-            float v = acc[i * TN + j];
-            uint oe;
-            if (CONV) oe = offset_at(to, uvec4(0u, n / Lout, m, n % Lout));
-            else oe = offset_at(to, uvec4(b0, b1, m, n));
-            if (EPI != 0u) EPILOGUE(EPI, v, bias, tbias, res, tres, uvec4(b0, b1, m, n))
-            STOREF(o, DT2, oe, v)
+            if (n < N) {
+                float v = acc[j];
+                uint oe;
+                if (CONV) oe = offset_at(to, uvec4(0u, n / Lout, m, n % Lout));
+                else oe = offset_at(to, uvec4(b0, b1, m, n));
+                if (EPI != 0u) EPILOGUE(EPI, v, bias, tbias, res, tres, uvec4(b0, b1, m, n))
+                STOREF(o, DT2, oe, v)
+            }
+        }
+        [[unroll]] for (uint r = 0u; r + 1u < TM; r++) {
+            [[unroll]] for (uint j = 0u; j < TN; j++) acc[r * TN + j] = acc[(r + 1u) * TN + j];
         }
     }
 }
