@@ -23,6 +23,8 @@
 //              one channel, 4-aligned (stride, padding and channel starts multiples of 4,
 //              dilation 1, KS a multiple of 4): vec4 loads of x
 //   16 B_NVEC: b contiguous along n, 4-aligned (a plain [K, N] weight) -> vec4 loads along n
+//   32 K_QUADS: K is a multiple of 4, so the K % 4 tail loop is not compiled (it is a second
+//              copy of the TM x TN FMA block: about a third of this kernel's LLVM time on lavapipe)
 // EPI (constant 8): the fused `linear` node's epilogue (common.glsl), bias in binding 4,
 // residual in binding 5. Sums: per column, four k at a time (a 4-term dot, then added), in k
 // order across the quads; f32.
@@ -47,6 +49,7 @@ const bool B_VEC = (MODE & 2u) != 0u;
 const bool CONV = (MODE & 4u) != 0u;
 const bool CONV_VEC = (MODE & 8u) != 0u;
 const bool B_NVEC = (MODE & 16u) != 0u;
+const bool K_QUADS = (MODE & 32u) != 0u;
 
 Tensor ta, tb, to, tbias, tres;
 uint M, N, K;
@@ -150,7 +153,7 @@ void main() {
             }
         }
     }
-    for (uint k = K4; k < K; k++) {  // K % 4 tail
+    if (!K_QUADS) for (uint k = K4; k < K; k++) {  // K % 4 tail
         float at[TM];
         [[unroll]] for (uint i = 0u; i < TM; i++) at[i] = load_a(m0 + i, k);
         [[unroll]] for (uint j = 0u; j < TN; j++) {
