@@ -275,3 +275,35 @@ def test_concurrent_prepares_on_one_device_match_serial(cache_dir):
     assert len(outs) == 4
     for out in outs:
         np.testing.assert_allclose(out, ref, rtol=0, atol=0)
+
+
+@needs_vulkan
+def test_a_failing_prime_stops_cleanly_and_the_run_still_compiles(cache_dir, monkeypatch):
+    calls = {"n": 0}
+    real = pr._Lane.prime
+
+    def flaky(self, key):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("simulated driver failure while priming")
+        return real(self, key)
+
+    monkeypatch.setattr(pr._Lane, "prime", flaky)
+    (ref_dev,) = VulkanBackend.open_devices({"prime": "0", "pipeline_cache": "0"})
+    try:
+        ref = _run_hand(ref_dev)
+    finally:
+        ref_dev.close()
+    (dev,) = VulkanBackend.open_devices({"prime": "1", "build_threads": 1})
+    try:
+        base = dev.live_objects()
+        hb = HandBound(dev, _graph())
+        info = hb.compile().describe()
+        assert 1 <= info["pipelines_primed"] < info["pipelines"]  # stopped after the failure
+        np.testing.assert_array_equal(hb.run({"x": X})["y"], ref)
+        hb.split.release()
+        hb.buffer.release()
+        assert dev.live_objects() == base
+    finally:
+        dev.close()
+    assert not list(cache_dir.glob("primed-*"))  # an incomplete priming is not recorded

@@ -296,7 +296,7 @@ def prime(device: "VulkanDevice", keys: Sequence[Key], lanes: int) -> dict[str, 
                 break
         todo = list(keys)
         todo_lock = threading.Lock()
-        errors: list[BaseException] = []
+        errors: list[Exception] = []
 
         def work(lane: _Lane) -> None:
             while True:
@@ -306,19 +306,24 @@ def prime(device: "VulkanDevice", keys: Sequence[Key], lanes: int) -> dict[str, 
                     key = todo.pop(0)
                 try:
                     lane.prime(key)
-                except BaseException as exc:  # stop priming; the first execute compiles what is left
+                except Exception as exc:  # stop priming; the first execute compiles what is left
                     with todo_lock:
                         errors.append(exc)
                     return
 
         threads = [threading.Thread(target=work, args=(lane,), name=f"flare-vk-prime-{i}", daemon=True)
                    for i, lane in enumerate(made[1:], 1)]
-        for t in threads:
-            t.start()
-        if made:
-            work(made[0])  # lane 0 on the calling thread
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.start()
+            if made:
+                work(made[0])  # lane 0 on the calling thread
+        finally:  # also on KeyboardInterrupt: the others finish their current key, then stop
+            with todo_lock:
+                todo.clear()
+            for t in threads:
+                if t.ident is not None:  # started
+                    t.join()
         if errors:
             log.debug("%s: priming stopped: %s", device.name, errors[0])
     finally:
