@@ -34,9 +34,8 @@ from flare.core.ledger import LEDGER
 from . import lowering, variants
 from .loader import Instance, PhysicalDeviceInfo
 from .memory import Allocation, Memory, MemoryTypes
-from .pipeline_cache import DEFAULT_MAX_BYTES, ENV_PIPELINE_CACHE, DiskPipelineCache
+from .pipeline_cache import DEFAULT_MAX_BYTES, ENV_PIPELINE_CACHE, DiskPipelineCache, cache_folder
 from .pipelines import Key, Pipelines, build_workers
-from .pipeline_cache import cache_folder
 from .prime import ENV_PRIME, PrimedRecord, prime, prime_mode, record_path
 
 ENV_FORCE_STAGING = "FLARE_VULKAN_FORCE_STAGING"

@@ -93,10 +93,6 @@ class Pipelines:
     def get(self, shader: str, spec: tuple[int, ...]) -> Pipeline:
         return self.ensure([(shader, spec)])[0]
 
-    def cached(self, key: Key) -> bool:
-        with self._lock:
-            return _norm(key) in self._pipelines
-
     def ensure(self, keys: Sequence[Key]) -> list[Pipeline]:
         """The pipelines for `keys` (shader, specialization constants), building the missing
         ones in parallel. Returns them in the order of `keys`."""

@@ -175,7 +175,7 @@ class _Lane:
 
     def __init__(self, device: "VulkanDevice", helper: bool, n_sets: int):
         self.device = device
-        self.vk = vk = device.vk
+        self.vk = device.vk
         self.helper = helper
         self.handle = self.queue = self.pool = self.cmd_pool = self.cmd = self.fence = self.buf = None
         self.pipelines: Pipelines | None = None
