@@ -40,6 +40,7 @@ from .prime import ENV_PRIME, PrimedRecord, prime, prime_mode, record_path
 
 ENV_FORCE_STAGING = "FLARE_VULKAN_FORCE_STAGING"
 ENV_KERNEL_PROFILE = "FLARE_VULKAN_KERNEL_PROFILE"
+FEEDBACK_EXT = "VK_EXT_pipeline_creation_feedback"
 # objects whose life follows buffers and prepared splits (back to baseline after release)
 LIVE_KEYS = ("buffers", "memories", "descriptor_pools", "command_pools", "command_buffers", "fences")
 # the device-lifetime cache: grows on first use of a kernel, freed by close()
@@ -103,7 +104,12 @@ class VulkanDevice(Device):
         try:
             prio = vk.ffi.new("float[1]", [1.0])
             qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family, queueCount=1, pQueuePriorities=prio)
-            dinfo = vk.VkDeviceCreateInfo(queueCreateInfoCount=1, pQueueCreateInfos=[qinfo])
+            # creation feedback says whether a pipeline came from the VkPipelineCache (stats only);
+            # the instance asks for Vulkan 1.1, so it is the extension, enabled where offered
+            feedback = FEEDBACK_EXT in info.extensions
+            exts = [FEEDBACK_EXT] if feedback else []
+            dinfo = vk.VkDeviceCreateInfo(queueCreateInfoCount=1, pQueueCreateInfos=[qinfo],
+                                          enabledExtensionCount=len(exts), ppEnabledExtensionNames=exts or None)
             self.handle = vk.vkCreateDevice(info.handle, dinfo, None)
             self.queue = vk.vkGetDeviceQueue(self.handle, self.queue_family, 0)
             self.types = MemoryTypes(info, force)
@@ -111,7 +117,6 @@ class VulkanDevice(Device):
             self.disk_cache = DiskPipelineCache(vk, self.handle, info, enabled=use_disk,
                                                 max_bytes=int(config.get("pipeline_cache_max_bytes") or DEFAULT_MAX_BYTES))
             self.live["pipeline_caches"] += 1
-            feedback = "VK_EXT_pipeline_creation_feedback" in info.extensions or info.api_version >= (1, 3, 0)
             self.pipelines = Pipelines(vk, self.handle, self.live, vk_cache=self.disk_cache.handle,
                                        feedback=feedback, workers=workers)
             # one command buffer and fence for staging copies, created up front so leak
