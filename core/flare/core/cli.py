@@ -216,6 +216,11 @@ def cmd_describe(args: argparse.Namespace) -> int:
             if a["planned"]:
                 console.print(f"  arena {dev}: planned {_fmt_bytes(a['planned'])}, liveness lower bound "
                               f"{_fmt_bytes(a['lower_bound'])}, one buffer per tensor {_fmt_bytes(a['naive'])}")
+        console.print(f"  prepared in {e.get('prepare_s', 0.0):.2f} s")
+        for i, s in enumerate(e["split_list"]):
+            if "pipelines" in s:  # a backend that builds pipelines says what this compile cost
+                console.print(f"  split {i} ({s['device']}): {s['pipelines']} pipelines, {s.get('pipelines_built', 0)} "
+                              f"built, {s.get('pipelines_primed', 0)} primed, {s.get('pipeline_seconds', 0.0):.2f} s")
     for dev, n in info["persistent_bytes"].items():
         console.print(f"persistent (weights, state, inputs) on {dev}: {_fmt_bytes(n)}")
     return 0

@@ -47,6 +47,7 @@ class EntryPlan:
     copy_steps: list[list["CopyStep"]] = field(default_factory=list)
     inputs: dict[str, tuple[Device, Binding]] = field(default_factory=dict)
     outputs: dict[str, tuple[Device, Binding]] = field(default_factory=dict)
+    prepare_s: float = 0.0  # wall seconds of the prepare that built this plan (graph, plan, memory, compile)
 
     def chunks(self) -> dict[str, list[int]]:
         """Arena chunk sizes per device this plan needs (devices needing none left out)."""

@@ -177,8 +177,8 @@ class PreparedGraph:
             self._hook.flare_graph_released(graph=self)
 
     def describe(self) -> dict[str, Any]:
-        """Splits (with node names), copies, bytes copied, arena bytes per device, fusions and
-        placement fallbacks for each prepared entry."""
+        """Splits (with node names), copies, bytes copied, arena bytes per device, fusions,
+        placement fallbacks and prepare seconds for each prepared entry."""
         with self._lock:
             self._check_alive()
             return self._describe()
@@ -273,8 +273,9 @@ class PreparedGraph:
         self._bind(plan, fresh=True)
         self.plans.put(plan)
         self.stats["plans_built"] += 1
+        plan.prepare_s = time.perf_counter() - start
         self._hook.flare_graph_prepared(graph=self, entry=entry, shapes=dict(shapes), replan=replan,
-                                        seconds=time.perf_counter() - start)
+                                        seconds=plan.prepare_s)
         return plan
 
     def _execute(self, entry: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -339,6 +340,9 @@ class PreparedGraph:
                                   for s, prog in zip(plan.schedule.splits, plan.programs or [None] * len(plan.schedule.splits))]
             info["fusions"] = [str(f) for f in plan.graph.fusions]
             info["placement_fallbacks"] = [str(f) for f in plan.schedule.fallbacks]
+            # prepare time, and per split what the backend says its compile cost (Vulkan:
+            # pipelines built, primed, from the pipeline cache, seconds)
+            info["prepare_s"] = round(plan.prepare_s, 4)
             out["entries"][entry] = info
         return out
 

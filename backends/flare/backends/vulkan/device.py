@@ -7,11 +7,17 @@ Config keys (from `open_devices(config)`; environment variables in brackets):
   (workgroup and tile sizes, see variants.py) to use; by device type when unset.
 - `max_buffer_size`: lower the largest single buffer below the device's limit (tests).
 - `device` [FLARE_VULKAN_DEVICE], `all_devices`: which devices open (see loader.select).
+- `pipeline_cache` [FLARE_VULKAN_PIPELINE_CACHE=0]: keep the VkPipelineCache in Flare's
+  cache folder (default on; pipeline_cache.py); `pipeline_cache_max_bytes` bounds the file.
+- `prime` [FLARE_VULKAN_PRIME=auto|1|0]: compile new pipelines at prepare on several queues
+  for drivers that compile at first dispatch (lavapipe; prime.py).
+- `build_threads`: worker threads for pipeline builds and priming (default: usable CPUs).
 """
 from __future__ import annotations
 
 import os
 import threading
+import time
 import warnings
 from collections import Counter
 from dataclasses import replace
@@ -28,14 +34,17 @@ from flare.core.ledger import LEDGER
 from . import lowering, variants
 from .loader import Instance, PhysicalDeviceInfo
 from .memory import Allocation, Memory, MemoryTypes
-from .pipelines import PipelineCache
+from .pipeline_cache import DEFAULT_MAX_BYTES, ENV_PIPELINE_CACHE, DiskPipelineCache, cache_folder
+from .pipelines import Key, Pipelines, build_workers
+from .prime import ENV_PRIME, PrimedRecord, prime, prime_mode, record_path
 
 ENV_FORCE_STAGING = "FLARE_VULKAN_FORCE_STAGING"
 ENV_KERNEL_PROFILE = "FLARE_VULKAN_KERNEL_PROFILE"
+FEEDBACK_EXT = "VK_EXT_pipeline_creation_feedback"
 # objects whose life follows buffers and prepared splits (back to baseline after release)
 LIVE_KEYS = ("buffers", "memories", "descriptor_pools", "command_pools", "command_buffers", "fences")
 # the device-lifetime cache: grows on first use of a kernel, freed by close()
-CACHE_KEYS = ("pipelines", "pipeline_layouts", "descriptor_set_layouts", "shader_modules")
+CACHE_KEYS = ("pipelines", "pipeline_layouts", "descriptor_set_layouts", "shader_modules", "pipeline_caches")
 
 
 def _truthy(value: Any, where: str = "force_staging") -> bool:
@@ -79,15 +88,36 @@ class VulkanDevice(Device):
         self._allocs: dict[int, Allocation] = {}
         self._splits: set[PreparedSplit] = set()  # strong: close() must reach splits nobody released
         self.handle = None
+        self.disk_cache: DiskPipelineCache | None = None
+        workers = int(config.get("build_threads") or build_workers())
+        self._prime_lanes = min(workers, prime_mode(info, config.get("prime", os.environ.get(ENV_PRIME))))
+        self._primed: set[Key] = set()
+        self._prime_lock = threading.Lock()
+        self.prime_stats = {"primed": 0, "seconds": 0.0, "lanes": 0}
+        if "pipeline_cache" in config:
+            use_disk = _truthy(config["pipeline_cache"], "pipeline_cache")
+        else:
+            use_disk = _truthy(os.environ.get(ENV_PIPELINE_CACHE, "1"), ENV_PIPELINE_CACHE)
+        # pipelines primed by an earlier process (its record sits beside the pipeline cache)
+        self._primed_record = PrimedRecord(record_path(info, cache_folder())) if self._prime_lanes and use_disk else None
         try:
             prio = vk.ffi.new("float[1]", [1.0])
             qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family, queueCount=1, pQueuePriorities=prio)
-            dinfo = vk.VkDeviceCreateInfo(queueCreateInfoCount=1, pQueueCreateInfos=[qinfo])
+            # creation feedback says whether a pipeline came from the VkPipelineCache (stats only);
+            # the instance asks for Vulkan 1.1, so it is the extension, enabled where offered
+            feedback = FEEDBACK_EXT in info.extensions
+            exts = [FEEDBACK_EXT] if feedback else []
+            dinfo = vk.VkDeviceCreateInfo(queueCreateInfoCount=1, pQueueCreateInfos=[qinfo],
+                                          enabledExtensionCount=len(exts), ppEnabledExtensionNames=exts or None)
             self.handle = vk.vkCreateDevice(info.handle, dinfo, None)
             self.queue = vk.vkGetDeviceQueue(self.handle, self.queue_family, 0)
             self.types = MemoryTypes(info, force)
             self.memory_pool = Memory(vk, self.handle, self.name, self.types, self.live)
-            self.pipelines = PipelineCache(vk, self.handle, self.live)
+            self.disk_cache = DiskPipelineCache(vk, self.handle, info, enabled=use_disk,
+                                                max_bytes=int(config.get("pipeline_cache_max_bytes") or DEFAULT_MAX_BYTES))
+            self.live["pipeline_caches"] += 1
+            self.pipelines = Pipelines(vk, self.handle, self.live, vk_cache=self.disk_cache.handle,
+                                       feedback=feedback, workers=workers)
             # one command buffer and fence for staging copies, created up front so leak
             # checks see a constant baseline
             pool_info = vk.VkCommandPoolCreateInfo(queueFamilyIndex=self.queue_family,
@@ -260,6 +290,30 @@ class VulkanDevice(Device):
             self._splits.add(split)
         return split
 
+    def build_pipelines(self, keys: list[Key]) -> tuple[list[Any], dict[str, Any]]:
+        """The pipelines for a split's dispatches: the missing ones built in parallel, then
+        (drivers that compile at first dispatch) primed. Returns them and what it cost."""
+        start = time.perf_counter()
+        before = self.pipelines.stats["built"]
+        pipes = self.pipelines.ensure(keys)
+        built = self.pipelines.stats["built"] - before
+        primed = 0
+        if self._prime_lanes:
+            with self._prime_lock:  # one priming at a time; each pipeline once per device
+                record = self._primed_record
+                todo = [k for k in dict.fromkeys(keys) if k not in self._primed and (record is None or k not in record)]
+                if todo:
+                    done = prime(self, todo, self._prime_lanes)
+                    self._primed.update(todo)  # a stopped priming is not retried: the first run compiles
+                    if record is not None and done["primed"] == len(todo):
+                        record.add(todo)
+                    primed = done["primed"]
+                    self.prime_stats["primed"] += primed
+                    self.prime_stats["seconds"] += done["seconds"]
+                    self.prime_stats["lanes"] = max(self.prime_stats["lanes"], done["lanes"])
+        return pipes, {"pipelines": len(set(keys)), "pipelines_built": built, "pipelines_primed": primed,
+                       "pipeline_seconds": round(time.perf_counter() - start, 4)}
+
     def _forget_split(self, split: PreparedSplit) -> None:
         self._splits.discard(split)
 
@@ -292,14 +346,23 @@ class VulkanDevice(Device):
         return {k: int(self.live[k]) for k in LIVE_KEYS}
 
     def cache_objects(self) -> dict[str, int]:
-        """Pipelines, pipeline layouts, descriptor set layouts and shader modules cached until close()."""
+        """Pipelines, pipeline layouts, descriptor set layouts, shader modules and the VkPipelineCache, kept until close()."""
         return {k: int(self.live[k]) for k in CACHE_KEYS}
+
+    def pipeline_stats(self) -> dict[str, Any]:
+        """Pipelines built (and how many the driver found in the VkPipelineCache), build and
+        priming seconds, and the cache file's state (loaded / missing / ignored: why)."""
+        stats = dict(self.pipelines.stats)
+        stats["build_seconds"] = round(stats["build_seconds"], 4)
+        return {**stats, "primed": self.prime_stats["primed"], "prime_seconds": round(self.prime_stats["seconds"], 4),
+                "prime_lanes": self.prime_stats["lanes"],
+                "cache_file": self.disk_cache.describe() if self.disk_cache is not None else None}
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out.update(device=self.info.name, type=self.info.type_name, subgroup_size=self.info.subgroup_size,
                    mapped=self.mapped, force_staging=self.force_staging,
-                   kernel_profile=self.kernel_profile, cache=self.cache_objects())
+                   kernel_profile=self.kernel_profile, cache=self.cache_objects(), pipelines=self.pipeline_stats())
         return out
 
     # -- teardown --------------------------------------------------------------------------
@@ -332,6 +395,13 @@ class VulkanDevice(Device):
             return
         if getattr(self, "pipelines", None) is not None:
             self.pipelines.destroy()
+        if getattr(self, "disk_cache", None) is not None:
+            self.disk_cache.save()  # after every build returned (pipelines.destroy took the build lock)
+            if self._primed_record is not None:
+                self._primed_record.save()
+            self.disk_cache.destroy()
+            self.live["pipeline_caches"] -= 1
+            self.disk_cache = None
         if getattr(self, "_xfer_fence", None) is not None:
             vk.vkDestroyFence(dev, self._xfer_fence, None)
             self.live["fences"] -= 1

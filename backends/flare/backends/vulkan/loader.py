@@ -108,6 +108,13 @@ class PhysicalDeviceInfo:
     subgroup_size: int = 0
     subgroup_ops: int = 0  # VkSubgroupFeatureFlags usable in compute shaders (0 before Vulkan 1.1)
     max_workgroup_invocations: int = 128  # the spec's guaranteed minimum
+    # identity, for the persistent VkPipelineCache (pipeline_cache.py) and driver quirks
+    vendor_id: int = 0
+    device_id: int = 0
+    driver_version: int = 0
+    pipeline_cache_uuid: bytes = bytes(16)
+    device_uuid: bytes = bytes(16)  # VkPhysicalDeviceIDProperties (Vulkan 1.1), else zeros
+    driver_id: int = 0  # VkDriverId (Vulkan 1.2), else 0; 13 = VK_DRIVER_ID_MESA_LLVMPIPE (lavapipe)
 
     @property
     def flare_name(self) -> str:
@@ -190,6 +197,8 @@ def _describe(vk: ModuleType, index: int, handle: Any) -> PhysicalDeviceInfo:
     max_alloc = 1 << 31
     subgroup = 0
     subgroup_ops = 0
+    device_uuid = bytes(16)
+    driver_id = 0
     api = int(props.apiVersion)
     api_version = (vk.VK_VERSION_MAJOR(api), vk.VK_VERSION_MINOR(api), vk.VK_VERSION_PATCH(api))
     if api_version >= (1, 1, 0):
@@ -201,6 +210,16 @@ def _describe(vk: ModuleType, index: int, handle: Any) -> PhysicalDeviceInfo:
         subgroup = int(sub.subgroupSize)
         if int(sub.supportedStages) & vk.VK_SHADER_STAGE_COMPUTE_BIT:
             subgroup_ops = int(sub.supportedOperations)
+        ids = vk.VkPhysicalDeviceIDProperties()
+        chain = ids
+        if api_version >= (1, 2, 0):
+            driver = vk.VkPhysicalDeviceDriverProperties(pNext=ids)
+            chain = driver
+        props2 = vk.VkPhysicalDeviceProperties2(pNext=chain)
+        vk.vkGetPhysicalDeviceProperties2(handle, props2)
+        device_uuid = bytes(ids.deviceUUID)
+        if api_version >= (1, 2, 0):
+            driver_id = int(driver.driverID)
     return PhysicalDeviceInfo(
         index=index, handle=handle, name=str(props.deviceName), type_code=int(props.deviceType),
         api_version=api_version, compute_family=compute_family,
@@ -214,6 +233,8 @@ def _describe(vk: ModuleType, index: int, handle: Any) -> PhysicalDeviceInfo:
         non_coherent_atom_size=int(limits.nonCoherentAtomSize),
         memory_types=types, memory_heaps=heaps, extensions=extensions, subgroup_size=subgroup,
         subgroup_ops=subgroup_ops, max_workgroup_invocations=int(limits.maxComputeWorkGroupInvocations),
+        vendor_id=int(props.vendorID), device_id=int(props.deviceID), driver_version=int(props.driverVersion),
+        pipeline_cache_uuid=bytes(props.pipelineCacheUUID), device_uuid=device_uuid, driver_id=driver_id,
     )
 
 

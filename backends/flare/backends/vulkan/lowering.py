@@ -388,13 +388,15 @@ def _lanes(name: str, ta: TensorArg, tb: TensorArg, to: TensorArg, device: Any, 
            dims: tuple[int, int, int], mode: int, conv: list[int] | None, epi: Epilogue) -> Dispatch:
     """matmul_lanes.comp: a TM x TN block per invocation straight from the buffers (CPU drivers).
     `dims` (M, N, batch) and `mode` (A_VEC, B_VEC, CONV) as `_tiled` derived them for matmul.comp;
-    the lane kernel's own layout bits are added here: CONV_VEC, and B_NVEC where b is not
-    contiguous along k but is along n."""
+    the lane kernel's own layout bits are added here: CONV_VEC, B_NVEC where b is not
+    contiguous along k but is along n, and K_QUADS when K % 4 == 0 (no tail loop compiled)."""
     M, N, batch = dims
     if conv is not None:
         mode |= 8 if _conv_vec_ok(tb, conv) else 0
     elif not mode & 2 and _vec_ok(tb, 3):
         mode |= 16
+    if ta.shape[-1] % 4 == 0:
+        mode |= 32
     dts = (ta.binding.dtype, tb.binding.dtype, to.binding.dtype)
     groups = (-(-N // (lanes.wg * lanes.tn)), -(-M // lanes.tm), batch)
     _check_grid(groups, device)

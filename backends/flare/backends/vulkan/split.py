@@ -49,11 +49,13 @@ class VulkanPreparedSplit(PreparedSplit):
         self.pool = self.cmd_pool = self.cmd = self.fence = None
         self.sets: list[Any] = []
         self.stats = {"dispatches": 0, "barriers": 0}
+        self.build_info: dict[str, Any] = {}
         try:
             self.dispatches = self._lower(program)
             if self.dispatches:
                 self._write_meta()
-                self.pipelines = [device.pipelines.get(d.shader, d.spec) for d in self.dispatches]
+                # only the pipelines these dispatches use; the missing ones built in parallel
+                self.pipelines, self.build_info = device.build_pipelines([(d.shader, d.spec) for d in self.dispatches])
                 self._descriptors()
                 self._update_descriptors()
                 self._create_commands()
@@ -197,6 +199,11 @@ class VulkanPreparedSplit(PreparedSplit):
         # with no pending writes this is a pure execution dependency (write-after-read)
         vk.vkCmdPipelineBarrier(cmd, STAGE_COMPUTE, STAGE_COMPUTE, 0, 0, None,
                                 len(barriers), barriers if barriers else None, 0, None)
+
+    def describe(self) -> dict[str, Any]:
+        """Dispatches and barriers recorded, and the pipelines this split's compile built / primed
+        and the seconds it spent on them (0 built: all were cached on the device already)."""
+        return {**self.stats, **self.build_info}
 
     # -- lifecycle ------------------------------------------------------------------------
     def rebind(self, program: SplitProgram) -> bool:

@@ -23,6 +23,8 @@
 //              one channel, 4-aligned (stride, padding and channel starts multiples of 4,
 //              dilation 1, KS a multiple of 4): vec4 loads of x
 //   16 B_NVEC: b contiguous along n, 4-aligned (a plain [K, N] weight) -> vec4 loads along n
+//   32 K_QUADS: K is a multiple of 4, so the K % 4 tail loop is not compiled (it is a second
+//              copy of the TM x TN FMA block: about a third of this kernel's LLVM time on lavapipe)
 // EPI (constant 8): the fused `linear` node's epilogue (common.glsl), bias in binding 4,
 // residual in binding 5. Sums: per column, four k at a time (a 4-term dot, then added), in k
 // order across the quads; f32.
@@ -47,6 +49,7 @@ const bool B_VEC = (MODE & 2u) != 0u;
 const bool CONV = (MODE & 4u) != 0u;
 const bool CONV_VEC = (MODE & 8u) != 0u;
 const bool B_NVEC = (MODE & 16u) != 0u;
+const bool K_QUADS = (MODE & 32u) != 0u;
 
 Tensor ta, tb, to, tbias, tres;
 uint M, N, K;
@@ -150,7 +153,7 @@ void main() {
             }
         }
     }
-    for (uint k = K4; k < K; k++) {  // K % 4 tail
+    if (!K_QUADS) for (uint k = K4; k < K; k++) {  // K % 4 tail
         float at[TM];
         [[unroll]] for (uint i = 0u; i < TM; i++) at[i] = load_a(m0 + i, k);
         [[unroll]] for (uint j = 0u; j < TN; j++) {
@@ -159,18 +162,25 @@ void main() {
         }
     }
 
-    [[unroll]] for (uint i = 0u; i < TM; i++) {
+    // Store row by row from row 0 of the block, shifting the rows up after each: a loop
+    // the compiler keeps rolled, so the store and the epilogue are emitted for TN outputs,
+    // not TM x TN (on lavapipe that is most of this kernel's compile time; see prime.py).
+    [[dont_unroll]] for (uint i = 0u; i < TM; i++) {
         uint m = m0 + i;
         if (m >= M) break;
         [[unroll]] for (uint j = 0u; j < TN; j++) {
             uint n = n0 + j;
-            if (n >= N) break;
-            float v = acc[i * TN + j];
-            uint oe;
-            if (CONV) oe = offset_at(to, uvec4(0u, n / Lout, m, n % Lout));
-            else oe = offset_at(to, uvec4(b0, b1, m, n));
-            if (EPI != 0u) EPILOGUE(EPI, v, bias, tbias, res, tres, uvec4(b0, b1, m, n))
-            STOREF(o, DT2, oe, v)
+            if (n < N) {
+                float v = acc[j];
+                uint oe;
+                if (CONV) oe = offset_at(to, uvec4(0u, n / Lout, m, n % Lout));
+                else oe = offset_at(to, uvec4(b0, b1, m, n));
+                if (EPI != 0u) EPILOGUE(EPI, v, bias, tbias, res, tres, uvec4(b0, b1, m, n))
+                STOREF(o, DT2, oe, v)
+            }
+        }
+        [[unroll]] for (uint r = 0u; r + 1u < TM; r++) {
+            [[unroll]] for (uint j = 0u; j < TN; j++) acc[r * TN + j] = acc[(r + 1u) * TN + j];
         }
     }
 }
