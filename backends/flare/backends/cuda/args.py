@@ -16,7 +16,9 @@ from flare.core.dtypes import itemsize
 MAX_TENSORS = 6
 MAX_INTS = 8
 MAX_FLOATS = 4
-DTYPE_CODES = {"f32": 0, "f16": 1, "i32": 2, "i64": 3}
+# dtype codes of the descriptors: common.cuh DT_* and, for the block-quantized types (whose
+# elements are blocks: offsets, shapes and strides count blocks), quant.cuh DT_Q*
+DTYPE_CODES = {"f32": 0, "f16": 1, "i32": 2, "i64": 3, "q4_0": 4, "q4_1": 5, "q8_0": 6, "q4_k": 7, "q6_k": 8}
 
 
 class TensorDesc(ctypes.Structure):

@@ -46,6 +46,11 @@ struct float2 { float x, y; };
 static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
 static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+// single roundings (quant.cuh: bit-exact dequantization); the host build is ISO C++17
+// (-std=c++17 implies -ffp-contract=off), so these are never contracted into an FMA either
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
 
 static inline float flare_h2f(unsigned short h) {
     _Float16 v;

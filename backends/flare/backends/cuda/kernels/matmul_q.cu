@@ -1,0 +1,189 @@
+// matmul_q.cu: products with block-quantized weights (matmul/linear with `transpose_b`, and
+// mul_mat_id's experts): out = x @ dequant(w).T. Every kernel is instantiated per type (QT,
+// quant.cuh), so the block layout is known at compile time.
+//
+// The weights are dequantized in registers, bit-exact, 32 at a time (one sub-block: a whole
+// q4_0/q4_1/q8_0 block, an eighth of a q4_k/q6_k super-block), then multiplied in float:
+// the result is within the float kernels' accumulation error of the reference, tighter than
+// the QUANT_DOT tolerance that an 8-bit integer dot product (ggml's q8_1 + dp4a) would need.
+//  - flare_mvq_<type> / flare_mvq_id_<type>: decode-sized products (at most MV_MAX_M rows of
+//    x) and the MoE expert product. One block of 256 threads per batch (or per (token, slot));
+//    each warp owns MVQ_ROWS outputs n, its lanes split K by sub-blocks (lane l takes
+//    sub-blocks l, l+32, ...: neighbouring lanes read neighbouring blocks), and a
+//    warp-shuffle sum ends each output. x is staged through shared memory 1024 weights at a
+//    time, each sub-block's 32 values at a stride of 33 floats so that the 32 lanes (each
+//    reading value l of its own sub-block) hit 32 different banks.
+//  - flare_mmq_<tile>_<type>: prefill-sized products. A block of 256 threads computes a
+//    BM x BN output tile stepping through K one sub-block (32) at a time: the x tile is
+//    staged as in matmul.cu, the weight tile is dequantized straight into shared memory
+//    (one sub-block per thread, BN threads), then gemm.cuh's register-tiled product runs.
+#include "common.cuh"
+#include "gemm.cuh"
+#include "quant.cuh"
+
+#define MVQ_THREADS 256
+#define MVQ_ROWS 2         // outputs n per warp
+#define MVQ_MAX_M 4        // rows of x per block (lowering.MV_MAX_ROWS)
+#define MVQ_SUBS 32        // sub-blocks of 32 weights staged per step (1024 weights)
+#define MVQ_LD 33          // floats between staged sub-blocks (bank-conflict-free reads)
+
+// Plain (IDS false): x = t0 [B0,B1,M,K] (M <= MVQ_MAX_M), w = t1 [B0,B1,N,NB] blocks,
+// out = t2 [B0,B1,M,N]; p = the batch; i[4], i[5], t4, t5: the fused epilogue.
+// IDS: w = t0 [1,E,N,NB], x = t1 [1,T,k,K] (stride 0 on k when shared), ids = t2 [1,1,T,k],
+// out = t3 [1,T,k,N]; p = (t, j), M = 1.
+// grid = (ceil(N / (8 * MVQ_ROWS)), min(P, 65535), ceil(P / 65535)), block = 256; n = P.
+template <int QT, bool IDS>
+FLARE_DEVICE void flare_mvq(const KArgs& A) {
+    typedef QBlock<QT> Q;
+    __shared__ float xs[MVQ_MAX_M][MVQ_SUBS * MVQ_LD];
+    const TensorDesc& w = IDS ? A.t[0] : A.t[1];
+    const TensorDesc& x = IDS ? A.t[1] : A.t[0];
+    const TensorDesc& o = IDS ? A.t[3] : A.t[2];
+    const i64 K = x.shape[3], N = o.shape[3];
+    const i64 p = (i64)blockIdx.z * gridDim.y + blockIdx.y;
+    if (p >= A.n) return;  // whole block
+    i64 px, pw, po, sxm = 0, som = 0, b0 = 0, b1 = 0;
+    int M = 1;
+    if (IDS) {
+        const TensorDesc& ids = A.t[2];
+        const i64 kk = o.shape[2], t = p / kk, j = p % kk;
+        i64 e = flare_load_int(ids, ids.offset + t * ids.stride[2] + j * ids.stride[3]);
+        if (e < 0) e += w.shape[1];
+        px = x.offset + t * x.stride[1] + j * x.stride[2];
+        pw = w.offset + e * w.stride[1];
+        po = o.offset + t * o.stride[1] + j * o.stride[2];
+    } else {
+        b1 = p % o.shape[1];
+        b0 = p / o.shape[1];
+        M = (int)o.shape[2];
+        px = x.offset + b0 * x.stride[0] + b1 * x.stride[1];
+        pw = w.offset + b0 * w.stride[0] + b1 * w.stride[1];
+        po = o.offset + b0 * o.stride[0] + b1 * o.stride[1];
+        sxm = x.stride[2];
+        som = o.stride[2];
+    }
+    const i64 swn = w.stride[2], swb = w.stride[3];
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const i64 nbase = (i64)blockIdx.x * (MVQ_THREADS / 32) * MVQ_ROWS + (i64)warp * MVQ_ROWS;
+    const unsigned char* wp = (const unsigned char*)w.ptr;
+    const int subs_per_block = Q::SIZE / 32;
+    float acc[MVQ_ROWS][MVQ_MAX_M] = {};
+    float wv[32];
+    for (i64 k0 = 0; k0 < K; k0 += MVQ_SUBS * 32) {
+        const int len = (int)(K - k0 < MVQ_SUBS * 32 ? K - k0 : MVQ_SUBS * 32);  // a multiple of 32
+        __syncthreads();  // the previous chunk is no longer read
+        for (int q = tid; q < M * len; q += MVQ_THREADS) {
+            const int mi = q / len, c = q % len;
+            xs[mi][(c >> 5) * MVQ_LD + (c & 31)] = flare_load(x, px + mi * sxm + (k0 + c) * x.stride[3]);
+        }
+        __syncthreads();
+        const i64 g = k0 / 32 + lane;  // this lane's sub-block (global index along the row)
+        if (lane < (len >> 5)) {
+            const i64 blk = g / subs_per_block;
+            const int sub = (int)(g % subs_per_block);
+            const float* xl[MVQ_MAX_M];
+            for (int mi = 0; mi < MVQ_MAX_M; ++mi) xl[mi] = &xs[mi][lane * MVQ_LD];
+            for (int r = 0; r < MVQ_ROWS; ++r) {
+                const i64 n = nbase + r;
+                if (n >= N) break;
+                flare_dq32<QT>(wp + (pw + n * swn + blk * swb) * Q::BYTES, sub, wv);
+                for (int mi = 0; mi < MVQ_MAX_M; ++mi) {
+                    if (mi >= M) break;
+                    float s = 0.0f;
+                    for (int l = 0; l < 32; ++l) s += wv[l] * xl[mi][l];
+                    acc[r][mi] += s;
+                }
+            }
+        }
+    }
+    for (int r = 0; r < MVQ_ROWS; ++r) {
+        const i64 n = nbase + r;
+        for (int mi = 0; mi < MVQ_MAX_M; ++mi) {
+            if (mi >= M) break;  // uniform across the warp: every lane takes part in the sum
+            const float v = flare_warp_sum(acc[r][mi]);
+            if (lane == 0 && n < N)
+                flare_store(o, po + mi * som + n * o.stride[3], IDS ? v : flare_epilogue(A, v, b0, b1, mi, n));
+        }
+    }
+}
+
+// x = t0 [B0,B1,M,K], w = t1 [B0,B1,N,NB] blocks, out = t2 [B0,B1,M,N]; i[0] bit 0: x rows
+// may be read as float4 (K-contiguous, 16-byte aligned), bit 2: x is K-contiguous; i[4], i[5],
+// t4, t5: the fused epilogue. grid = (ceil(N/BN), ceil(M/BM), B0*B1), block = 256.
+template <int BM, int BN, int TM, int TN, int QT>
+FLARE_DEVICE void flare_mmq_tiled(const KArgs& A) {
+    typedef QBlock<QT> Q;
+    static_assert((BM / TM) * (BN / TN) == MM_THREADS, "a tile is 256 threads");
+    static_assert(BN <= MM_THREADS, "one weight row per thread");
+    __shared__ float As[32][BM + 4];
+    __shared__ float Bs[32][BN + 4];
+    const TensorDesc& a = A.t[0];
+    const TensorDesc& b = A.t[1];
+    const TensorDesc& o = A.t[2];
+    const i64 M = a.shape[2], K = a.shape[3], N = b.shape[2];
+    const i64 z = blockIdx.z, b1 = z % o.shape[1], b0 = z / o.shape[1];
+    const i64 pa = a.offset + b0 * a.stride[0] + b1 * a.stride[1];
+    const i64 pb = b.offset + b0 * b.stride[0] + b1 * b.stride[1];
+    const i64 po = o.offset + b0 * o.stride[0] + b1 * o.stride[1];
+    const i64 sam = a.stride[2], sak = a.stride[3], sbn = b.stride[2], sbb = b.stride[3];
+    const i64 m0 = (i64)blockIdx.y * BM, n0 = (i64)blockIdx.x * BN;
+    const int tid = (int)threadIdx.x;
+    const int tx = tid % (BN / TN), ty = tid / (BN / TN);
+    const bool a_kcontig = (A.i[0] & 4) != 0;
+    const unsigned char* bp = (const unsigned char*)b.ptr;
+    const int subs_per_block = Q::SIZE / 32;
+    float acc[TM][TN] = {};
+    float wv[32];
+    for (i64 k0 = 0; k0 < K; k0 += 32) {
+        if (a_kcontig) {
+            flare_tile_kcontig<BM, 32, BM + 4, false>(As, (const void*)a.ptr, pa, sam, m0, M, k0, K, (A.i[0] & 1) != 0,
+                                                      tid);
+        } else {
+            for (int v = tid; v < BM * 32; v += MM_THREADS) {
+                const int r = v % BM, kk = v / BM;
+                const i64 gm = m0 + r;
+                As[kk][r] = gm < M ? flare_load(a, pa + gm * sam + (k0 + kk) * sak) : 0.0f;
+            }
+        }
+        if (tid < BN) {  // one weight row's sub-block per thread, dequantized into column tid
+            const i64 gn = n0 + tid, g = k0 / 32;
+            if (gn < N) {
+                flare_dq32<QT>(bp + (pb + gn * sbn + (g / subs_per_block) * sbb) * Q::BYTES,
+                               (int)(g % subs_per_block), wv);
+                for (int l = 0; l < 32; ++l) Bs[l][tid] = wv[l];
+            } else {
+                for (int l = 0; l < 32; ++l) Bs[l][tid] = 0.0f;
+            }
+        }
+        __syncthreads();
+        flare_tile_accumulate<BM, BN, 32, TM, TN>(As, Bs, acc, tx, ty);
+        __syncthreads();  // the tiles are overwritten next step
+    }
+    for (int i = 0; i < TM; ++i) {
+        const i64 gm = m0 + ty * TM + i;
+        if (gm >= M) continue;
+        for (int j = 0; j < TN; ++j) {
+            const i64 gn = n0 + tx + j * (BN / TN);
+            if (gn < N) flare_store(o, po + gm * o.stride[2] + gn * o.stride[3], flare_epilogue(A, acc[i][j], b0, b1, gm, gn));
+        }
+    }
+}
+
+#define FLARE_MMQ_TYPE(ty, QT)                                                                    \
+    FLARE_KERNEL(flare_mvq_##ty) { flare_mvq<QT, false>(A); }                                    \
+    FLARE_KERNEL(flare_mvq_id_##ty) { flare_mvq<QT, true>(A); }                                  \
+    FLARE_KERNEL(flare_mmq_s_##ty) { flare_mmq_tiled<32, 32, 2, 2, QT>(A); }                      \
+    FLARE_KERNEL(flare_mmq_m_##ty) { flare_mmq_tiled<64, 64, 4, 4, QT>(A); }                      \
+    FLARE_KERNEL(flare_mmq_l_##ty) { flare_mmq_tiled<128, 128, 8, 8, QT>(A); }
+
+// (kernel names are listed for compiler.KernelSource.kernels() by FLARE_KERNELS lines)
+// FLARE_KERNELS: flare_mvq_q4_0 flare_mvq_id_q4_0 flare_mmq_s_q4_0 flare_mmq_m_q4_0 flare_mmq_l_q4_0
+FLARE_MMQ_TYPE(q4_0, DT_Q4_0)
+// FLARE_KERNELS: flare_mvq_q4_1 flare_mvq_id_q4_1 flare_mmq_s_q4_1 flare_mmq_m_q4_1 flare_mmq_l_q4_1
+FLARE_MMQ_TYPE(q4_1, DT_Q4_1)
+// FLARE_KERNELS: flare_mvq_q8_0 flare_mvq_id_q8_0 flare_mmq_s_q8_0 flare_mmq_m_q8_0 flare_mmq_l_q8_0
+FLARE_MMQ_TYPE(q8_0, DT_Q8_0)
+// FLARE_KERNELS: flare_mvq_q4_k flare_mvq_id_q4_k flare_mmq_s_q4_k flare_mmq_m_q4_k flare_mmq_l_q4_k
+FLARE_MMQ_TYPE(q4_k, DT_Q4_K)
+// FLARE_KERNELS: flare_mvq_q6_k flare_mvq_id_q6_k flare_mmq_s_q6_k flare_mmq_m_q6_k flare_mmq_l_q6_k
+FLARE_MMQ_TYPE(q6_k, DT_Q6_K)

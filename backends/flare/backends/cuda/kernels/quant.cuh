@@ -1,0 +1,133 @@
+// quant.cuh: ggml's block-quantized weights (q4_0, q4_1, q8_0, q4_k, q6_k), unpacked on the device.
+//
+// A quantized tensor's element is one block (flare.core.dtypes.QUANT_TYPES): its descriptor's
+// offset, shape and strides count blocks, and a block of type QT lives at
+// ptr + element * QBLOCK_BYTES. The layouts are ggml's, byte for byte (ggml-common.h):
+//   q4_0  18 B / 32:  d f16, qs[16]           w = d * (q - 8)
+//   q4_1  20 B / 32:  d f16, m f16, qs[16]    w = d * q + m
+//   q8_0  34 B / 32:  d f16, qs[32] (int8)    w = q * d
+//   q4_k 144 B / 256: d, dmin f16, scales[12] (eight 6-bit scales and mins), qs[128]
+//                                             w = (d * sc) * q - (dmin * mn)
+//   q6_k 210 B / 256: ql[128], qh[64], scales[16] (int8, one per 16), d f16
+//                                             w = (d * sc) * (q - 32)
+// Every block size is even, so the f16 fields are 2-byte aligned; everything else is read
+// as bytes (a block's start is only 2-byte aligned).
+//
+// Dequantization is bit-exact with ggml (and gguf.quants, the reference): the products and
+// sums are rounded one at a time (__fmul_rn/__fadd_rn/__fsub_rn), so nvcc/NVRTC cannot
+// contract them into an FMA, whose single rounding would give other bits.
+#pragma once
+#include "common.cuh"
+
+enum { DT_Q4_0 = 4, DT_Q4_1 = 5, DT_Q8_0 = 6, DT_Q4_K = 7, DT_Q6_K = 8 };  // args.DTYPE_CODES
+
+template <int QT> struct QBlock;
+template <> struct QBlock<DT_Q4_0> { enum { SIZE = 32, BYTES = 18 }; };
+template <> struct QBlock<DT_Q4_1> { enum { SIZE = 32, BYTES = 20 }; };
+template <> struct QBlock<DT_Q8_0> { enum { SIZE = 32, BYTES = 34 }; };
+template <> struct QBlock<DT_Q4_K> { enum { SIZE = 256, BYTES = 144 }; };
+template <> struct QBlock<DT_Q6_K> { enum { SIZE = 256, BYTES = 210 }; };
+
+FLARE_DEVICE float flare_qh2f(const unsigned char* p) { return flare_h2f(*(const unsigned short*)p); }
+
+// q4_k's j-th (0..7) 6-bit scale and min (ggml's get_scale_min_k4)
+FLARE_DEVICE void flare_q4k_scale_min(const unsigned char* s, int j, int* sc, int* mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// The 32 weights of sub-block `sub` of a block (sub < SIZE / 32), for the matrix kernels:
+// w[0..31] = weights sub*32 .. sub*32+31, bit-exact. The scales are unpacked once per call.
+template <int QT>
+FLARE_DEVICE void flare_dq32(const unsigned char* blk, int sub, float* w) {
+    if (QT == DT_Q4_0) {
+        const float d = flare_qh2f(blk);
+        const unsigned char* qs = blk + 2;
+        for (int l = 0; l < 16; ++l) {
+            w[l] = __fmul_rn(d, (float)((int)(qs[l] & 0x0F) - 8));
+            w[l + 16] = __fmul_rn(d, (float)((int)(qs[l] >> 4) - 8));
+        }
+    } else if (QT == DT_Q4_1) {
+        const float d = flare_qh2f(blk), m = flare_qh2f(blk + 2);
+        const unsigned char* qs = blk + 4;
+        for (int l = 0; l < 16; ++l) {
+            w[l] = __fadd_rn(__fmul_rn(d, (float)(qs[l] & 0x0F)), m);
+            w[l + 16] = __fadd_rn(__fmul_rn(d, (float)(qs[l] >> 4)), m);
+        }
+    } else if (QT == DT_Q8_0) {
+        const float d = flare_qh2f(blk);
+        const signed char* qs = (const signed char*)(blk + 2);
+        for (int l = 0; l < 32; ++l) w[l] = __fmul_rn((float)qs[l], d);
+    } else if (QT == DT_Q4_K) {
+        int sc, mn;
+        flare_q4k_scale_min(blk + 4, sub, &sc, &mn);
+        const float d = __fmul_rn(flare_qh2f(blk), (float)sc);
+        const float m = __fmul_rn(flare_qh2f(blk + 2), (float)mn);
+        const unsigned char* qs = blk + 16 + (sub >> 1) * 32;  // 32 bytes: sub-blocks 2c (low), 2c+1 (high)
+        const int shift = (sub & 1) * 4;
+        for (int l = 0; l < 32; ++l) w[l] = __fsub_rn(__fmul_rn(d, (float)((qs[l] >> shift) & 0x0F)), m);
+    } else {  // DT_Q6_K
+        const int h = sub >> 2, g = sub & 3;  // half of 128 weights, group of 32 within it
+        const unsigned char* ql = blk + h * 64 + (g & 1) * 32;
+        const unsigned char* qh = blk + 128 + h * 32;
+        const signed char* scales = (const signed char*)(blk + 192);
+        const float d = flare_qh2f(blk + 208);
+        const int shift = (g >> 1) * 4;
+        for (int half = 0; half < 2; ++half) {  // a scale per 16 weights
+            const float ds = __fmul_rn(d, (float)scales[sub * 2 + half]);
+            for (int l = half * 16; l < half * 16 + 16; ++l) {
+                const int q = (((ql[l] >> shift) & 0x0F) | (((qh[l] >> (2 * g)) & 3) << 4)) - 32;
+                w[l] = __fmul_rn(ds, (float)q);
+            }
+        }
+    }
+}
+
+// One weight j (0 .. SIZE-1) of a block, bit-exact (the element-wise kernels: dequantize,
+// get_rows); `qt` at run time.
+FLARE_DEVICE float flare_dq1(int qt, const unsigned char* blk, int j) {
+    switch (qt) {
+        case DT_Q4_0: {
+            const int q = j < 16 ? (blk[2 + j] & 0x0F) : (blk[2 + j - 16] >> 4);
+            return __fmul_rn(flare_qh2f(blk), (float)(q - 8));
+        }
+        case DT_Q4_1: {
+            const int q = j < 16 ? (blk[4 + j] & 0x0F) : (blk[4 + j - 16] >> 4);
+            return __fadd_rn(__fmul_rn(flare_qh2f(blk), (float)q), flare_qh2f(blk + 2));
+        }
+        case DT_Q8_0:
+            return __fmul_rn((float)((const signed char*)blk)[2 + j], flare_qh2f(blk));
+        case DT_Q4_K: {
+            const int sub = j >> 5, l = j & 31;
+            int sc, mn;
+            flare_q4k_scale_min(blk + 4, sub, &sc, &mn);
+            const int q = (blk[16 + (sub >> 1) * 32 + l] >> ((sub & 1) * 4)) & 0x0F;
+            return __fsub_rn(__fmul_rn(__fmul_rn(flare_qh2f(blk), (float)sc), (float)q),
+                             __fmul_rn(flare_qh2f(blk + 2), (float)mn));
+        }
+        default: {  // DT_Q6_K
+            const int h = j >> 7, r = j & 127, g = r >> 5, l = r & 31;
+            const int lo = (blk[h * 64 + (g & 1) * 32 + l] >> ((g >> 1) * 4)) & 0x0F;
+            const int hi = (blk[128 + h * 32 + l] >> (2 * g)) & 3;
+            const float ds = __fmul_rn(flare_qh2f(blk + 208), (float)((const signed char*)blk)[192 + (j >> 4)]);
+            return __fmul_rn(ds, (float)((lo | (hi << 4)) - 32));
+        }
+    }
+}
+
+// (block size, block bytes) of a run-time dtype code
+FLARE_DEVICE int flare_qblock_size(int qt) { return qt == DT_Q4_K || qt == DT_Q6_K ? 256 : 32; }
+FLARE_DEVICE int flare_qblock_bytes(int qt) {
+    switch (qt) {
+        case DT_Q4_0: return 18;
+        case DT_Q4_1: return 20;
+        case DT_Q8_0: return 34;
+        case DT_Q4_K: return 144;
+        default: return 210;
+    }
+}
