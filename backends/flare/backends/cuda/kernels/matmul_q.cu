@@ -15,8 +15,10 @@
 //    reading value l of its own sub-block) hit 32 different banks.
 //  - flare_mmq_<tile>_<type>: prefill-sized products. A block of 256 threads computes a
 //    BM x BN output tile stepping through K one sub-block (32) at a time: the x tile is
-//    staged as in matmul.cu, the weight tile is dequantized straight into shared memory
-//    (one sub-block per thread, BN threads), then gemm.cuh's register-tiled product runs.
+//    staged as in matmul.cu, the weight tile (BN rows x 32) is dequantized straight into
+//    shared memory by all 256 threads (32 * BN / 256 weights each: a column of the tile per
+//    thread, so neighbouring threads store to neighbouring banks), then gemm.cuh's
+//    register-tiled product runs.
 #include "common.cuh"
 #include "gemm.cuh"
 #include "quant.cuh"
@@ -114,7 +116,8 @@ template <int BM, int BN, int TM, int TN, int QT>
 FLARE_DEVICE void flare_mmq_tiled(const KArgs& A) {
     typedef QBlock<QT> Q;
     static_assert((BM / TM) * (BN / TN) == MM_THREADS, "a tile is 256 threads");
-    static_assert(BN <= MM_THREADS, "one weight row per thread");
+    enum { NW = 32 * BN / MM_THREADS };  // weights of the tile each thread unpacks per step
+    static_assert(NW == 4 || NW == 8 || NW == 16, "the weight tile is split evenly over the threads");
     __shared__ float As[32][BM + 4];
     __shared__ float Bs[32][BN + 4];
     const TensorDesc& a = A.t[0];
@@ -133,7 +136,7 @@ FLARE_DEVICE void flare_mmq_tiled(const KArgs& A) {
     const unsigned char* bp = (const unsigned char*)b.ptr;
     const int subs_per_block = Q::SIZE / 32;
     float acc[TM][TN] = {};
-    float wv[32];
+    float wv[NW];
     for (i64 k0 = 0; k0 < K; k0 += 32) {
         if (a_kcontig) {
             flare_tile_kcontig<BM, 32, BM + 4, false>(As, (const void*)a.ptr, pa, sam, m0, M, k0, K, (A.i[0] & 1) != 0,
@@ -145,14 +148,15 @@ FLARE_DEVICE void flare_mmq_tiled(const KArgs& A) {
                 As[kk][r] = gm < M ? flare_load(a, pa + gm * sam + (k0 + kk) * sak) : 0.0f;
             }
         }
-        if (tid < BN) {  // one weight row's sub-block per thread, dequantized into column tid
-            const i64 gn = n0 + tid, g = k0 / 32;
+        {  // the weight tile: thread tid unpacks NW weights of row tid % BN into column tid % BN
+            const int r = tid % BN, j0 = (tid / BN) * NW;
+            const i64 gn = n0 + r, g = k0 / 32;
             if (gn < N) {
-                flare_dq32<QT>(bp + (pb + gn * sbn + (g / subs_per_block) * sbb) * Q::BYTES,
-                               (int)(g % subs_per_block), wv);
-                for (int l = 0; l < 32; ++l) Bs[l][tid] = wv[l];
+                flare_dqn<QT, NW>(bp + (pb + gn * sbn + (g / subs_per_block) * sbb) * Q::BYTES,
+                                  (int)(g % subs_per_block), j0, wv);
+                for (int i = 0; i < NW; ++i) Bs[j0 + i][r] = wv[i];
             } else {
-                for (int l = 0; l < 32; ++l) Bs[l][tid] = 0.0f;
+                for (int i = 0; i < NW; ++i) Bs[j0 + i][r] = 0.0f;
             }
         }
         __syncthreads();

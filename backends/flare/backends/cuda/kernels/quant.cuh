@@ -41,51 +41,52 @@ FLARE_DEVICE void flare_q4k_scale_min(const unsigned char* s, int j, int* sc, in
     }
 }
 
-// The 32 weights of sub-block `sub` of a block (sub < SIZE / 32), for the matrix kernels:
-// w[0..31] = weights sub*32 .. sub*32+31, bit-exact. The scales are unpacked once per call.
-template <int QT>
-FLARE_DEVICE void flare_dq32(const unsigned char* blk, int sub, float* w) {
-    if (QT == DT_Q4_0) {
+// NW consecutive weights j0 .. j0+NW-1 (NW in 4, 8, 16; j0 a multiple of NW) of sub-block `sub`
+// (< SIZE / 32) of a block, bit-exact: a range within one half of the sub-block, so for the
+// 4-bit types one nibble (low or high) of consecutive bytes, and for q6_k one scale.
+template <int QT, int NW>
+FLARE_DEVICE void flare_dqn(const unsigned char* blk, int sub, int j0, float* w) {
+    static_assert(NW == 4 || NW == 8 || NW == 16, "a range within one half of a sub-block");
+    if (QT == DT_Q4_0 || QT == DT_Q4_1) {
         const float d = flare_qh2f(blk);
-        const unsigned char* qs = blk + 2;
-        for (int l = 0; l < 16; ++l) {
-            w[l] = __fmul_rn(d, (float)((int)(qs[l] & 0x0F) - 8));
-            w[l + 16] = __fmul_rn(d, (float)((int)(qs[l] >> 4) - 8));
-        }
-    } else if (QT == DT_Q4_1) {
-        const float d = flare_qh2f(blk), m = flare_qh2f(blk + 2);
-        const unsigned char* qs = blk + 4;
-        for (int l = 0; l < 16; ++l) {
-            w[l] = __fadd_rn(__fmul_rn(d, (float)(qs[l] & 0x0F)), m);
-            w[l + 16] = __fadd_rn(__fmul_rn(d, (float)(qs[l] >> 4)), m);
+        const unsigned char* qs = blk + (QT == DT_Q4_0 ? 2 : 4) + (j0 & 15);
+        const int shift = j0 >= 16 ? 4 : 0;  // weights 0..15: low nibbles, 16..31: high
+        if (QT == DT_Q4_0) {
+            for (int i = 0; i < NW; ++i) w[i] = __fmul_rn(d, (float)((int)((qs[i] >> shift) & 0x0F) - 8));
+        } else {
+            const float m = flare_qh2f(blk + 2);
+            for (int i = 0; i < NW; ++i) w[i] = __fadd_rn(__fmul_rn(d, (float)((qs[i] >> shift) & 0x0F)), m);
         }
     } else if (QT == DT_Q8_0) {
         const float d = flare_qh2f(blk);
-        const signed char* qs = (const signed char*)(blk + 2);
-        for (int l = 0; l < 32; ++l) w[l] = __fmul_rn((float)qs[l], d);
+        const signed char* qs = (const signed char*)(blk + 2) + j0;
+        for (int i = 0; i < NW; ++i) w[i] = __fmul_rn((float)qs[i], d);
     } else if (QT == DT_Q4_K) {
         int sc, mn;
         flare_q4k_scale_min(blk + 4, sub, &sc, &mn);
         const float d = __fmul_rn(flare_qh2f(blk), (float)sc);
         const float m = __fmul_rn(flare_qh2f(blk + 2), (float)mn);
-        const unsigned char* qs = blk + 16 + (sub >> 1) * 32;  // 32 bytes: sub-blocks 2c (low), 2c+1 (high)
+        const unsigned char* qs = blk + 16 + (sub >> 1) * 32 + j0;  // 32 bytes: sub-blocks 2c (low), 2c+1 (high)
         const int shift = (sub & 1) * 4;
-        for (int l = 0; l < 32; ++l) w[l] = __fsub_rn(__fmul_rn(d, (float)((qs[l] >> shift) & 0x0F)), m);
-    } else {  // DT_Q6_K
-        const int h = sub >> 2, g = sub & 3;  // half of 128 weights, group of 32 within it
-        const unsigned char* ql = blk + h * 64 + (g & 1) * 32;
-        const unsigned char* qh = blk + 128 + h * 32;
-        const signed char* scales = (const signed char*)(blk + 192);
-        const float d = flare_qh2f(blk + 208);
+        for (int i = 0; i < NW; ++i) w[i] = __fsub_rn(__fmul_rn(d, (float)((qs[i] >> shift) & 0x0F)), m);
+    } else {  // DT_Q6_K: halves of 128 weights, groups of 32 within a half, a scale per 16
+        const int h = sub >> 2, g = sub & 3;
+        const unsigned char* ql = blk + h * 64 + (g & 1) * 32 + j0;
+        const unsigned char* qh = blk + 128 + h * 32 + j0;
+        const float ds = __fmul_rn(flare_qh2f(blk + 208), (float)((const signed char*)blk)[192 + sub * 2 + (j0 >> 4)]);
         const int shift = (g >> 1) * 4;
-        for (int half = 0; half < 2; ++half) {  // a scale per 16 weights
-            const float ds = __fmul_rn(d, (float)scales[sub * 2 + half]);
-            for (int l = half * 16; l < half * 16 + 16; ++l) {
-                const int q = (((ql[l] >> shift) & 0x0F) | (((qh[l] >> (2 * g)) & 3) << 4)) - 32;
-                w[l] = __fmul_rn(ds, (float)q);
-            }
+        for (int i = 0; i < NW; ++i) {
+            const int q = (((ql[i] >> shift) & 0x0F) | (((qh[i] >> (2 * g)) & 3) << 4)) - 32;
+            w[i] = __fmul_rn(ds, (float)q);
         }
     }
+}
+
+// The 32 weights of sub-block `sub` (a whole legacy block, an eighth of a super-block).
+template <int QT>
+FLARE_DEVICE void flare_dq32(const unsigned char* blk, int sub, float* w) {
+    flare_dqn<QT, 16>(blk, sub, 0, w);
+    flare_dqn<QT, 16>(blk, sub, 16, w + 16);
 }
 
 // One weight j (0 .. SIZE-1) of a block, bit-exact (the element-wise kernels: dequantize,
