@@ -7,10 +7,16 @@ float64. Tolerances:
 - dequantize, get_rows: bit for bit (compared as uint32), on blocks of random bytes whose
   scales span the whole finite float16 range (subnormals, negatives), so that a rounding
   in another order or an FMA contraction would show.
-- products: rtol 1e-4, atol 1e-4 with outputs of order 1 and K up to 1280 — the kernels
-  dequantize exactly and then accumulate in float32 (no 8-bit activations), so only the
-  summation order differs from the reference, as for the float matmul kernels
-  (conformance ACCUM); tighter than the suite's QUANT_DOT.
+- products of the float kernels (the tiled ones, and the matrix-vector ones under the
+  `naive` tuning): rtol 1e-4, atol 1e-4 with outputs of order 1 and K up to 1280 — they
+  dequantize exactly and accumulate in float32, so only the summation order differs from
+  the reference, as for the float matmul kernels (conformance ACCUM).
+- products of the default matrix-vector kernels (`flare_mvq8_*`: x rounded to 8 bits per
+  32 values, integer dot products, as ggml's mmvq): the same 1e-4 against the reference
+  evaluated on x rounded as the kernel rounds it (`eight_bit`: the product is linear in x, so
+  this isolates the kernel's arithmetic), and against the unrounded reference the hard bound
+  of that rounding, sum_l |w_l| * d_l / 2 (test_eight_bit_error_is_the_rounding_of_x). The
+  conformance suite holds them to QUANT_DOT.
 The conformance suite runs the same ops on `cuda-emu` and through the stand-in libcuda
 (tests/test_cuda_conformance_emulated.py, tests/test_cuda_fake_driver.py).
 """
@@ -87,6 +93,16 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
 
+def eight_bit(x: np.ndarray) -> np.ndarray:
+    """x as matmul_q.cu's 8-bit kernels see it: per 32 values along the last axis, the scale
+    d = max|x| / 127 and q = roundf(x / d) (halves away from zero), in float32; back as q * d."""
+    xs = x.astype(np.float32).reshape(*x.shape[:-1], -1, 32)
+    d = np.abs(xs).max(-1, keepdims=True) / np.float32(127)
+    r = xs / np.where(d > 0, d, np.float32(1))
+    q = np.where(d > 0, np.sign(r) * np.floor(np.abs(r) + np.float32(0.5)), np.float32(0))
+    return (q.astype(np.float64) * d).reshape(x.shape)
+
+
 def _k(dtype: str) -> int:
     """A row length that crosses matmul_q.cu's 1024-weight staging chunk mid-row: 40 blocks of
     32, or 5 super-blocks of 256."""
@@ -150,30 +166,60 @@ def _f32(rng, *shape):
     return rng.uniform(-2.0, 2.0, shape).astype(np.float32)
 
 
-@pytest.mark.parametrize("variant", [None, "t32", "t64", "t128"])
+@pytest.mark.parametrize("variant", [None, "naive", "t32", "t64", "t128"])
 @pytest.mark.parametrize("dtype", TYPES)
 def test_quantized_matmul(device, dtype, variant):
-    """Decode rows (matrix-vector kernel: one row, four rows), a prefill block (tiled kernel:
-    odd M and N across tile edges), batches broadcast over a 2-D weight, K crossing a staging
-    chunk mid-row; each variant's kernel for this type is the one launched."""
+    """Decode rows (matrix-vector kernels: one row, four rows, one of them all zeros), a prefill
+    block (tiled kernel: odd M and N across tile edges), batches broadcast over a 2-D weight, K
+    crossing a staging chunk mid-row; each variant's kernels for this type are the ones launched."""
     rng = np.random.default_rng(3)
     k = _k(dtype)
     b = GraphBuilder()
     w = b.weight("w", quant_blocks(rng, dtype, 70, k))
     inputs = {"one": _f32(rng, 1, k), "four": _f32(rng, 4, k), "many": _f32(rng, 37, k),
               "batch": _f32(rng, 2, 3, 5, k)}
+    inputs["four"][2] = 0.0  # an all-zero row: scale 0 in the 8-bit path, outputs exactly 0
     for name, arr in inputs.items():
         b.output(name, b.matmul(b.input(name, arr.shape), w, transpose_b=True))
     graph = b.build()
     want, _ = evaluate(graph, inputs)
+    if variant is None:  # the decode rows take the 8-bit kernel
+        want.update(evaluate(graph, {**inputs, **{n: eight_bit(inputs[n]).astype(np.float32) for n in ("one", "four")}})[0])
     used: set[str] = set()
     got = run(device, graph, inputs, tuning={"matmul": variant} if variant else None, kernels=used)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], *PRODUCT_TOL, err_msg=f"{dtype} {name}")
+    assert not got["four"][2].any()
     if variant is None:
+        assert used == {f"flare_mvq8_{dtype}", f"flare_mmq_s_{dtype}"}, used
+    elif variant == "naive":
         assert used == {f"flare_mvq_{dtype}", f"flare_mmq_s_{dtype}"}, used
     else:
         assert used == {f"flare_mmq_{lowering.MM_TILES[variant]}_{dtype}"}, used
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_eight_bit_error_is_the_rounding_of_x(device, dtype):
+    """Against the unrounded reference the 8-bit kernel's error is bounded by what rounding x
+    can cost, sum_l |w_l| * d_l / 2 (d_l: the scale of x_l's block of 32), plus float slack,
+    and is not zero (the activations really are rounded)."""
+    from flare.core.ops.quant import dequantize_reference
+
+    rng = np.random.default_rng(6)
+    k = _k(dtype)
+    blocks = quant_blocks(rng, dtype, 21, k)
+    x = _f32(rng, 3, k)
+    b = GraphBuilder()
+    b.output("y", b.matmul(b.input("x", x.shape), b.weight("w", blocks), transpose_b=True))
+    used: set[str] = set()
+    got = run(device, b.build(), {"x": x}, kernels=used)["y"].astype(np.float64)
+    assert used == {f"flare_mvq8_{dtype}"}
+    wf = dequantize_reference(blocks, dtype).astype(np.float64)
+    half_step = np.repeat(np.abs(x.reshape(3, -1, 32)).max(-1) / 127 / 2, 32, axis=-1)
+    bound = half_step @ np.abs(wf).T + 1e-4 * (1 + np.abs(x.astype(np.float64)) @ np.abs(wf).T)
+    err = np.abs(got - x.astype(np.float64) @ wf.T)
+    assert (err <= bound).all(), (err / bound).max()
+    assert err.max() > 1e-4
 
 
 @pytest.mark.parametrize("dtype", ("q4_1", "q6_k"))
@@ -191,20 +237,23 @@ def test_fused_linear_with_quantized_weights(device, dtype):
     pre = b.matmul(b.input("pre", (19, k)), w, transpose_b=True)
     b.output("pre", b.add(b.input("res", (19, 45)), b.relu(b.add(pre, bias))))
     graph = b.build()
-    want, _ = evaluate(graph, inputs)
+    want = {"dec": evaluate(graph, {**inputs, "dec": eight_bit(inputs["dec"]).astype(np.float32)})[0]["dec"],
+            "pre": evaluate(graph, inputs)[0]["pre"]}  # decode rows: the 8-bit kernel
     done = fuse(graph, lambda node, chain: device.supports(node))
     assert [f.op for f in done] == ["linear", "linear"], done
     used: set[str] = set()
     got = run(device, graph, inputs, kernels=used)
-    assert used == {f"flare_mvq_{dtype}", f"flare_mmq_s_{dtype}"}, used
+    assert used == {f"flare_mvq8_{dtype}", f"flare_mmq_s_{dtype}"}, used
     for name in want:
         np.testing.assert_allclose(got[name], want[name], *PRODUCT_TOL, err_msg=f"{dtype} {name}")
 
 
+@pytest.mark.parametrize("variant", [None, "naive"])
 @pytest.mark.parametrize("dtype", TYPES)
-def test_quantized_mul_mat_id(device, dtype):
+def test_quantized_mul_mat_id(device, dtype, variant):
     """Quantized experts [E, N, nb] picked per (token, slot), x shared by the slots or one per
-    slot, N not a multiple of the 16 outputs of a block, K crossing a staging chunk."""
+    slot, N not a multiple of the 16 outputs of a block, K crossing a staging chunk; 8-bit
+    activations by default, float ones under `naive`."""
     rng = np.random.default_rng(5)
     k, e, n, t = _k(dtype), 5, 19, 3
     ids = np.array([[4, 0], [2, 2], [1, 4]], np.int32)
@@ -215,10 +264,12 @@ def test_quantized_mul_mat_id(device, dtype):
     b.output("shared", b.mul_mat_id(w, b.input("x2", (t, k)), idt))
     b.output("per_slot", b.mul_mat_id(w, b.input("x3", (t, 2, k)), idt))
     graph = b.build()
-    want, _ = evaluate(graph, inputs)
+    seen = inputs if variant else {**inputs, "x2": eight_bit(inputs["x2"]).astype(np.float32),
+                                   "x3": eight_bit(inputs["x3"]).astype(np.float32)}
+    want, _ = evaluate(graph, seen)
     used: set[str] = set()
-    got = run(device, graph, inputs, kernels=used)
-    assert used == {f"flare_mvq_id_{dtype}"}, used
+    got = run(device, graph, inputs, tuning={"mul_mat_id": variant} if variant else None, kernels=used)
+    assert used == {f"flare_mvq{'' if variant else '8'}_id_{dtype}"}, used
     for name in want:
         np.testing.assert_allclose(got[name], want[name], *PRODUCT_TOL, err_msg=f"{dtype} {name}")
 
@@ -245,7 +296,7 @@ def test_quantized_launch_shapes():
     b = GraphBuilder()
     w = b.input("w", (576, 18), "q4_1")          # a SmolLM2 projection: 576 x 576 weights
     x1, x4, x5, xl = (b.input(f"x{m}", (m, 576)) for m in (1, 4, 5, 512))
-    for x, kernel, grid in ((x1, "flare_mvq_q4_1", (36, 1, 1)), (x4, "flare_mvq_q4_1", (36, 1, 1)),
+    for x, kernel, grid in ((x1, "flare_mvq8_q4_1", (36, 1, 1)), (x4, "flare_mvq8_q4_1", (36, 1, 1)),
                             (x5, "flare_mmq_s_q4_1", (18, 1, 1)), (xl, "flare_mmq_l_q4_1", (5, 4, 1))):
         node = b.matmul(x, w, transpose_b=True)
         assert lowering.supported(node)
@@ -253,7 +304,7 @@ def test_quantized_launch_shapes():
         assert (launch.kernel, launch.grid, launch.block) == (kernel, grid, (256, 1, 1))
         assert launch.args.t[1].dtype == 5 and tuple(launch.args.t[1].shape[2:]) == (576, 18)  # blocks, as stored
     node = b.matmul(x1, w, transpose_b=True)
-    (launch,) = _plan(node, x1, w, node, tuning={"matmul": "naive"})  # no naive kernel: auto
+    (launch,) = _plan(node, x1, w, node, tuning={"matmul": "naive"})  # float products
     assert launch.kernel == "flare_mvq_q4_1"
     (launch,) = _plan(node, x1, w, node, tuning={"matmul": "t64"})
     assert (launch.kernel, launch.grid) == ("flare_mmq_m_q4_1", (9, 1, 1))
@@ -278,7 +329,7 @@ def test_quantized_grid_limits():
     node = b.mul_mat_id(we, x, ids)
     assert lowering.supported(node)
     (launch,) = _plan(node, we, x, ids, node)
-    assert launch.kernel == "flare_mvq_id_q4_0" and launch.grid == (1, 65535, 3) and launch.n == 140000
+    assert launch.kernel == "flare_mvq8_id_q4_0" and launch.grid == (1, 65535, 3) and launch.n == 140000
 
 
 # ---- NVRTC: every quantized kernel for the architectures NVRTC supports ---------------------------
@@ -295,7 +346,7 @@ def _compile_everywhere(archs):
     for arch in archs:
         for name in ("dequant", "matmul_q"):
             src = sources[name]
-            assert len(src.kernels()) == {"dequant": 2, "matmul_q": 25}[name]
+            assert len(src.kernels()) == {"dequant": 2, "matmul_q": 35}[name]
             ptx = compiler.compile(src, arch, "ptx")
             cubin = compiler.compile(src, arch, "cubin")
             assert ptx.ptx_target == f"sm_{arch}" and cubin.image.startswith(b"\x7fELF")

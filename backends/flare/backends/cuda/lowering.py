@@ -240,8 +240,10 @@ def _matmul_launches(node: Tensor, x: Binding, w: Binding, out: Binding, transpo
 def _matmul_q_launches(node: Tensor, lx, lw, lo, tail, ep_ints, variant: str | None) -> list[Launch]:
     """matmul/linear with block-quantized weights (matmul_q.cu): `lw` is the weight as it is
     stored, [B0,B1,N,NB] blocks (transpose_b: rows of blocks along k). At most MV_MAX_ROWS
-    rows of x take the matrix-vector kernel, more the tiled one (tile by size, or the
-    tuning's t32/t64/t128); there is no one-thread-per-output kernel, so `naive` means auto."""
+    rows of x take the matrix-vector kernel with 8-bit activations and integer dot products
+    (`flare_mvq8_*`, ggml's mmvq), or with the `naive` tuning its float twin (`flare_mvq_*`:
+    exact weights, float products); more rows take the tiled kernel (tile by size, or the
+    tuning's t32/t64/t128)."""
     x, shape, xstrides = lx
     qt = lw[0].dtype
     m, n, k = shape[-2], lo[1][-1], shape[-1]
@@ -249,7 +251,8 @@ def _matmul_q_launches(node: Tensor, lx, lw, lo, tail, ep_ints, variant: str | N
     if variant not in MM_TILES and m <= MV_MAX_ROWS:
         gy = min(nbatch, MAX_GRID)
         grid = (-(-n // MV_OUTPUTS_PER_BLOCK), gy, -(-nbatch // gy))
-        return _launch("matmul_q", f"flare_mvq_{qt}", nbatch, node, lx, lw, lo, *tail, ints=(0, 0, 0, 0, *ep_ints),
+        kernel = f"flare_mvq_{qt}" if variant == "naive" else f"flare_mvq8_{qt}"
+        return _launch("matmul_q", kernel, nbatch, node, lx, lw, lo, *tail, ints=(0, 0, 0, 0, *ep_ints),
                        grid=grid, block=(256, 1, 1))
     tile = MM_TILES.get(variant or "", "l" if min(m, n) >= 512 else "m" if min(m, n) >= 64 else "s")
     side = MM_TILE_SIZE[tile]
@@ -415,9 +418,10 @@ def _mul_mat_id(node: Tensor, b: BindingOf, tuning: Tuning = None) -> list[Launc
     pairs = t * k
     gy = min(max(pairs, 1), MAX_GRID)
     grid = (-(-n // MV_OUTPUTS_PER_BLOCK), gy, -(-pairs // gy))
-    if is_quant(w.dtype):  # matmul_q.cu's matrix-vector kernel, per (token, slot); no naive variant
-        return _launch("matmul_q", f"flare_mvq_id_{w.dtype}", pairs, node, w, lx, ids, out, grid=grid,
-                       block=(256, 1, 1))
+    if is_quant(w.dtype):  # matmul_q.cu's matrix-vector kernels per (token, slot): 8-bit x, or float (naive)
+        naive = (tuning or {}).get("mul_mat_id") == "naive"
+        return _launch("matmul_q", f"flare_mvq{'' if naive else '8'}_id_{w.dtype}", pairs, node, w, lx, ids, out,
+                       grid=grid, block=(256, 1, 1))
     if w.strides[-1] != 1 or w.dtype not in ("f32", "f16") or (tuning or {}).get("mul_mat_id") == "naive":
         return _launch("matmul", "flare_mul_mat_id", _size(out.shape), node, w, lx, ids, out)
     vec = 2 if kdim % 4 == 0 and _aligned4(w, w.strides[-2], w.strides[-3]) else 0

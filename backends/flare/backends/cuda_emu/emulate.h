@@ -51,6 +51,11 @@ static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
+// four signed 8-bit products summed into c (matmul_q.cu's integer dot products)
+static inline int __dp4a(int a, int b, int c) {
+    for (int k = 0; k < 32; k += 8) c += (int)(signed char)(a >> k) * (int)(signed char)(b >> k);
+    return c;
+}
 
 static inline float flare_h2f(unsigned short h) {
     _Float16 v;

@@ -1,24 +1,27 @@
 // matmul_q.cu: products with block-quantized weights (matmul/linear with `transpose_b`, and
 // mul_mat_id's experts): out = x @ dequant(w).T. Every kernel is instantiated per type (QT,
 // quant.cuh), so the block layout is known at compile time.
-//
-// The weights are dequantized in registers, bit-exact, 32 at a time (one sub-block: a whole
-// q4_0/q4_1/q8_0 block, an eighth of a q4_k/q6_k super-block), then multiplied in float:
-// the result is within the float kernels' accumulation error of the reference, tighter than
-// the QUANT_DOT tolerance that an 8-bit integer dot product (ggml's q8_1 + dp4a) would need.
-//  - flare_mvq_<type> / flare_mvq_id_<type>: decode-sized products (at most MV_MAX_M rows of
-//    x) and the MoE expert product. One block of 256 threads per batch (or per (token, slot));
-//    each warp owns MVQ_ROWS outputs n, its lanes split K by sub-blocks (lane l takes
-//    sub-blocks l, l+32, ...: neighbouring lanes read neighbouring blocks), and a
-//    warp-shuffle sum ends each output. x is staged through shared memory 1024 weights at a
-//    time, each sub-block's 32 values at a stride of 33 floats so that the 32 lanes (each
-//    reading value l of its own sub-block) hit 32 different banks.
+//  - flare_mvq8_<type> / flare_mvq8_id_<type> (the default for decode-sized products, at most
+//    MVQ_MAX_M rows of x, and for the MoE expert product): ggml's mmvq. While x is staged
+//    through shared memory (1024 values at a time) a warp per 32 values rounds them to 8 bits
+//    (d = max|x| / 127, q = roundf(x / d), and the sum of the q); then each lane takes one
+//    sub-block of a weight row (32 weights: a whole legacy block, an eighth of a super-block)
+//    and multiplies the weights' integer quants with the q by __dp4a, four at a time, applying
+//    the block's scales, zero point and min once per 32 (or 16, q6_k). The rounding of x is
+//    the only error beyond float summation (at most max|x| / 254 per value; the conformance
+//    suite's QUANT_DOT).
+//  - flare_mvq_<type> / flare_mvq_id_<type> (the `naive` tuning): the same shape with float
+//    products: the 32 weights are dequantized in registers, bit-exact, and multiplied with x
+//    in float (x staged at 33 floats per 32 so the 32 lanes hit 32 banks).
+//    Both: one block of 256 threads per batch (or per (token, slot)), a warp per MVQ_ROWS
+//    outputs n, lanes splitting K by sub-blocks (neighbouring lanes read neighbouring
+//    blocks), a warp-shuffle sum per output.
 //  - flare_mmq_<tile>_<type>: prefill-sized products. A block of 256 threads computes a
 //    BM x BN output tile stepping through K one sub-block (32) at a time: the x tile is
 //    staged as in matmul.cu, the weight tile (BN rows x 32) is dequantized straight into
 //    shared memory by all 256 threads (32 * BN / 256 weights each: a column of the tile per
 //    thread, so neighbouring threads store to neighbouring banks), then gemm.cuh's
-//    register-tiled product runs.
+//    register-tiled product runs in float (within float summation error of the reference).
 #include "common.cuh"
 #include "gemm.cuh"
 #include "quant.cuh"
@@ -28,16 +31,20 @@
 #define MVQ_MAX_M 4        // rows of x per block (lowering.MV_MAX_ROWS)
 #define MVQ_SUBS 32        // sub-blocks of 32 weights staged per step (1024 weights)
 #define MVQ_LD 33          // floats between staged sub-blocks (bank-conflict-free reads)
+#define MVQ_LDQ 9          // words between staged 8-bit sub-blocks (8 words + 1: no bank conflicts)
 
 // Plain (IDS false): x = t0 [B0,B1,M,K] (M <= MVQ_MAX_M), w = t1 [B0,B1,N,NB] blocks,
 // out = t2 [B0,B1,M,N]; p = the batch; i[4], i[5], t4, t5: the fused epilogue.
 // IDS: w = t0 [1,E,N,NB], x = t1 [1,T,k,K] (stride 0 on k when shared), ids = t2 [1,1,T,k],
 // out = t3 [1,T,k,N]; p = (t, j), M = 1.
 // grid = (ceil(N / (8 * MVQ_ROWS)), min(P, 65535), ceil(P / 65535)), block = 256; n = P.
-template <int QT, bool IDS>
+template <int QT, bool IDS, bool Q8>
 FLARE_DEVICE void flare_mvq(const KArgs& A) {
     typedef QBlock<QT> Q;
-    __shared__ float xs[MVQ_MAX_M][MVQ_SUBS * MVQ_LD];
+    __shared__ float xs[Q8 ? 1 : MVQ_MAX_M][Q8 ? 1 : MVQ_SUBS * MVQ_LD];
+    __shared__ int xq[Q8 ? MVQ_MAX_M : 1][Q8 ? MVQ_SUBS * MVQ_LDQ : 1];  // Q8: int8 x, 4 per word
+    __shared__ float xd[MVQ_MAX_M][MVQ_SUBS];                          // Q8: scale per sub-block
+    __shared__ int xsum[MVQ_MAX_M][MVQ_SUBS];                          // Q8: sum of its q8
     const TensorDesc& w = IDS ? A.t[0] : A.t[1];
     const TensorDesc& x = IDS ? A.t[1] : A.t[0];
     const TensorDesc& o = IDS ? A.t[3] : A.t[2];
@@ -74,9 +81,25 @@ FLARE_DEVICE void flare_mvq(const KArgs& A) {
     for (i64 k0 = 0; k0 < K; k0 += MVQ_SUBS * 32) {
         const int len = (int)(K - k0 < MVQ_SUBS * 32 ? K - k0 : MVQ_SUBS * 32);  // a multiple of 32
         __syncthreads();  // the previous chunk is no longer read
-        for (int q = tid; q < M * len; q += MVQ_THREADS) {
-            const int mi = q / len, c = q % len;
-            xs[mi][(c >> 5) * MVQ_LD + (c & 31)] = flare_load(x, px + mi * sxm + (k0 + c) * x.stride[3]);
+        if (Q8) {  // a warp per sub-block of 32: d = max|x| / 127, q = round(x / d) (ggml's q8_1)
+            const int nsub = len >> 5;
+            for (int u = warp; u < M * nsub; u += MVQ_THREADS / 32) {  // uniform per warp
+                const int mi = u / nsub, sb = u % nsub;
+                const float v = flare_load(x, px + mi * sxm + (k0 + sb * 32 + lane) * x.stride[3]);
+                const float d = flare_warp_max(fabsf(v)) / 127.0f;
+                const int q = d > 0.0f ? (int)roundf(v / d) : 0;  // (NaN: 0 here, d8 = NaN below)
+                const int sum = (int)flare_warp_sum((float)q);   // exact: |sum| <= 32 * 127
+                ((signed char*)&xq[mi][sb * MVQ_LDQ])[lane] = (signed char)q;
+                if (lane == 0) {
+                    xd[mi][sb] = d;
+                    xsum[mi][sb] = sum;
+                }
+            }
+        } else {
+            for (int q = tid; q < M * len; q += MVQ_THREADS) {
+                const int mi = q / len, c = q % len;
+                xs[mi][(c >> 5) * MVQ_LD + (c & 31)] = flare_load(x, px + mi * sxm + (k0 + c) * x.stride[3]);
+            }
         }
         __syncthreads();
         const i64 g = k0 / 32 + lane;  // this lane's sub-block (global index along the row)
@@ -88,7 +111,15 @@ FLARE_DEVICE void flare_mvq(const KArgs& A) {
             for (int r = 0; r < MVQ_ROWS; ++r) {
                 const i64 n = nbase + r;
                 if (n >= N) break;
-                flare_dq32<QT>(wp + (pw + n * swn + blk * swb) * Q::BYTES, sub, wv);
+                const unsigned char* wb = wp + (pw + n * swn + blk * swb) * Q::BYTES;
+                if (Q8) {
+                    for (int mi = 0; mi < MVQ_MAX_M; ++mi) {
+                        if (mi >= M) break;
+                        acc[r][mi] += flare_dot_q8<QT>(wb, sub, &xq[mi][lane * MVQ_LDQ], xd[mi][lane], xsum[mi][lane]);
+                    }
+                    continue;
+                }
+                flare_dq32<QT>(wb, sub, wv);
                 for (int mi = 0; mi < MVQ_MAX_M; ++mi) {
                     if (mi >= M) break;
                     float s = 0.0f;
@@ -174,20 +205,22 @@ FLARE_DEVICE void flare_mmq_tiled(const KArgs& A) {
 }
 
 #define FLARE_MMQ_TYPE(ty, QT)                                                                    \
-    FLARE_KERNEL(flare_mvq_##ty) { flare_mvq<QT, false>(A); }                                    \
-    FLARE_KERNEL(flare_mvq_id_##ty) { flare_mvq<QT, true>(A); }                                  \
+    FLARE_KERNEL(flare_mvq_##ty) { flare_mvq<QT, false, false>(A); }                             \
+    FLARE_KERNEL(flare_mvq_id_##ty) { flare_mvq<QT, true, false>(A); }                           \
+    FLARE_KERNEL(flare_mvq8_##ty) { flare_mvq<QT, false, true>(A); }                             \
+    FLARE_KERNEL(flare_mvq8_id_##ty) { flare_mvq<QT, true, true>(A); }                           \
     FLARE_KERNEL(flare_mmq_s_##ty) { flare_mmq_tiled<32, 32, 2, 2, QT>(A); }                      \
     FLARE_KERNEL(flare_mmq_m_##ty) { flare_mmq_tiled<64, 64, 4, 4, QT>(A); }                      \
     FLARE_KERNEL(flare_mmq_l_##ty) { flare_mmq_tiled<128, 128, 8, 8, QT>(A); }
 
 // (kernel names are listed for compiler.KernelSource.kernels() by FLARE_KERNELS lines)
-// FLARE_KERNELS: flare_mvq_q4_0 flare_mvq_id_q4_0 flare_mmq_s_q4_0 flare_mmq_m_q4_0 flare_mmq_l_q4_0
+// FLARE_KERNELS: flare_mvq_q4_0 flare_mvq_id_q4_0 flare_mvq8_q4_0 flare_mvq8_id_q4_0 flare_mmq_s_q4_0 flare_mmq_m_q4_0 flare_mmq_l_q4_0
 FLARE_MMQ_TYPE(q4_0, DT_Q4_0)
-// FLARE_KERNELS: flare_mvq_q4_1 flare_mvq_id_q4_1 flare_mmq_s_q4_1 flare_mmq_m_q4_1 flare_mmq_l_q4_1
+// FLARE_KERNELS: flare_mvq_q4_1 flare_mvq_id_q4_1 flare_mvq8_q4_1 flare_mvq8_id_q4_1 flare_mmq_s_q4_1 flare_mmq_m_q4_1 flare_mmq_l_q4_1
 FLARE_MMQ_TYPE(q4_1, DT_Q4_1)
-// FLARE_KERNELS: flare_mvq_q8_0 flare_mvq_id_q8_0 flare_mmq_s_q8_0 flare_mmq_m_q8_0 flare_mmq_l_q8_0
+// FLARE_KERNELS: flare_mvq_q8_0 flare_mvq_id_q8_0 flare_mvq8_q8_0 flare_mvq8_id_q8_0 flare_mmq_s_q8_0 flare_mmq_m_q8_0 flare_mmq_l_q8_0
 FLARE_MMQ_TYPE(q8_0, DT_Q8_0)
-// FLARE_KERNELS: flare_mvq_q4_k flare_mvq_id_q4_k flare_mmq_s_q4_k flare_mmq_m_q4_k flare_mmq_l_q4_k
+// FLARE_KERNELS: flare_mvq_q4_k flare_mvq_id_q4_k flare_mvq8_q4_k flare_mvq8_id_q4_k flare_mmq_s_q4_k flare_mmq_m_q4_k flare_mmq_l_q4_k
 FLARE_MMQ_TYPE(q4_k, DT_Q4_K)
-// FLARE_KERNELS: flare_mvq_q6_k flare_mvq_id_q6_k flare_mmq_s_q6_k flare_mmq_m_q6_k flare_mmq_l_q6_k
+// FLARE_KERNELS: flare_mvq_q6_k flare_mvq_id_q6_k flare_mvq8_q6_k flare_mvq8_id_q6_k flare_mmq_s_q6_k flare_mmq_m_q6_k flare_mmq_l_q6_k
 FLARE_MMQ_TYPE(q6_k, DT_Q6_K)

@@ -132,3 +132,63 @@ FLARE_DEVICE int flare_qblock_bytes(int qt) {
         default: return 210;
     }
 }
+
+// ---- integer dot products with 8-bit activations (matmul_q.cu's q8 matrix-vector kernels) ----
+
+// 4 bytes at a 2-byte aligned address (a block's fields are only 2-byte aligned: 18, 34 and
+// 210 bytes per block), as two 16-bit loads
+FLARE_DEVICE int flare_ld32(const unsigned char* p) {
+    const unsigned short* h = (const unsigned short*)p;
+    return (int)((unsigned)h[0] | ((unsigned)h[1] << 16));
+}
+
+// sum over sub-block `sub` (32 weights) of w_l * x_l, where the activations are x_l = d8 * q8_l
+// (q8: 8 words of 4 int8 values, in order; sum8 = sum of the q8_l): the weights' integer
+// quants times q8 by __dp4a (4 products and a sum per instruction), then their scales — ggml's
+// vec_dot_*_q8_1, the zero points (q4_0's 8, q6_k's 32) and mins taken out through sum8.
+template <int QT>
+FLARE_DEVICE float flare_dot_q8(const unsigned char* blk, int sub, const int* q8, float d8, int sum8) {
+    if (QT == DT_Q4_0 || QT == DT_Q4_1) {
+        const unsigned char* qs = blk + (QT == DT_Q4_0 ? 2 : 4);
+        int s = 0;
+        for (int i = 0; i < 4; ++i) {  // byte l holds weight l (low nibble) and l + 16 (high)
+            const unsigned v = (unsigned)flare_ld32(qs + 4 * i);
+            s = __dp4a((int)(v & 0x0F0F0F0Fu), q8[i], s);
+            s = __dp4a((int)((v >> 4) & 0x0F0F0F0Fu), q8[i + 4], s);
+        }
+        const float dd = flare_qh2f(blk) * d8;
+        if (QT == DT_Q4_0) return dd * (float)(s - 8 * sum8);
+        return dd * (float)s + flare_qh2f(blk + 2) * d8 * (float)sum8;
+    } else if (QT == DT_Q8_0) {
+        int s = 0;
+        for (int i = 0; i < 8; ++i) s = __dp4a(flare_ld32(blk + 2 + 4 * i), q8[i], s);
+        return flare_qh2f(blk) * d8 * (float)s;
+    } else if (QT == DT_Q4_K) {
+        const unsigned char* qs = blk + 16 + (sub >> 1) * 32;
+        const int shift = (sub & 1) * 4;
+        int s = 0;
+        for (int i = 0; i < 8; ++i)
+            s = __dp4a((int)(((unsigned)flare_ld32(qs + 4 * i) >> shift) & 0x0F0F0F0Fu), q8[i], s);
+        int sc, mn;
+        flare_q4k_scale_min(blk + 4, sub, &sc, &mn);
+        return flare_qh2f(blk) * (float)sc * d8 * (float)s - flare_qh2f(blk + 2) * (float)mn * d8 * (float)sum8;
+    } else {  // DT_Q6_K: 6-bit quants 0..63 (zero point 32), a scale per 16 weights
+        const int h = sub >> 2, g = sub & 3;
+        const unsigned char* ql = blk + h * 64 + (g & 1) * 32;
+        const unsigned char* qh = blk + 128 + h * 32;
+        const signed char* scales = (const signed char*)(blk + 192) + sub * 2;
+        const int shift = (g >> 1) * 4;
+        int acc = 0;
+        for (int half = 0; half < 2; ++half) {
+            int s = 0, sq = 0;
+            for (int i = half * 4; i < half * 4 + 4; ++i) {
+                const unsigned lo = ((unsigned)flare_ld32(ql + 4 * i) >> shift) & 0x0F0F0F0Fu;
+                const unsigned hi = (((unsigned)flare_ld32(qh + 4 * i) >> (2 * g)) & 0x03030303u) << 4;
+                s = __dp4a((int)(lo | hi), q8[i], s);
+                sq = __dp4a(0x01010101, q8[i], sq);
+            }
+            acc += (int)scales[half] * (s - 32 * sq);
+        }
+        return flare_qh2f(blk + 208) * d8 * (float)acc;
+    }
+}
