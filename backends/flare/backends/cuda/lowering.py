@@ -10,7 +10,8 @@ outputs are contiguous. Elementwise kernels do one unit of work per thread for
 `n` threads in 1-D blocks of `BLOCK`; row kernels (norms, softmax, reductions,
 top_k) run one block per row (`row_grid`, `row_block`), lstm one block per
 batch row; matmuls pick a tiled, matrix-vector or generic kernel by layout,
-size and the split's tuning (`matmul_plan`).
+size and the split's tuning (`matmul_plan`). Block-quantized weights (whose
+descriptors count blocks) go to matmul_q.cu and dequant.cu (`_matmul_q_launches`).
 """
 from __future__ import annotations
 
