@@ -8,7 +8,7 @@ float64. Tolerances:
   scales span the whole finite float16 range (subnormals, negatives), so that a rounding
   in another order or an FMA contraction would show.
 - products of the float kernels (the tiled ones, and the matrix-vector ones under the
-  `naive` tuning): rtol 1e-4, atol 1e-4 with outputs of order 1 and K up to 1280 — they
+  `naive` tuning): rtol 1e-4, atol 1e-4 with outputs of order 1..10 and K up to 1280 — they
   dequantize exactly and accumulate in float32, so only the summation order differs from
   the reference, as for the float matmul kernels (conformance ACCUM).
 - products of the default matrix-vector kernels (`flare_mvq8_*`: x rounded to 8 bits per
@@ -103,10 +103,9 @@ def eight_bit(x: np.ndarray) -> np.ndarray:
     return (q.astype(np.float64) * d).reshape(x.shape)
 
 
-def _k(dtype: str) -> int:
-    """A row length that crosses matmul_q.cu's 1024-weight staging chunk mid-row: 40 blocks of
-    32, or 5 super-blocks of 256."""
-    return 1280
+# a row length that crosses matmul_q.cu's 1024-weight staging chunk mid-row: 40 blocks of 32,
+# or 5 super-blocks of 256
+K = 1280
 
 
 # ---- exact: dequantize and get_rows ------------------------------------------------------------
@@ -173,7 +172,7 @@ def test_quantized_matmul(device, dtype, variant):
     block (tiled kernel: odd M and N across tile edges), batches broadcast over a 2-D weight, K
     crossing a staging chunk mid-row; each variant's kernels for this type are the ones launched."""
     rng = np.random.default_rng(3)
-    k = _k(dtype)
+    k = K
     b = GraphBuilder()
     w = b.weight("w", quant_blocks(rng, dtype, 70, k))
     inputs = {"one": _f32(rng, 1, k), "four": _f32(rng, 4, k), "many": _f32(rng, 37, k),
@@ -206,7 +205,7 @@ def test_eight_bit_error_is_the_rounding_of_x(device, dtype):
     from flare.core.ops.quant import dequantize_reference
 
     rng = np.random.default_rng(6)
-    k = _k(dtype)
+    k = K
     blocks = quant_blocks(rng, dtype, 21, k)
     x = _f32(rng, 3, k)
     b = GraphBuilder()
@@ -255,7 +254,7 @@ def test_quantized_mul_mat_id(device, dtype, variant):
     slot, N not a multiple of the 16 outputs of a block, K crossing a staging chunk; 8-bit
     activations by default, float ones under `naive`."""
     rng = np.random.default_rng(5)
-    k, e, n, t = _k(dtype), 5, 19, 3
+    k, e, n, t = K, 5, 19, 3
     ids = np.array([[4, 0], [2, 2], [1, 4]], np.int32)
     b = GraphBuilder()
     w = b.weight("w", quant_blocks(rng, dtype, e * n, k).reshape(e, n, -1))
