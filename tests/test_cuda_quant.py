@@ -145,6 +145,43 @@ def test_get_rows_of_a_quantized_table_is_bit_exact(device, dtype):
         np.testing.assert_array_equal(_bits(got[name]), _bits(want[name]), err_msg=f"{dtype} {name}")
 
 
+def test_quantized_weights_at_offsets_that_are_not_whole_blocks(device):
+    """A slot aligned for floats (an arena, an expert cache) is rarely a whole number of 18-,
+    34- or 210-byte blocks from the buffer's start: the kernels still read the right blocks.
+    An odd byte offset (the blocks' float16 fields would be misaligned) is refused."""
+    from flare.core.backend import Binding
+
+    rng = np.random.default_rng(7)
+    blocks = quant_blocks(rng, "q6_k", 3, 512)
+    x = _f32(rng, 2, 512)
+    b = GraphBuilder()
+    w = b.weight("w", blocks)
+    b.output("deq", b.dequantize(w))
+    b.output("y", b.matmul(b.input("x", x.shape), w, transpose_b=True))
+    graph = b.build()
+    want = evaluate(graph, {"x": eight_bit(x).astype(np.float32)})[0]
+    dev = device
+    buffers, bindings = bind_graph(dev, graph)
+    slot = dev.alloc(256 + blocks.nbytes, "slot")
+    try:
+        bindings[w.id] = Binding(slot, 256, w.shape, w.strides, w.dtype)  # 256 = 1 block + 46 bytes
+        dev.write(bindings[w.id], blocks)
+        dev.write(bindings[graph.inputs["x"].id], x)
+        split = dev.compile(SplitProgram(dev, graph.nodes, bindings, {}))
+        split.run()
+        got = {name: dev.read(bindings[t.id]) for name, t in graph.outputs.items()}
+        split.release()
+        np.testing.assert_array_equal(_bits(got["deq"]), _bits(want["deq"]))
+        np.testing.assert_allclose(got["y"], want["y"], *PRODUCT_TOL)
+        bindings[w.id] = Binding(slot, 255, w.shape, w.strides, w.dtype)
+        with pytest.raises(ValueError, match="odd"):
+            dev.compile(SplitProgram(dev, graph.nodes, bindings, {}))
+    finally:
+        slot.release()
+        for buf in buffers.values():
+            buf.release()
+
+
 def test_dequantize_kernels_round_every_operation_once():
     """ggml's dequantization is a product and a sum (or difference) rounded separately; an FMA
     contraction (one rounding) gives other bits on a GPU, which the emulator, computing on the
