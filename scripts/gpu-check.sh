@@ -15,6 +15,11 @@
 #            python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #              --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 #              --platform manylinux2014_x86_64 -d .whl vulkan cffi pycparser nvmath-python
+#          and gguf (pure Python; the reference of the quantized weights) with what it needs
+#          beyond the image's (pyyaml, tqdm, requests):
+#            python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
+#              --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#              --platform manylinux2014_x86_64 -d .whl gguf
 #          Where the machine has network access and .whl/ is absent, pip fetches them.
 #   .gl/   the Vulkan loader as Ubuntu debs, when `ldconfig -p` there shows no libvulkan:
 #            echo /.gl/ >> .git/info/exclude; mkdir -p .gl /tmp/amd64/partial
@@ -35,10 +40,12 @@
 #      suite on cpu, cuda and vulkan;
 #   4. benchmarks: Flare's matmul kernels beside cuBLAS at three sizes
 #      (bench/cuda_matmul.py), end-to-end model timings on cpu, cuda and vulkan
-#      (bench/gpu_kernels.py), CUDA graph replay vs plain launches.
+#      (bench/gpu_kernels.py), CUDA graph replay vs plain launches, the quantized-weight
+#      kernels beside f16/f32 at decode and prefill shapes (bench/cuda_quant.py).
 # Results (at most 8 files, so all come back from the device tool), in $OUT:
 #   summary.txt env.txt gpu-check.log tests.log bench-matmul.json bench-e2e.json bench-graph.json
-# Steps have their own time limits (525 s together, plus about a minute of setup) to fit one
+#   bench-quant.json
+# Steps have their own time limits (555 s together, plus about a minute of setup) to fit one
 # 10-minute call; the NVRTC cache (FLARE_CACHE_DIR=/tmp/flare-cache) is shared between steps.
 # Exit status: 0 when every step passed, else 1 (summary.txt says which).
 set -uo pipefail
@@ -85,7 +92,7 @@ VENV_SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])
     > "$VENV_SITE/_flare_image_site.pth"
 missing=()
 for spec in "cuda.bindings:cuda-bindings" "cuda.bindings.nvrtc:nvidia-cuda-nvrtc" "cffi:cffi" \
-            "pycparser:pycparser" "vulkan:vulkan" "nvmath:nvmath-python"; do
+            "pycparser:pycparser" "vulkan:vulkan" "nvmath:nvmath-python" "gguf:gguf"; do
     "$PY" -c "import ${spec%%:*}" 2>/dev/null || missing+=("${spec##*:}")
 done
 # NVRTC's shared library is what cuda.bindings.nvrtc needs at call time, not at import
@@ -184,8 +191,8 @@ export FLARE_REQUIRE_CUDA=1
 # (the GPU-kind tests only: the emulator, the stand-in driver and the NVRTC matrix need no GPU
 # and run in CI)
 step cuda-tests 200 tests.log "$PY" -m pytest -q -rs -p no:cacheprovider --rootdir="$ROOT" \
-    --backends=cpu,cuda --require-backends=cpu,cuda -k "not emulated and not export_tuning" \
-    "$TESTS"/test_cuda_device.py "$TESTS"/test_cuda_kernels.py "$TESTS"/test_cuda_probe.py
+    --backends=cpu,cuda --require-backends=cpu,cuda -k "not emulated and not export_tuning and not compile_for" \
+    "$TESTS"/test_cuda_device.py "$TESTS"/test_cuda_kernels.py "$TESTS"/test_cuda_probe.py "$TESTS"/test_cuda_quant.py
 step conformance 90 tests.log "$PY" -m pytest -q -rs -p no:cacheprovider \
     --backends=cpu,cuda,vulkan --require-backends=cpu,cuda,vulkan --pyargs flare.plugins.testing.conformance
 
@@ -198,6 +205,8 @@ else
     RESULTS+=("bench-e2e      FAIL (bench/gpu_kernels.py is not in this tree)")
 fi
 step bench-graph 30 "" "$PY" "$ROOT/bench/cuda_graph_replay.py" --out "$OUT/bench-graph.json"
+step bench-quant 30 "" "$PY" "$ROOT/bench/cuda_quant.py" --n 4096 --k 4096 --rows 1,128 --repeats 10 \
+    --out "$OUT/bench-quant.json"
 
 # --- summary -------------------------------------------------------------------------------------
 status=0

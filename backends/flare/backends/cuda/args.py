@@ -11,12 +11,14 @@ import ctypes
 from typing import Sequence
 
 from flare.core.backend import Binding
-from flare.core.dtypes import itemsize
+from flare.core.dtypes import is_quant, itemsize
 
 MAX_TENSORS = 6
 MAX_INTS = 8
 MAX_FLOATS = 4
-DTYPE_CODES = {"f32": 0, "f16": 1, "i32": 2, "i64": 3}
+# dtype codes of the descriptors: common.cuh DT_* and, for the block-quantized types (whose
+# elements are blocks: offsets, shapes and strides count blocks), quant.cuh DT_Q*
+DTYPE_CODES = {"f32": 0, "f16": 1, "i32": 2, "i64": 3, "q4_0": 4, "q4_1": 5, "q8_0": 6, "q4_k": 7, "q6_k": 8}
 
 
 class TensorDesc(ctypes.Structure):
@@ -87,13 +89,23 @@ def fill(desc: TensorDesc, binding: Binding, shape: Sequence[int] | None = None,
     """Describe `binding` in `desc`, optionally as another layout of the same memory
     (a broadcast, an axis swap) given by `shape`/`strides` in elements."""
     size = itemsize(binding.dtype)
-    if binding.offset % size:
+    if is_quant(binding.dtype):
+        # A block is 18..210 bytes, so a placement aligned for floats (an arena slot, an expert
+        # cache slot) is not a whole number of blocks from the buffer's start: the byte offset
+        # goes into the address and kernels count blocks from there. quant.cuh reads the
+        # blocks' float16 fields as 16-bit words: even offsets only.
+        if binding.offset % 2:
+            raise ValueError(f"byte offset {binding.offset} of a {binding.dtype} tensor is odd (16-bit fields)")
+        base, offset = address_of(binding) + binding.offset, 0
+    elif binding.offset % size:
         raise ValueError(f"byte offset {binding.offset} of a {binding.dtype} tensor is not element-aligned")
+    else:
+        base, offset = address_of(binding), binding.offset // size
     shape = binding.shape if shape is None else shape
     strides = binding.strides if strides is None else strides
     s4, st4 = pad4(shape, strides)
-    desc.ptr = address_of(binding)
-    desc.offset = binding.offset // size
+    desc.ptr = base
+    desc.offset = offset
     desc.shape[:] = s4
     desc.stride[:] = st4
     desc.dtype = DTYPE_CODES[binding.dtype]

@@ -10,7 +10,8 @@ outputs are contiguous. Elementwise kernels do one unit of work per thread for
 `n` threads in 1-D blocks of `BLOCK`; row kernels (norms, softmax, reductions,
 top_k) run one block per row (`row_grid`, `row_block`), lstm one block per
 batch row; matmuls pick a tiled, matrix-vector or generic kernel by layout,
-size and the split's tuning (`matmul_plan`).
+size and the split's tuning (`matmul_plan`). Block-quantized weights (whose
+descriptors count blocks) go to matmul_q.cu and dequant.cu (`_matmul_q_launches`).
 """
 from __future__ import annotations
 
@@ -205,6 +206,9 @@ def _matmul_launches(node: Tensor, x: Binding, w: Binding, out: Binding, transpo
     tail = (None, bias, lr)  # slots 3..5: t4 = bias, t5 = residual (flare_epilogue)
     ep_ints = (act, (1 if bias is not None else 0) | (2 if residual is not None else 0))
     nbatch = _size(batch)
+    if is_quant(w.dtype):
+        lw = (w, pad + batch + (n, w.shape[-1]), zero + wb + (w.strides[-2], w.strides[-1]))
+        return _matmul_q_launches(node, lx, lw, lo, tail, ep_ints, variant)
     a_kcontig = x.dtype == "f32" and (x.strides[-1] == 1 or k == 1)
     b_kstride = w_mat_strides[0] if k > 1 else 1
     b_nstride = w_mat_strides[1] if n > 1 else 1
@@ -232,6 +236,50 @@ def _matmul_launches(node: Tensor, x: Binding, w: Binding, out: Binding, transpo
     grid = (-(-n // side), -(-m // side), nbatch)
     return _launch("matmul", kernel, _size(out.shape), node, lx, lw, lo, *tail, ints=(vec, 0, 0, 0, *ep_ints),
                    grid=grid, block=(256, 1, 1))
+
+
+def _matmul_q_launches(node: Tensor, lx, lw, lo, tail, ep_ints, variant: str | None) -> list[Launch]:
+    """matmul/linear with block-quantized weights (matmul_q.cu): `lw` is the weight as it is
+    stored, [B0,B1,N,NB] blocks (transpose_b: rows of blocks along k). At most MV_MAX_ROWS
+    rows of x take the matrix-vector kernel with 8-bit activations and integer dot products
+    (`flare_mvq8_*`, ggml's mmvq), or with the `naive` tuning its float twin (`flare_mvq_*`:
+    exact weights, float products); more rows take the tiled kernel (tile by size, or the
+    tuning's t32/t64/t128)."""
+    x, shape, xstrides = lx
+    qt = lw[0].dtype
+    m, n, k = shape[-2], lo[1][-1], shape[-1]
+    nbatch = _size(shape[:-2])
+    if variant not in MM_TILES and m <= MV_MAX_ROWS:
+        gy = min(nbatch, MAX_GRID)
+        grid = (-(-n // MV_OUTPUTS_PER_BLOCK), gy, -(-nbatch // gy))
+        kernel = f"flare_mvq_{qt}" if variant == "naive" else f"flare_mvq8_{qt}"
+        return _launch("matmul_q", kernel, nbatch, node, lx, lw, lo, *tail, ints=(0, 0, 0, 0, *ep_ints),
+                       grid=grid, block=(256, 1, 1))
+    tile = MM_TILES.get(variant or "", "l" if min(m, n) >= 512 else "m" if min(m, n) >= 64 else "s")
+    side = MM_TILE_SIZE[tile]
+    flags = 0
+    if x.dtype == "f32" and xstrides[-1] == 1:
+        flags |= 4  # K-contiguous rows
+        if k % 4 == 0 and _aligned4(x, xstrides[-2], *xstrides[:-2]):
+            flags |= 1  # ... read as float4
+    grid = (-(-n // side), -(-m // side), nbatch)
+    return _launch("matmul_q", f"flare_mmq_{tile}_{qt}", _size(lo[1]), node, lx, lw, lo, *tail,
+                   ints=(flags, 0, 0, 0, *ep_ints), grid=grid, block=(256, 1, 1))
+
+
+def _quant_fits(node: Tensor) -> bool:
+    """Whether a node reading block-quantized weights fits the quantized kernels' grids
+    (matmul_q.cu has no one-thread-per-output fallback for batches past grid z or row tiles
+    past grid y; mul_mat_id's (token, slot) pairs continue from grid y into z)."""
+    if node.op in ("matmul", "linear"):
+        if not is_quant(node.srcs[1].dtype) or any(is_quant(s.dtype) for i, s in enumerate(node.srcs) if i != 1):
+            return False
+        m = node.shape[-2]
+        return _size(node.shape[:-2]) <= MAX_GRID and -(-m // MM_TILE_SIZE["s"]) <= MAX_GRID
+    if node.op == "mul_mat_id":
+        t, k = node.srcs[2].shape
+        return is_quant(node.srcs[0].dtype) and t * k <= MAX_GRID * MAX_GRID
+    return node.op in ("get_rows", "dequantize") and is_quant(node.srcs[0].dtype)
 
 
 def _attention(node: Tensor, b: BindingOf) -> list[Launch]:
@@ -296,7 +344,14 @@ def _softmax(node: Tensor, b: BindingOf) -> list[Launch]:
 
 def _get_rows(node: Tensor, b: BindingOf) -> list[Launch]:
     table, idx, out = b(node.srcs[0]), b(node.srcs[1]), b(node)
+    if is_quant(table.dtype):  # unpack only the selected rows (dequant.cu)
+        return _launch("dequant", "flare_get_rows_q", _size(out.shape), node, table, idx, out)
     return _launch("index", "flare_get_rows", _size(out.shape), node, table, idx, out)
+
+
+def _dequantize(node: Tensor, b: BindingOf) -> list[Launch]:
+    w, out = b(node.srcs[0]), b(node)
+    return _launch("dequant", "flare_dequantize", _size(out.shape), node, w, out)
 
 
 def _set_rows(node: Tensor, b: BindingOf) -> list[Launch]:
@@ -361,12 +416,16 @@ def _mul_mat_id(node: Tensor, b: BindingOf, tuning: Tuning = None) -> list[Launc
     else:
         lx = x
     kdim, n = w.shape[-1], w.shape[-2]
-    if w.strides[-1] != 1 or w.dtype not in ("f32", "f16") or (tuning or {}).get("mul_mat_id") == "naive":
-        return _launch("matmul", "flare_mul_mat_id", _size(out.shape), node, w, lx, ids, out)
-    vec = 2 if kdim % 4 == 0 and _aligned4(w, w.strides[-2], w.strides[-3]) else 0
     pairs = t * k
     gy = min(max(pairs, 1), MAX_GRID)
     grid = (-(-n // MV_OUTPUTS_PER_BLOCK), gy, -(-pairs // gy))
+    if is_quant(w.dtype):  # matmul_q.cu's matrix-vector kernels per (token, slot): 8-bit x, or float (naive)
+        naive = (tuning or {}).get("mul_mat_id") == "naive"
+        return _launch("matmul_q", f"flare_mvq{'' if naive else '8'}_id_{w.dtype}", pairs, node, w, lx, ids, out,
+                       grid=grid, block=(256, 1, 1))
+    if w.strides[-1] != 1 or w.dtype not in ("f32", "f16") or (tuning or {}).get("mul_mat_id") == "naive":
+        return _launch("matmul", "flare_mul_mat_id", _size(out.shape), node, w, lx, ids, out)
+    vec = 2 if kdim % 4 == 0 and _aligned4(w, w.strides[-2], w.strides[-3]) else 0
     return _launch("matmul", "flare_mv_id_h" if w.dtype == "f16" else "flare_mv_id", pairs, node, w, lx, ids, out,
                    ints=(vec,), grid=grid, block=(256, 1, 1))
 
@@ -442,7 +501,7 @@ LOWERINGS: dict[str, Callable[[Tensor, BindingOf], list[Launch]]] = {
     # fused ops (flare.core.fusion makes them only where supports() says yes)
     "linear": _linear, "norm_affine": _norm, "attention": _attention,
     "softmax": _softmax,
-    "get_rows": _get_rows, "set_rows": _set_rows, "gather": _gather, "top_k": _top_k,
+    "get_rows": _get_rows, "dequantize": _dequantize, "set_rows": _set_rows, "gather": _gather, "top_k": _top_k,
     "rope": _rope, "conv1d": _conv1d, "mul_mat_id": _mul_mat_id, "lstm": _lstm,
     "contiguous": _copy, "cast": _copy, "copy_into": _copy_into,
     "pad": _pad, "concat": _concat,
@@ -455,7 +514,7 @@ def supported(node: Tensor) -> bool:
     """Whether a node has a kernel (or is a view, which needs none)."""
     if node.op not in LOWERINGS:
         return False
-    if any(is_quant(s.dtype) for s in node.srcs):  # block-quantized weights: no CUDA kernels yet
+    if any(is_quant(s.dtype) for s in node.srcs) and not _quant_fits(node):
         return False
     if not 1 <= len(node.shape) <= 4 or any(not 1 <= len(s.shape) <= 4 for s in node.srcs):
         return False

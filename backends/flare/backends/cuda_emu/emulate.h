@@ -46,6 +46,16 @@ struct float2 { float x, y; };
 static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
 static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+// single roundings (quant.cuh: bit-exact dequantization); the host build is ISO C++17
+// (-std=c++17 implies -ffp-contract=off), so these are never contracted into an FMA either
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+// four signed 8-bit products summed into c (matmul_q.cu's integer dot products)
+static inline int __dp4a(int a, int b, int c) {
+    for (int k = 0; k < 32; k += 8) c += (int)(signed char)(a >> k) * (int)(signed char)(b >> k);
+    return c;
+}
 
 static inline float flare_h2f(unsigned short h) {
     _Float16 v;
