@@ -23,6 +23,13 @@ void flare_set_blas(void *sgemm, void *sgemv, int ilp64);
 int64_t flare_run(const flare_cmd *cmds, int64_t n, int32_t *err);
 int32_t flare_kind_count(void);
 int32_t flare_packed_isa(int32_t want);
+typedef struct flare_pool flare_pool;
+flare_pool *flare_pool_new(int threads);
+void flare_pool_free(flare_pool *pool);
+int flare_pool_threads(const flare_pool *pool);
+int64_t flare_run_pool(flare_pool *pool, const flare_cmd *cmds, int64_t n, int32_t *err);
+int64_t flare_pool_regions(const flare_pool *pool);
+int64_t flare_split_count(const flare_cmd *cmds, int64_t n, int32_t nth);
 """
 
 
@@ -55,7 +62,9 @@ def load() -> Native | None:
     try:
         from .build import build
         from ..lowering import KINDS
-        module = build("_flare_native", (Path(__file__).parent / "kernels.c").read_text(), _CDEF)
+        here = Path(__file__).parent
+        module = build("_flare_native", (here / "kernels.c").read_text(), _CDEF, sources=(here / "pool.c",),
+                       include_dirs=(here,), libraries=("m", "pthread"), announce="building the CPU kernels")
         blas = find_blas()
         if blas is None:
             REASON = "no OpenBLAS with cblas_sgemm found in this process or numpy.libs"

@@ -10,6 +10,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
+
+#include "pool.h"
 
 /* Hot loops are compiled for several vector widths and picked at load time (GCC's
  * target_clones + ifunc), so one portable build still uses AVX2/AVX-512 where present. */
@@ -112,20 +115,24 @@ static inline __attribute__((always_inline)) float vtanh(float x) {
     return x < 0.0f ? -y : y;
 }
 
-#define OUTER3(c) for (int64_t i0 = 0; i0 < (c)->ne[0]; ++i0) for (int64_t i1 = 0; i1 < (c)->ne[1]; ++i1) \
-    for (int64_t i2 = 0; i2 < (c)->ne[2]; ++i2)
+/* The outer index space i0, i1, i2 of a command, flattened, walked over [ob, oe): a thread runs
+ * its range of rows (a serial run: [0, outer(c))). The indices are carried, not divided per row. */
+#define OUTER3(c) for (int64_t q_ = ob, i0 = ob ? ob / ((c)->ne[1] * (c)->ne[2]) : 0, \
+    i1 = ob ? (ob / (c)->ne[2]) % (c)->ne[1] : 0, i2 = ob ? ob % (c)->ne[2] : 0; q_ < oe; \
+    ++q_, (++i2 == (c)->ne[2] ? (i2 = 0, (++i1 == (c)->ne[1] ? (i1 = 0, ++i0) : 0)) : 0))
+static inline int64_t outer(const flare_cmd *c) { return c->ne[0] * c->ne[1] * c->ne[2]; }
 #define OFF(st, c) (i0 * (st)[0] + i1 * (st)[1] + i2 * (st)[2])
 
 #define BINARY(NAME, EXPR) \
-HOT static void NAME(const flare_cmd *c) { \
-    const int64_t n = c->ne[3], os = c->os[3], as = c->ss[0][3], bs = c->ss[1][3]; \
+HOT static void NAME(const flare_cmd *c, int64_t ob, int64_t oe, int64_t jb, int64_t je) { \
+    const int64_t os = c->os[3], as = c->ss[0][3], bs = c->ss[1][3]; \
     OUTER3(c) { \
         float *o = (float *)c->out + OFF(c->os, c); \
         const float *a = (const float *)c->src[0] + OFF(c->ss[0], c); \
         const float *b = (const float *)c->src[1] + OFF(c->ss[1], c); \
-        if (os == 1 && as == 1 && bs == 1) { for (int64_t j = 0; j < n; ++j) { float x = a[j], y = b[j]; o[j] = EXPR; } } \
-        else if (os == 1 && as == 1 && bs == 0) { const float y = b[0]; for (int64_t j = 0; j < n; ++j) { float x = a[j]; o[j] = EXPR; } } \
-        else { for (int64_t j = 0; j < n; ++j) { float x = a[j * as], y = b[j * bs]; o[j * os] = EXPR; } } \
+        if (os == 1 && as == 1 && bs == 1) { for (int64_t j = jb; j < je; ++j) { float x = a[j], y = b[j]; o[j] = EXPR; } } \
+        else if (os == 1 && as == 1 && bs == 0) { const float y = b[0]; for (int64_t j = jb; j < je; ++j) { float x = a[j]; o[j] = EXPR; } } \
+        else { for (int64_t j = jb; j < je; ++j) { float x = a[j * as], y = b[j * bs]; o[j * os] = EXPR; } } \
     } \
 }
 BINARY(k_add, x + y)
@@ -134,14 +141,14 @@ BINARY(k_mul, x * y)
 BINARY(k_div, x / y)
 
 #define UNARY(NAME, EXPR) \
-HOT static void NAME(const flare_cmd *c) { \
-    const int64_t n = c->ne[3], os = c->os[3], as = c->ss[0][3]; \
+HOT static void NAME(const flare_cmd *c, int64_t ob, int64_t oe, int64_t jb, int64_t je) { \
+    const int64_t os = c->os[3], as = c->ss[0][3]; \
     const float p0 = (float)c->fp[0], p1 = (float)c->fp[1]; (void)p0; (void)p1; \
     OUTER3(c) { \
         float *o = (float *)c->out + OFF(c->os, c); \
         const float *a = (const float *)c->src[0] + OFF(c->ss[0], c); \
-        if (os == 1 && as == 1) { for (int64_t j = 0; j < n; ++j) { float x = a[j]; o[j] = EXPR; } } \
-        else { for (int64_t j = 0; j < n; ++j) { float x = a[j * as]; o[j * os] = EXPR; } } \
+        if (os == 1 && as == 1) { for (int64_t j = jb; j < je; ++j) { float x = a[j]; o[j] = EXPR; } } \
+        else { for (int64_t j = jb; j < je; ++j) { float x = a[j * as]; o[j * os] = EXPR; } } \
     } \
 }
 UNARY(k_scale, x * p0 + p1)
@@ -156,13 +163,13 @@ UNARY(k_neg, -x)
 UNARY(k_sqr, x * x)
 
 #define COPY(NAME, T, SRC_T, CONV) \
-static void NAME(const flare_cmd *c) { \
-    const int64_t n = c->ne[3], os = c->os[3], as = c->ss[0][3]; \
+static void NAME(const flare_cmd *c, int64_t ob, int64_t oe, int64_t jb, int64_t je) { \
+    const int64_t os = c->os[3], as = c->ss[0][3]; \
     OUTER3(c) { \
         T *o = (T *)c->out + OFF(c->os, c); \
         const SRC_T *a = (const SRC_T *)c->src[0] + OFF(c->ss[0], c); \
-        if (os == 1 && as == 1) { for (int64_t j = 0; j < n; ++j) o[j] = CONV(a[j]); } \
-        else { for (int64_t j = 0; j < n; ++j) o[j * os] = CONV(a[j * as]); } \
+        if (os == 1 && as == 1) { for (int64_t j = jb; j < je; ++j) o[j] = CONV(a[j]); } \
+        else { for (int64_t j = jb; j < je; ++j) o[j * os] = CONV(a[j * as]); } \
     } \
 }
 #define ID(v) (v)
@@ -459,38 +466,88 @@ int32_t flare_packed_isa(int32_t want) {
     return 0;
 }
 
+/* ---- fused --------------------------------------------------------------------------
+ * linear: out = act(a @ b + bias) + residual: K_MATMUL's operands and params, then an epilogue
+ * over each output row. src[2] bias (a row of N, stride ss[2][3]; NULL: none), src[3] residual
+ * (strides ss[3], broadcast to out; NULL: none). flags & 3: 0 none, 1 gelu, 2 relu, 3 sigmoid. */
+HOT static void epilogue_rows(float *o, int64_t rows, int64_t n, int64_t ldo, const float *bias, int64_t bs,
+                          const float *res, int64_t res_row, int64_t res_col, int act) {
+    for (int64_t r = 0; r < rows; ++r) {
+        float *orow = o + r * ldo;
+        if (bias) for (int64_t j = 0; j < n; ++j) orow[j] += bias[j * bs];
+        if (act == 1) for (int64_t j = 0; j < n; ++j) orow[j] = gelu_f(orow[j]);
+        else if (act == 2) for (int64_t j = 0; j < n; ++j) orow[j] = orow[j] > 0.0f ? orow[j] : 0.0f;
+        else if (act == 3) for (int64_t j = 0; j < n; ++j) orow[j] = sigmoid_f(orow[j]);
+        if (res) { const float *rr = res + r * res_row; for (int64_t j = 0; j < n; ++j) orow[j] += rr[j * res_col]; }
+    }
+}
+
 /* Routes (ip[7], chosen by commands.py): */
 enum { R_GEMM = 0, R_GEMV_T = 1, R_GEMV_N = 2, R_WDOT = 3, R_SWAP = 4, R_SMALL = 5, R_PACKED = 6 };
 
-static int k_matmul(const flare_cmd *c) {
-    const int64_t M = c->ip[0], N = c->ip[1], K = c->ip[2];
+/* One batch's product over output rows [m0, m1) and columns [n0, n1): what a thread runs of a
+ * split matmul (every route takes a column range; GEMM and SMALL also a row range). Each output
+ * element is computed by the same code in the same order whatever the range, so a split result
+ * equals the serial one bit for bit (BLAS is single-threaded under the pool: blas.py). */
+static void mm_block(const flare_cmd *c, const float *a, const float *b, float *o, int64_t m0, int64_t m1,
+                     int64_t n0, int64_t n1) {
+    const int64_t M = c->ip[0], K = c->ip[2], ldo = c->os[2], nn = n1 - n0, mm = m1 - m0;
+    if (nn <= 0 || mm <= 0) return;
+    switch ((int)c->ip[7]) {
+    case R_GEMV_T: gemv(NT, nn, K, b + n0 * c->ip[6], c->ip[6], a, c->ss[0][3], 0.0f, o + n0, 1); break;
+    case R_GEMV_N: gemv(TR, K, nn, b + n0, c->ip[6], a, c->ss[0][3], 0.0f, o + n0, 1); break;
+    case R_WDOT: wdot(M, nn, K, a, c->ip[4], b + n0 * c->ip[6], c->ip[6], o + n0, ldo); break;
+    case R_PACKED: pgemm(M, nn, K, a, c->ip[4], b + n0 * K, o + n0, ldo); break;  /* n0: a multiple of PANEL */
+    case R_SMALL: {
+        const int64_t sbn = c->ss[1][3] == 1 ? 1 : c->ss[1][3];
+        small_gemm(mm, nn, K, a + m0 * c->ss[0][2], c->ss[0][2], c->ss[0][3], b + n0 * sbn, c->ss[1][2], sbn,
+                   o + m0 * ldo + n0, ldo);
+        break;
+    }
+    case R_SWAP: {
+        /* 16-64 rows times a weight stored [N, K]: OpenBLAS computes (W a^T)^T 1.2-3x faster
+         * than a W^T at these shapes (16x384x384 .. 64x1536x384); transpose back. The scratch
+         * holds W a^T [N, M]: a column range writes its own rows of it. */
+        float *t = (float *)c->scratch;
+        gemm(NT, TR, nn, M, K, b + n0 * c->ip[6], c->ip[6], a, c->ip[4], 0.0f, t + n0 * M, M);
+        for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = n0; n < n1; ++n) o[m * ldo + n] = t[n * M + m];
+        break;
+    }
+    default:
+        gemm((int)c->ip[3], (int)c->ip[5], mm, nn, K, a + m0 * c->ss[0][2], c->ip[4], b + n0 * c->ss[1][3], c->ip[6],
+             0.0f, o + m0 * ldo + n0, ldo);
+    }
+}
+
+static int mm_needs_blas(const flare_cmd *c) {
     const int route = (int)c->ip[7];
-    if (route != R_SMALL && route != R_WDOT && route != R_PACKED && !g_sgemm) return ERR_NOBLAS;
-    for (int64_t i0 = 0; i0 < c->ne[0]; ++i0)
-        for (int64_t i1 = 0; i1 < c->ne[1]; ++i1) {
-            const float *a = (const float *)c->src[0] + i0 * c->ss[0][0] + i1 * c->ss[0][1];
-            const float *b = (const float *)c->src[1] + i0 * c->ss[1][0] + i1 * c->ss[1][1];
-            float *o = (float *)c->out + i0 * c->os[0] + i1 * c->os[1];
-            switch (route) {
-            case R_GEMV_T: gemv(NT, N, K, b, c->ip[6], a, c->ss[0][3], 0.0f, o, 1); break;
-            case R_GEMV_N: gemv(TR, K, N, b, c->ip[6], a, c->ss[0][3], 0.0f, o, 1); break;
-            case R_WDOT: wdot(M, N, K, a, c->ip[4], b, c->ip[6], o, c->os[2]); break;
-            case R_PACKED: pgemm(M, N, K, a, c->ip[4], b, o, c->os[2]); break;
-            case R_SMALL:
-                small_gemm(M, N, K, a, c->ss[0][2], c->ss[0][3], b, c->ss[1][2], c->ss[1][3] == 1 ? 1 : c->ss[1][3], o, c->os[2]);
-                break;
-            case R_SWAP: {
-                /* 16-64 rows times a weight stored [N, K]: OpenBLAS computes (W a^T)^T 1.2-3x faster
-                 * than a W^T at these shapes (16x384x384 .. 64x1536x384); transpose back */
-                float *t = (float *)c->scratch;
-                gemm(NT, TR, N, M, K, b, c->ip[6], a, c->ip[4], 0.0f, t, M);
-                for (int64_t m = 0; m < M; ++m)
-                    for (int64_t n = 0; n < N; ++n) o[m * c->os[2] + n] = t[n * M + m];
-                break;
-            }
-            default: gemm((int)c->ip[3], (int)c->ip[5], M, N, K, a, c->ip[4], b, c->ip[6], 0.0f, o, c->os[2]);
-            }
+    return route != R_SMALL && route != R_WDOT && route != R_PACKED;
+}
+
+/* Batches [q0, q1) (flattened i0, i1), rows [m0, m1), columns [n0, n1); linear adds its epilogue
+ * (bias, activation, residual) over the same block. */
+static void mm_range(const flare_cmd *c, int64_t q0, int64_t q1, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    for (int64_t q = q0; q < q1; ++q) {
+        const int64_t i0 = q / c->ne[1], i1 = q % c->ne[1];
+        const float *a = (const float *)c->src[0] + i0 * c->ss[0][0] + i1 * c->ss[0][1];
+        const float *b = (const float *)c->src[1] + i0 * c->ss[1][0] + i1 * c->ss[1][1];
+        float *o = (float *)c->out + i0 * c->os[0] + i1 * c->os[1];
+        mm_block(c, a, b, o, m0, m1, n0, n1);
+        if (c->kind == K_LINEAR && m1 > m0 && n1 > n0) {
+            const float *bias = c->src[2] ? (const float *)c->src[2] + n0 * c->ss[2][3] : 0;
+            const float *res = c->src[3] ? (const float *)c->src[3] + i0 * c->ss[3][0] + i1 * c->ss[3][1]
+                                               + m0 * c->ss[3][2] + n0 * c->ss[3][3] : 0;
+            epilogue_rows(o + m0 * c->os[2] + n0, m1 - m0, n1 - n0, c->os[2], bias, c->ss[2][3], res, c->ss[3][2],
+                          c->ss[3][3], c->flags & 3);
         }
+    }
+}
+
+/* matmul and linear, serial */
+static int k_matmul(const flare_cmd *c) {
+    if (mm_needs_blas(c) && !g_sgemm) return ERR_NOBLAS;
+    mm_range(c, 0, c->ne[0] * c->ne[1], 0, c->ip[0], 0, c->ip[1]);
     return 0;
 }
 
@@ -517,7 +574,7 @@ HOT static void norm_row(float *o, int64_t os, const float *a, int64_t as, int64
     else for (int64_t j = 0; j < n; ++j) o[j * os] = (a[j * as] - mu) * inv;
 }
 
-static void k_norm(const flare_cmd *c, int center) {
+static void k_norm(const flare_cmd *c, int center, int64_t ob, int64_t oe) {
     OUTER3(c) norm_row((float *)c->out + OFF(c->os, c), c->os[3], (const float *)c->src[0] + OFF(c->ss[0], c),
                        c->ss[0][3], c->ne[3], center, c->fp[0]);
 }
@@ -550,7 +607,7 @@ HOT static void softmax_row(float *o, int64_t os, const float *a, int64_t as, co
     for (int64_t j = 0; j < n; ++j) o[j * os] *= inv;
 }
 
-static void k_softmax(const flare_cmd *c) {
+static void k_softmax(const flare_cmd *c, int64_t ob, int64_t oe) {
     OUTER3(c) softmax_row((float *)c->out + OFF(c->os, c), c->os[3], (const float *)c->src[0] + OFF(c->ss[0], c),
                           c->ss[0][3], c->src[1] ? (const float *)c->src[1] + OFF(c->ss[1], c) : 0, c->ss[1][3],
                           c->ne[3], (float)c->fp[0]);
@@ -559,7 +616,7 @@ static void k_softmax(const flare_cmd *c) {
 /* ---- indexing ------------------------------------------------------------------- */
 /* out [i0, i1, i2, D]; idx (i32, or i64 when ip[1]) strides ss[1][0..2]; table rows ss[0][2], cols ss[0][3];
  * ip[0] = rows of the table; ip[2] = table is f16 */
-static int k_get_rows(const flare_cmd *c) {
+static int k_get_rows(const flare_cmd *c, int64_t ob, int64_t oe) {
     const int64_t d = c->ne[3], os = c->os[3], rs = c->ss[0][2], cs = c->ss[0][3];
     OUTER3(c) {
         const int64_t off = OFF(c->ss[1], c);
@@ -574,10 +631,10 @@ static int k_get_rows(const flare_cmd *c) {
 }
 
 /* x [N, H, D] in ne[1..3] (ne[0] == 1), pos i32 [N] (stride ss[1][1]); fp0 base, ip0 neox */
-static void k_rope(const flare_cmd *c) {
-    const int64_t N = c->ne[1], H = c->ne[2], D = c->ne[3], half = D / 2;
+static void k_rope(const flare_cmd *c, int64_t tb, int64_t te) {
+    const int64_t H = c->ne[2], D = c->ne[3], half = D / 2;
     const int neox = (int)c->ip[0];
-    for (int64_t t = 0; t < N; ++t) {
+    for (int64_t t = tb; t < te; ++t) {
         const double p = (double)((const int32_t *)c->src[1])[t * c->ss[1][1]];
         for (int64_t i = 0; i < half; ++i) {
             const double ang = p * pow(c->fp[0], -2.0 * (double)i / (double)D);
@@ -595,7 +652,7 @@ static void k_rope(const flare_cmd *c) {
 }
 
 /* out [i0, i1, i2, k] = x[i0, i1, i2, idx[...]] over the last axis; ip0 = n of x */
-static int k_gather(const flare_cmd *c) {
+static int k_gather(const flare_cmd *c, int64_t ob, int64_t oe) {
     const int64_t k = c->ne[3];
     OUTER3(c) {
         const float *x = (const float *)c->src[0] + OFF(c->ss[0], c);
@@ -626,7 +683,7 @@ static int k_set_rows(const flare_cmd *c) {
 }
 
 /* ---- reductions over the last (moved) axis: out [i0, i1, i2] ------------------------ */
-static void k_reduce(const flare_cmd *c, int kind) {
+static void k_reduce(const flare_cmd *c, int kind, int64_t ob, int64_t oe) {
     const int64_t n = c->ip[0], as = c->ss[0][3];
     OUTER3(c) {
         const float *a = (const float *)c->src[0] + OFF(c->ss[0], c);
@@ -644,7 +701,7 @@ static void k_reduce(const flare_cmd *c, int kind) {
 }
 
 /* indices of the k largest along the last axis, largest first, ties by lower index; ip0 = n */
-static void k_top_k(const flare_cmd *c) {
+static void k_top_k(const flare_cmd *c, int64_t ob, int64_t oe) {
     const int64_t k = c->ne[3], n = c->ip[0], as = c->ss[0][3];
     OUTER3(c) {
         const float *a = (const float *)c->src[0] + OFF(c->ss[0], c);
@@ -665,32 +722,47 @@ static void k_top_k(const flare_cmd *c) {
 /* ---- conv1d: im2col into scratch, one GEMM over all batch rows -------------------------
  * x [B, Cin, L] (strides ss[0][1..3]); w [Cout, Cin*K] contiguous; out [B, Cout, Lout] contiguous.
  * ne = {1, B, Cout, Lout}; ip: stride, pad, dil, Cin, K, L */
-static int k_conv1d(const flare_cmd *c) {
+static int conv1d_par(const flare_cmd *c, int ith, int nth, flare_pool *pool) {
     const int64_t B = c->ne[1], Co = c->ne[2], Lo = c->ne[3];
     const int64_t s = c->ip[0], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
     const int64_t ck = Ci * K;
-    if (B * Lo > 16 && !g_sgemm) return ERR_NOBLAS;
+    if (B * Lo > 16 && !g_sgemm) return ERR_NOBLAS;  /* the same answer on every thread */
     float *cols = (float *)c->scratch, *res = cols + B * Lo * ck;
     const float *x = (const float *)c->src[0];
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t l = 0; l < Lo; ++l) {
-            float *row = cols + (b * Lo + l) * ck;
-            for (int64_t ci = 0; ci < Ci; ++ci) {
-                const float *xr = x + b * c->ss[0][1] + ci * c->ss[0][2];
-                for (int64_t k = 0; k < K; ++k) {
-                    const int64_t p = l * s + k * dil - pad;
-                    row[ci * K + k] = (p >= 0 && p < L) ? xr[p * c->ss[0][3]] : 0.0f;
-                }
+    int64_t r0, r1;
+    flare_split(B * Lo, 1, ith, nth, &r0, &r1);      /* im2col: this thread's rows (b, l) */
+    for (int64_t r = r0; r < r1; ++r) {
+        const int64_t b = r / Lo, l = r % Lo;
+        float *row = cols + r * ck;
+        for (int64_t ci = 0; ci < Ci; ++ci) {
+            const float *xr = x + b * c->ss[0][1] + ci * c->ss[0][2];
+            for (int64_t k = 0; k < K; ++k) {
+                const int64_t p = l * s + k * dil - pad;
+                row[ci * K + k] = (p >= 0 && p < L) ? xr[p * c->ss[0][3]] : 0.0f;
             }
         }
+    }
+    flare_pool_barrier(pool);
+    const float *w = (const float *)c->src[1];
+    int64_t n0, n1;
+    if (B * Lo <= 16) {  /* streaming chunks: output columns in blocks of 4 (wdot's own blocking) */
+        flare_split(Co, 4, ith, nth, &n0, &n1);
+        if (n1 > n0) wdot(B * Lo, n1 - n0, ck, cols, ck, w + n0 * ck, ck, res + n0, Co);
+    } else {
+        flare_split(B * Lo, 16, ith, nth, &r0, &r1);
+        if (r1 > r0) gemm(NT, TR, r1 - r0, Co, ck, cols + r0 * ck, ck, w, ck, 0.0f, res + r0 * Co, Co);
+    }
+    flare_pool_barrier(pool);
     float *o = (float *)c->out;
-    if (B * Lo <= 16) wdot(B * Lo, Co, ck, cols, ck, (const float *)c->src[1], ck, res, Co);  /* streaming chunks */
-    else gemm(NT, TR, B * Lo, Co, ck, cols, ck, (const float *)c->src[1], ck, 0.0f, res, Co);
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t co = 0; co < Co; ++co)
-            for (int64_t l = 0; l < Lo; ++l) o[(b * Co + co) * Lo + l] = res[(b * Lo + l) * Co + co];
+    flare_split(B * Co, 1, ith, nth, &r0, &r1);      /* transpose out: this thread's (b, co) rows */
+    for (int64_t r = r0; r < r1; ++r) {
+        const int64_t b = r / Co, co = r % Co;
+        for (int64_t l = 0; l < Lo; ++l) o[r * Lo + l] = res[(b * Lo + l) * Co + co];
+    }
     return 0;
 }
+
+static int k_conv1d(const flare_cmd *c) { return conv1d_par(c, 0, 1, NULL); }
 
 /* ---- pad: out [ne] f32; ip[0..3] pads before each axis, ip[4..7] the source shape;
  * flags & 1: reflect, else the constant fp0 */
@@ -753,41 +825,10 @@ static int k_mul_mat_id(const flare_cmd *c) {
     return 0;
 }
 
-/* ---- fused --------------------------------------------------------------------------
- * linear: out = act(a @ b + bias) + residual: K_MATMUL's operands and params, then an epilogue
- * over each output row. src[2] bias (a row of N, stride ss[2][3]; NULL: none), src[3] residual
- * (strides ss[3], broadcast to out; NULL: none). flags & 3: 0 none, 1 gelu, 2 relu, 3 sigmoid. */
-HOT static void epilogue_rows(float *o, int64_t rows, int64_t n, int64_t ldo, const float *bias, int64_t bs,
-                          const float *res, int64_t res_row, int64_t res_col, int act) {
-    for (int64_t r = 0; r < rows; ++r) {
-        float *orow = o + r * ldo;
-        if (bias) for (int64_t j = 0; j < n; ++j) orow[j] += bias[j * bs];
-        if (act == 1) for (int64_t j = 0; j < n; ++j) orow[j] = gelu_f(orow[j]);
-        else if (act == 2) for (int64_t j = 0; j < n; ++j) orow[j] = orow[j] > 0.0f ? orow[j] : 0.0f;
-        else if (act == 3) for (int64_t j = 0; j < n; ++j) orow[j] = sigmoid_f(orow[j]);
-        if (res) { const float *rr = res + r * res_row; for (int64_t j = 0; j < n; ++j) orow[j] += rr[j * res_col]; }
-    }
-}
-
-static int k_linear(const flare_cmd *c) {
-    int err = k_matmul(c);
-    if (err) return err;
-    const int64_t M = c->ip[0], N = c->ip[1];
-    const int act = c->flags & 3;
-    const float *bias = (const float *)c->src[2];
-    for (int64_t i0 = 0; i0 < c->ne[0]; ++i0)
-        for (int64_t i1 = 0; i1 < c->ne[1]; ++i1) {
-            float *o = (float *)c->out + i0 * c->os[0] + i1 * c->os[1];
-            const float *res = c->src[3] ? (const float *)c->src[3] + i0 * c->ss[3][0] + i1 * c->ss[3][1] : 0;
-            epilogue_rows(o, M, N, c->os[2], bias, c->ss[2][3], res, c->ss[3][2], c->ss[3][3], act);
-        }
-    return 0;
-}
-
 /* norm then affine: out = norm(x) * gamma + beta (src[1] gamma, src[2] beta: rows of n, unit stride;
  * beta may be NULL). flags & 1: layer norm (centered), else RMS norm. */
-static void k_norm_affine(const flare_cmd *c) {
-    k_norm(c, c->flags & 1);
+static void k_norm_affine(const flare_cmd *c, int64_t ob, int64_t oe) {
+    k_norm(c, c->flags & 1, ob, oe);
     const int64_t n = c->ne[3], os = c->os[3];
     const float *g = (const float *)c->src[1], *b = (const float *)c->src[2];
     const int64_t gs = c->ss[1][3], bs = c->ss[2][3];
@@ -806,82 +847,110 @@ static void k_norm_affine(const flare_cmd *c) {
  * one product for all batch rows and the cell update per row. */
 /* the cell update of one batch row: z holds W_hh h (gate blocks i, f, g, o), x the input
  * projection (unit stride here: the loop vectorizes) */
-HOT static void lstm_cell(int64_t H, const float *restrict z, const float *restrict x, float *restrict hb,
-                          float *restrict cb, float *restrict ot) {
+HOT static void lstm_cell(int64_t H, int64_t u0, int64_t u1, const float *restrict z, const float *restrict x,
+                          float *restrict hb, float *restrict cb, float *restrict ot) {
 #pragma omp simd
-    for (int64_t u = 0; u < H; ++u) {
+    for (int64_t u = u0; u < u1; ++u) {
         const float cn = sigmoid_f(z[H + u] + x[H + u]) * cb[u] + sigmoid_f(z[u] + x[u]) * vtanh(z[2 * H + u] + x[2 * H + u]);
         const float hn = sigmoid_f(z[3 * H + u] + x[3 * H + u]) * vtanh(cn);
         cb[u] = cn; hb[u] = hn; ot[u] = hn; ot[H + u] = cn;
     }
 }
 
-static void k_lstm(const flare_cmd *c) {
+/* Serial (nth 1) or by every thread of a region: each step, a thread computes its columns of
+ * z = W_hh h (panel pairs of 32 columns packed, blocks of 4 columns for wdot), then its hidden
+ * units (blocks of 16) of the cell update; a barrier after each, as the next phase reads what
+ * all threads wrote. Threaded only with x of unit stride (plan()), so no shared x row copy. */
+static void lstm_par(const flare_cmd *c, int ith, int nth, flare_pool *pool) {
     const int64_t T = c->ne[1], B = c->ne[2], H = c->ip[0];
     const float *x = (const float *)c->src[0], *w = (const float *)c->src[1];
     const float *h0 = (const float *)c->src[2], *c0 = (const float *)c->src[3];
     /* scratch: h [B, H], c [B, H], z [B, 4H], and a contiguous copy of one x row [4H] */
     float *h = (float *)c->scratch, *cs = h + B * H, *z = cs + B * H, *xrow = z + B * 4 * H, *out = (float *)c->out;
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t u = 0; u < H; ++u) {
-            h[b * H + u] = h0[b * c->ss[1][2] + u * c->ss[1][3]];
-            cs[b * H + u] = c0[b * c->ss[2][2] + u * c->ss[2][3]];
-        }
-    const int64_t xs = c->ss[0][3];
-    for (int64_t t = 0; t < T; ++t) {
-        if (c->ip[1]) pgemm(B, 4 * H, H, h, H, w, z, 4 * H);  /* w: packed panels (packing.py) */
-        else wdot(B, 4 * H, H, h, H, w, H, z, 4 * H);
-        for (int64_t b = 0; b < B; ++b) {
-            const float *xt = x + t * c->ss[0][1] + b * c->ss[0][2];
-            if (xs != 1) {
-                for (int64_t j = 0; j < 4 * H; ++j) xrow[j] = xt[j * xs];
-                xt = xrow;
+    if (ith == 0)
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t u = 0; u < H; ++u) {
+                h[b * H + u] = h0[b * c->ss[1][2] + u * c->ss[1][3]];
+                cs[b * H + u] = c0[b * c->ss[2][2] + u * c->ss[2][3]];
             }
-            lstm_cell(H, z + b * 4 * H, xt, h + b * H, cs + b * H, out + (t * B + b) * 2 * H);
+    flare_pool_barrier(pool);
+    const int64_t xs = c->ss[0][3];
+    int64_t n0, n1, u0, u1;
+    flare_split(4 * H, c->ip[1] ? 2 * PANEL : 4, ith, nth, &n0, &n1);
+    flare_split(H, 16, ith, nth, &u0, &u1);
+    for (int64_t t = 0; t < T; ++t) {
+        if (n1 > n0) {
+            if (c->ip[1]) pgemm(B, n1 - n0, H, h, H, w + n0 * H, z + n0, 4 * H);  /* w: packed panels (packing.py) */
+            else wdot(B, n1 - n0, H, h, H, w + n0 * H, H, z + n0, 4 * H);
         }
+        flare_pool_barrier(pool);
+        if (u1 > u0)
+            for (int64_t b = 0; b < B; ++b) {
+                const float *xt = x + t * c->ss[0][1] + b * c->ss[0][2];
+                if (xs != 1) {  /* serial only */
+                    for (int64_t j = 0; j < 4 * H; ++j) xrow[j] = xt[j * xs];
+                    xt = xrow;
+                }
+                lstm_cell(H, u0, u1, z + b * 4 * H, xt, h + b * H, cs + b * H, out + (t * B + b) * 2 * H);
+            }
+        flare_pool_barrier(pool);
     }
 }
 
+static void k_lstm(const flare_cmd *c) { lstm_par(c, 0, 1, NULL); }
+
 /* ---- the loop ------------------------------------------------------------------------ */
+/* Elementwise and row kernels over outer rows [ob, oe) and, for elementwise, columns [jb, je). */
+static int run_slice(const flare_cmd *c, int64_t ob, int64_t oe, int64_t jb, int64_t je) {
+    switch (c->kind) {
+    case K_COPY4: k_copy4(c, ob, oe, jb, je); return 0;
+    case K_COPY2: k_copy2(c, ob, oe, jb, je); return 0;
+    case K_COPY8: k_copy8(c, ob, oe, jb, je); return 0;
+    case K_ADD: k_add(c, ob, oe, jb, je); return 0;
+    case K_SUB: k_sub(c, ob, oe, jb, je); return 0;
+    case K_MUL: k_mul(c, ob, oe, jb, je); return 0;
+    case K_DIV: k_div(c, ob, oe, jb, je); return 0;
+    case K_SCALE: k_scale(c, ob, oe, jb, je); return 0;
+    case K_RELU: k_relu(c, ob, oe, jb, je); return 0;
+    case K_SIGMOID: k_sigmoid(c, ob, oe, jb, je); return 0;
+    case K_SILU: k_silu(c, ob, oe, jb, je); return 0;
+    case K_GELU: k_gelu(c, ob, oe, jb, je); return 0;
+    case K_TANH: k_tanh(c, ob, oe, jb, je); return 0;
+    case K_EXP: k_exp(c, ob, oe, jb, je); return 0;
+    case K_SQRT: k_sqrt(c, ob, oe, jb, je); return 0;
+    case K_NEG: k_neg(c, ob, oe, jb, je); return 0;
+    case K_SQR: k_sqr(c, ob, oe, jb, je); return 0;
+    case K_CAST_F32_I32: k_cast_f32_i32(c, ob, oe, jb, je); return 0;
+    case K_CAST_I32_F32: k_cast_i32_f32(c, ob, oe, jb, je); return 0;
+    case K_CAST_F16_F32: k_cast_f16_f32(c, ob, oe, jb, je); return 0;
+    case K_LAYER_NORM: k_norm(c, 1, ob, oe); return 0;
+    case K_RMS_NORM: k_norm(c, 0, ob, oe); return 0;
+    case K_SOFTMAX: k_softmax(c, ob, oe); return 0;
+    case K_NORM_AFFINE: k_norm_affine(c, ob, oe); return 0;
+    case K_GET_ROWS: return k_get_rows(c, ob, oe);
+    case K_GATHER: return k_gather(c, ob, oe);
+    case K_SUM: case K_MEAN: case K_MAX: case K_ARGMAX: k_reduce(c, c->kind, ob, oe); return 0;
+    case K_TOP_K: k_top_k(c, ob, oe); return 0;
+    default: return ERR_KIND;
+    }
+}
+
+static int is_elementwise(int kind) {
+    return (kind >= K_COPY4 && kind <= K_SQR) || (kind >= K_CAST_F32_I32 && kind <= K_CAST_F16_F32);
+}
+
 static int run_one(const flare_cmd *c) {
     switch (c->kind) {
-    case K_COPY4: k_copy4(c); return 0;
-    case K_COPY2: k_copy2(c); return 0;
-    case K_COPY8: k_copy8(c); return 0;
-    case K_ADD: k_add(c); return 0;
-    case K_SUB: k_sub(c); return 0;
-    case K_MUL: k_mul(c); return 0;
-    case K_DIV: k_div(c); return 0;
-    case K_SCALE: k_scale(c); return 0;
-    case K_RELU: k_relu(c); return 0;
-    case K_SIGMOID: k_sigmoid(c); return 0;
-    case K_SILU: k_silu(c); return 0;
-    case K_GELU: k_gelu(c); return 0;
-    case K_TANH: k_tanh(c); return 0;
-    case K_EXP: k_exp(c); return 0;
-    case K_SQRT: k_sqrt(c); return 0;
-    case K_NEG: k_neg(c); return 0;
-    case K_SQR: k_sqr(c); return 0;
-    case K_MATMUL: return k_matmul(c);
-    case K_LAYER_NORM: k_norm(c, 1); return 0;
-    case K_RMS_NORM: k_norm(c, 0); return 0;
-    case K_SOFTMAX: k_softmax(c); return 0;
-    case K_GET_ROWS: return k_get_rows(c);
-    case K_ROPE: k_rope(c); return 0;
+    case K_MATMUL: case K_LINEAR: return k_matmul(c);
+    case K_ROPE: k_rope(c, 0, c->ne[1]); return 0;
     case K_CONV1D: return k_conv1d(c);
     case K_PAD: k_pad(c); return 0;
-    case K_SUM: case K_MEAN: case K_MAX: case K_ARGMAX: k_reduce(c, c->kind); return 0;
-    case K_TOP_K: k_top_k(c); return 0;
-    case K_GATHER: return k_gather(c);
     case K_MUL_MAT_ID: return k_mul_mat_id(c);
     case K_SET_ROWS: return k_set_rows(c);
-    case K_CAST_F32_I32: k_cast_f32_i32(c); return 0;
-    case K_CAST_I32_F32: k_cast_i32_f32(c); return 0;
-    case K_CAST_F16_F32: k_cast_f16_f32(c); return 0;
-    case K_LINEAR: return k_linear(c);
-    case K_NORM_AFFINE: k_norm_affine(c); return 0;
     case K_LSTM: k_lstm(c); return 0;
-    default: return ERR_KIND;
+    default:
+        if (c->kind < 0 || c->kind >= K_COUNT) return ERR_KIND;
+        return run_slice(c, 0, outer(c), 0, c->ne[3]);
     }
 }
 
@@ -892,6 +961,177 @@ int64_t flare_run(const flare_cmd *cmds, int64_t n, int32_t *err) {
         if (e) { *err = e; return i + 1; }
     }
     return 0;
+}
+
+/* ---- threads --------------------------------------------------------------------------
+ * How a command splits across the threads of a pool (plan), and the walk: every thread of one
+ * region walks the whole command list; a split command runs its share on each thread, any other
+ * command runs on thread 0 alone, and a barrier separates a split command from its neighbours
+ * (a run of unsplit commands needs none between them: thread 0 runs them in order). Work below
+ * the thresholds stays on one thread, where a barrier (~1 us) would cost more than it saves. */
+enum { SERIAL = 0, SERIAL_LONG = 1, SPLIT = 2 };
+enum { A_OUTER, A_INNER, A_BATCH, A_MROWS, A_NCOLS, A_ROPE, A_WHOLE };
+typedef struct { int mode, axis; int64_t units, grain; } plan_t;
+
+#define MIN_SPLIT_ELEMS 16384     /* elementwise / row kernels: elements (or row elements) */
+#define MIN_SPLIT_FLOPS 32768     /* matmul-like: multiply-adds */
+#define LONG_SERIAL 262144        /* a serial step this big lets the waiting threads sleep at once */
+
+static plan_t plan(const flare_cmd *c, int nth) {
+    plan_t p = { SERIAL, A_OUTER, 0, 1 };
+    const int64_t rows = outer(c);
+    if (is_elementwise(c->kind)) {
+        if (rows * c->ne[3] < MIN_SPLIT_ELEMS) return p;
+        p.mode = SPLIT;
+        if (rows >= 2 * nth || (rows > 1 && rows * 16 >= c->ne[3])) { p.units = rows; return p; }
+        if (rows == 1) { p.axis = A_INNER; p.units = c->ne[3]; p.grain = 64; return p; }
+        p.units = rows;
+        return p;
+    }
+    switch (c->kind) {
+    case K_LAYER_NORM: case K_RMS_NORM: case K_SOFTMAX: case K_NORM_AFFINE: case K_GET_ROWS: case K_GATHER:
+    case K_SUM: case K_MEAN: case K_MAX: case K_ARGMAX: case K_TOP_K: {
+        const int64_t per_row = (c->kind >= K_SUM && c->kind <= K_TOP_K) ? c->ip[0] * (c->kind == K_TOP_K ? c->ne[3] : 1)
+                                                                       : c->ne[3];
+        if (rows >= 2 && rows * per_row >= MIN_SPLIT_ELEMS) { p.mode = SPLIT; p.units = rows; }
+        return p;
+    }
+    case K_ROPE:
+        if (c->ne[1] >= 2 && c->ne[1] * c->ne[2] * c->ne[3] >= MIN_SPLIT_ELEMS / 4) {
+            p.mode = SPLIT; p.axis = A_ROPE; p.units = c->ne[1];
+        }
+        return p;
+    case K_MATMUL: case K_LINEAR: {
+        const int64_t nb = c->ne[0] * c->ne[1], M = c->ip[0], N = c->ip[1], K = c->ip[2];
+        const int route = (int)c->ip[7];
+        const int64_t flops = nb * M * N * K;
+        if (flops < MIN_SPLIT_FLOPS) { p.mode = flops >= LONG_SERIAL ? SERIAL_LONG : SERIAL; return p; }
+        p.mode = SPLIT;
+        if (nb >= nth && route != R_SWAP) { p.axis = A_BATCH; p.units = nb; return p; }
+        p.axis = A_NCOLS; p.units = N;
+        switch (route) {
+        case R_PACKED: p.grain = 2 * PANEL; break;
+        case R_WDOT: p.grain = 4; break;
+        case R_GEMM: case R_SMALL:
+            if (M >= 16 * nth || N < 16 * nth) { p.axis = A_MROWS; p.units = M; p.grain = route == R_GEMM ? 16 : 1; }
+            else p.grain = 16;
+            break;
+        default: p.grain = 16;
+        }
+        return p;
+    }
+    case K_CONV1D: {
+        const int64_t work = c->ne[1] * c->ne[3] * c->ne[2] * c->ip[3] * c->ip[4];
+        if (work >= MIN_SPLIT_FLOPS && (g_sgemm || c->ne[1] * c->ne[3] <= 16)) { p.mode = SPLIT; p.axis = A_WHOLE; }
+        else p.mode = work >= LONG_SERIAL ? SERIAL_LONG : SERIAL;
+        return p;
+    }
+    case K_LSTM: {
+        const int64_t work = c->ne[2] * 4 * c->ip[0] * c->ip[0];
+        if (c->ss[0][3] == 1 && work >= MIN_SPLIT_FLOPS / 2) { p.mode = SPLIT; p.axis = A_WHOLE; }
+        else p.mode = SERIAL_LONG;
+        return p;
+    }
+    case K_MUL_MAT_ID:
+        p.mode = SERIAL_LONG;
+        return p;
+    default:
+        return p;
+    }
+}
+
+static int run_part(const flare_cmd *c, const plan_t *p, int ith, int nth, flare_pool *pool) {
+    if (p->axis == A_WHOLE) {
+        if (c->kind == K_LSTM) { lstm_par(c, ith, nth, pool); return 0; }
+        return conv1d_par(c, ith, nth, pool);
+    }
+    int64_t b, e;
+    flare_split(p->units, p->grain, ith, nth, &b, &e);
+    if (b >= e) return 0;
+    switch (p->axis) {
+    case A_OUTER: return run_slice(c, b, e, 0, c->ne[3]);
+    case A_INNER: return run_slice(c, 0, outer(c), b, e);
+    case A_ROPE: k_rope(c, b, e); return 0;
+    default: break;
+    }
+    if (mm_needs_blas(c) && !g_sgemm) return ERR_NOBLAS;
+    const int64_t nb = c->ne[0] * c->ne[1], M = c->ip[0], N = c->ip[1];
+    if (p->axis == A_BATCH) mm_range(c, b, e, 0, M, 0, N);
+    else if (p->axis == A_MROWS) mm_range(c, 0, nb, b, e, 0, N);
+    else mm_range(c, 0, nb, 0, M, b, e);
+    return 0;
+}
+
+typedef struct {
+    const flare_cmd *cmds;
+    int64_t n;
+    flare_pool *pool;
+    _Atomic int64_t failed;   /* lowest failing command + 1, 0 while none */
+    _Atomic int32_t err;
+} walk_t;
+
+static void record_failure(walk_t *w, int64_t i, int e) {
+    int64_t cur = atomic_load(&w->failed);
+    while ((cur == 0 || cur > i + 1) && !atomic_compare_exchange_weak(&w->failed, &cur, i + 1)) {}
+    if (atomic_load(&w->failed) == i + 1) atomic_store(&w->err, e);
+}
+
+/* Every thread passes every barrier (after a failure the rest is skipped, not left), so no thread
+ * waits for one that returned early. */
+static void walk(void *arg, int ith, int nth) {
+    walk_t *w = arg;
+    int prev_split = 0, long_serial = 0;
+    for (int64_t i = 0; i < w->n; ++i) {
+        const flare_cmd *c = w->cmds + i;
+        const plan_t p = plan(c, nth);
+        const int split = p.mode == SPLIT;
+        if (i > 0 && (split || prev_split)) {
+            if (long_serial && ith != 0) flare_pool_barrier_sleep(w->pool);
+            else flare_pool_barrier(w->pool);
+            long_serial = 0;
+        }
+        if (split) {
+            /* kernels with barriers inside (A_WHOLE) never fail and run even after a failure, so
+             * every thread passes their barriers; the others are skipped then */
+            if (p.axis == A_WHOLE || !atomic_load(&w->failed)) {
+                const int e = run_part(c, &p, ith, nth, w->pool);
+                if (e) record_failure(w, i, e);
+            }
+        } else {
+            long_serial |= p.mode == SERIAL_LONG;
+            if (ith == 0 && !atomic_load(&w->failed)) {
+                const int e = run_one(c);
+                if (e) record_failure(w, i, e);
+            }
+        }
+        prev_split = split;
+    }
+}
+
+/* How many of the n commands run split across nth threads (describe(): `split_commands`). */
+int64_t flare_split_count(const flare_cmd *cmds, int64_t n, int32_t nth) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; ++i) k += nth > 1 && plan(cmds + i, nth).mode == SPLIT;
+    return k;
+}
+
+/* As flare_run, on the threads of `pool` (NULL, one thread, or a pool busy with another caller's
+ * list: on the calling thread alone, with the same results). */
+int64_t flare_run_pool(flare_pool *pool, const flare_cmd *cmds, int64_t n, int32_t *err) {
+    const int nth = flare_pool_threads(pool);
+    if (nth > 1) {
+        int any = 0;
+        for (int64_t i = 0; i < n && !any; ++i) any = plan(cmds + i, nth).mode == SPLIT;
+        if (any) {
+            walk_t w = { cmds, n, pool, 0, 0 };
+            if (flare_pool_region(pool, walk, &w)) {
+                const int64_t failed = atomic_load(&w.failed);
+                if (failed) *err = atomic_load(&w.err);
+                return failed;
+            }
+        }
+    }
+    return flare_run(cmds, n, err);
 }
 
 int32_t flare_kind_count(void) { return K_COUNT; }

@@ -1,0 +1,167 @@
+"""The native CPU executor on several threads: same results as one thread, under concurrency.
+
+Tolerance: none. The kernels split only by output ranges (rows, columns in blocks of
+the microkernels' own widths, heads, batches), so every output element is computed by the
+same code in the same order on any thread count; BLAS runs single-threaded under the pool
+(its calls are split the same way). The outputs must therefore equal the one-thread
+outputs bit for bit, and the tests say so (`assert_array_equal`). Shapes are chosen just
+above the split thresholds of kernels.c's plan() so that every kind of split runs, and
+small enough to keep the file at a few seconds.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from flare.backends.cpu import native
+from flare.core.ledger import LEDGER
+from flare.core.session import Session
+
+needs_native = pytest.mark.skipif(native.load() is None, reason=f"native executor unavailable: {native.REASON}")
+pytestmark = needs_native
+
+RNG = np.random.default_rng(7)
+D, HEADS, FF, VOCAB = 96, 4, 192, 50
+W = {
+    "emb": RNG.standard_normal((VOCAB, D)).astype(np.float32),
+    "wq": (RNG.standard_normal((D, D)) / 10).astype(np.float32),
+    "wk": (RNG.standard_normal((D, D)) / 10).astype(np.float32),
+    "w1": (RNG.standard_normal((FF, D)) / 10).astype(np.float32),
+    "b1": RNG.standard_normal(FF).astype(np.float32),
+    "w2": (RNG.standard_normal((D, FF)) / 10).astype(np.float32),
+    "g": RNG.standard_normal(D).astype(np.float32),
+    "whh": (RNG.standard_normal((4 * 64, 64)) / 8).astype(np.float32),
+    "conv": (RNG.standard_normal((24, 8, 5)) / 4).astype(np.float32),
+    "experts": (RNG.standard_normal((4, 48, D)) / 10).astype(np.float32),
+}
+
+
+def block(b, shapes):
+    """Embedding, rope, attention, a gelu MLP (linear fused), norms, elementwise, LSTM, conv1d, experts."""
+    ids = b.input("ids", shapes["ids"], "i32")
+    pos = b.input("pos", shapes["pos"], "i32")
+    x = b.get_rows(b.weight("emb", W["emb"]), ids)                       # [T, D]
+    t = shapes["ids"][0]
+    q = b.matmul(x, b.weight("wq", W["wq"]), transpose_b=True)
+    k = b.matmul(x, b.weight("wk", W["wk"]), transpose_b=True)
+    q = b.rope(b.reshape(q, shape=(t, HEADS, D // HEADS)), pos)
+    k = b.rope(b.reshape(k, shape=(t, HEADS, D // HEADS)), pos)
+    qh, kh = b.permute(q, axes=(1, 0, 2)), b.permute(k, axes=(1, 0, 2))         # [H, T, Dh]
+    att = b.softmax(b.matmul(qh, kh, transpose_b=True), scale=0.3)     # [H, T, T]
+    ctx = b.reshape(b.contiguous(b.permute(b.matmul(att, kh), axes=(1, 0, 2))), shape=(t, D))
+    h = b.layer_norm(b.add(x, ctx))
+    f = b.gelu(b.add(b.matmul(h, b.weight("w1", W["w1"]), transpose_b=True), b.weight("b1", W["b1"])))
+    y = b.rms_norm(b.add(b.matmul(f, b.weight("w2", W["w2"]), transpose_b=True), h))
+    y = b.mul(y, b.weight("g", W["g"]))
+    b.output("y", b.tanh(b.scale(y, scale=0.5, bias=0.1)))
+    b.output("sum", b.sum(y, axis=-1))
+    # one row at a time (decode-like): M = 1 products
+    b.output("row", b.matmul(b.slice(h, axis=0, start=0, stop=1), b.weight("w1", W["w1"]), transpose_b=True))
+    # LSTM (packed W_hh, split by columns and hidden units), conv1d (im2col, GEMM, transpose split)
+    xs = b.input("xs", shapes["xs"])
+    b.output("lstm", b.lstm(xs, b.weight("whh", W["whh"]), b.input("h0", shapes["h0"]), b.input("c0", shapes["c0"])))
+    b.output("conv", b.relu(b.conv1d(b.input("audio", shapes["audio"]), b.weight("conv", W["conv"]), padding=2)))
+    b.output("experts", b.mul_mat_id(b.weight("experts", W["experts"]), h, b.input("sel", shapes["sel"], "i32")))
+    b.output("big", b.sigmoid(b.input("flat", shapes["flat"])))                # one long row: split by columns
+
+
+T = 200
+SHAPES = {"ids": (T,), "pos": (T,), "xs": (6, 2, 256), "h0": (2, 64), "c0": (2, 64), "audio": (2, 8, 300),
+          "sel": (T, 2), "flat": (70000,)}
+
+
+def inputs(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"ids": rng.integers(0, VOCAB, T).astype(np.int32), "pos": np.arange(T, dtype=np.int32) + seed,
+            "xs": rng.standard_normal((6, 2, 256)).astype(np.float32),
+            "h0": rng.standard_normal((2, 64)).astype(np.float32), "c0": rng.standard_normal((2, 64)).astype(np.float32),
+            "audio": rng.standard_normal((2, 8, 300)).astype(np.float32),
+            "sel": rng.integers(0, 4, (T, 2)).astype(np.int32),
+            "flat": rng.standard_normal(70000).astype(np.float32)}
+
+
+def _session(threads: int) -> Session:
+    return Session(["cpu"], config={"cpu": {"threads": threads}})
+
+
+def _reference(seeds) -> dict[int, dict[str, np.ndarray]]:
+    with _session(1) as sess:
+        pg = sess.prepare({"full": block}, {"full": SHAPES})
+        out = {s: {k: v.copy() for k, v in pg.execute("full", **inputs(s)).items()} for s in seeds}
+        pg.release()
+    return out
+
+
+def test_every_thread_count_gives_the_one_thread_result_bit_for_bit():
+    ref = _reference([0])
+    for threads in (2, 3, 4):
+        with _session(threads) as sess:
+            pg = sess.prepare({"full": block}, {"full": SHAPES})
+            info = pg.describe()["entries"]["full"]
+            splits = [s for s in info["split_list"] if s.get("executor") == "native"]
+            assert splits and all(s["threads"] == threads for s in splits)
+            assert sum(s["split_commands"] for s in splits) >= 15, info  # the split kernels really run split
+            before = sess.devices[0].pool.regions()
+            got = pg.execute("full", **inputs(0))
+            assert sess.devices[0].pool.regions() > before            # ... on the pool's threads
+            for name, want in ref[0].items():
+                np.testing.assert_array_equal(got[name], want, err_msg=f"{name} at {threads} threads")
+            pg.release()
+
+
+def test_concurrent_executes_on_sessions_of_different_threads():
+    """Four sessions (1-4 threads), two graphs on the 3-thread one (so its pool is sometimes busy
+    and a caller runs alone), six Python threads executing at random: every output as at one thread."""
+    seeds = list(range(4))
+    ref = _reference(seeds)
+    before = LEDGER.snapshot().count()
+    sessions = [_session(n) for n in (1, 2, 3, 4)]
+    try:
+        graphs = [s.prepare({"full": block}, {"full": SHAPES}) for s in sessions]
+        graphs.append(sessions[2].prepare({"full": block}, {"full": SHAPES}))  # a second workspace on cpu 3
+        errors: list[BaseException] = []
+
+        def worker(k: int) -> None:
+            rng = np.random.default_rng(k)
+            try:
+                for _ in range(6):
+                    pg = graphs[int(rng.integers(len(graphs)))]
+                    seed = int(rng.integers(len(seeds)))
+                    got = pg.execute("full", **inputs(seed))
+                    for name, want in ref[seed].items():
+                        np.testing.assert_array_equal(got[name], want, err_msg=name)
+            except BaseException as exc:  # reported by the main thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads), "an execute hung"
+        assert not errors, errors[0]
+        for pg in graphs:
+            pg.release()
+    finally:
+        for s in sessions:
+            s.close()
+    assert LEDGER.snapshot().count() == before
+
+
+def test_pool_workers_start_and_stop_with_the_session():
+    """threads - 1 native workers per CPU device, joined by close() (counted as the OS's threads)."""
+    def os_threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    _session(1).close()          # BLAS set single-threaded first, so its own workers are settled
+    start = os_threads()
+    sess = _session(4)
+    assert os_threads() == start + 3
+    one = _session(1)            # one thread: no pool, no workers
+    assert os_threads() == start + 3
+    one.close()
+    sess.close()
+    assert os_threads() == start
