@@ -48,6 +48,7 @@ class GraphWorkload(Workload):
 
     metric = Metric("executes/s", "executes", per_work=False)
     tolerance = 1e-5
+    threads_supported = True
     default_requests = 8
 
     def __init__(self, model: str):
