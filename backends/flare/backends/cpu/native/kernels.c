@@ -973,15 +973,17 @@ enum { SERIAL = 0, SERIAL_LONG = 1, SPLIT = 2 };
 enum { A_OUTER, A_INNER, A_BATCH, A_MROWS, A_NCOLS, A_ROPE, A_WHOLE };
 typedef struct { int mode, axis; int64_t units, grain; } plan_t;
 
-#define MIN_SPLIT_ELEMS 16384     /* elementwise / row kernels: elements (or row elements) */
-#define MIN_SPLIT_FLOPS 32768     /* matmul-like: multiply-adds */
+#define MIN_SPLIT_CHEAP 65536     /* copies, add, mul, scale...: elements (~1 cycle each) */
+#define MIN_SPLIT_ELEMS 16384     /* exp, gelu, tanh... and row kernels: elements */
+#define MIN_SPLIT_FLOPS 131072    /* matmul-like: multiply-adds (~10 us on one core) */
 #define LONG_SERIAL 262144        /* a serial step this big lets the waiting threads sleep at once */
 
 static plan_t plan(const flare_cmd *c, int nth) {
     plan_t p = { SERIAL, A_OUTER, 0, 1 };
     const int64_t rows = outer(c);
     if (is_elementwise(c->kind)) {
-        if (rows * c->ne[3] < MIN_SPLIT_ELEMS) return p;
+        const int costly = c->kind >= K_SIGMOID && c->kind <= K_SQRT;
+        if (rows * c->ne[3] < (costly ? MIN_SPLIT_ELEMS : MIN_SPLIT_CHEAP)) return p;
         p.mode = SPLIT;
         if (rows >= 2 * nth || (rows > 1 && rows * 16 >= c->ne[3])) { p.units = rows; return p; }
         if (rows == 1) { p.axis = A_INNER; p.units = c->ne[3]; p.grain = 64; return p; }
@@ -1028,7 +1030,7 @@ static plan_t plan(const flare_cmd *c, int nth) {
     }
     case K_LSTM: {
         const int64_t work = c->ne[2] * 4 * c->ip[0] * c->ip[0];
-        if (c->ss[0][3] == 1 && work >= MIN_SPLIT_FLOPS / 2) { p.mode = SPLIT; p.axis = A_WHOLE; }
+        if (c->ss[0][3] == 1 && work >= MIN_SPLIT_FLOPS) { p.mode = SPLIT; p.axis = A_WHOLE; }
         else p.mode = SERIAL_LONG;
         return p;
     }
@@ -1040,14 +1042,26 @@ static plan_t plan(const flare_cmd *c, int nth) {
     }
 }
 
-static int run_part(const flare_cmd *c, const plan_t *p, int ith, int nth, flare_pool *pool) {
-    if (p->axis == A_WHOLE) {
-        if (c->kind == K_LSTM) { lstm_par(c, ith, nth, pool); return 0; }
-        return conv1d_par(c, ith, nth, pool);
-    }
-    int64_t b, e;
-    flare_split(p->units, p->grain, ith, nth, &b, &e);
-    if (b >= e) return 0;
+typedef struct {
+    const flare_cmd *cmds;
+    int64_t n;
+    flare_pool *pool;
+    _Atomic int64_t failed;   /* lowest failing command + 1, 0 while none */
+    _Atomic int32_t err;
+    _Atomic int64_t next[2];  /* chunk counters, used by alternate split commands (see walk) */
+} walk_t;
+
+/* The next unclaimed chunk below `end`, or -1: the counter never passes end. */
+static int64_t claim(_Atomic int64_t *next, int64_t end) {
+    int64_t cur = atomic_load_explicit(next, memory_order_relaxed);
+    while (cur < end)
+        if (atomic_compare_exchange_weak_explicit(next, &cur, cur + 1, memory_order_relaxed, memory_order_relaxed))
+            return cur;
+    return -1;
+}
+
+/* units [b, e) of a split command */
+static int run_range(const flare_cmd *c, const plan_t *p, int64_t b, int64_t e) {
     switch (p->axis) {
     case A_OUTER: return run_slice(c, b, e, 0, c->ne[3]);
     case A_INNER: return run_slice(c, 0, outer(c), b, e);
@@ -1062,13 +1076,25 @@ static int run_part(const flare_cmd *c, const plan_t *p, int ith, int nth, flare
     return 0;
 }
 
-typedef struct {
-    const flare_cmd *cmds;
-    int64_t n;
-    flare_pool *pool;
-    _Atomic int64_t failed;   /* lowest failing command + 1, 0 while none */
-    _Atomic int32_t err;
-} walk_t;
+/* A thread's part of a split command. The units are cut into up to 4 chunks per thread at
+ * multiples of the grain (fixed boundaries: the result does not depend on who runs which) and
+ * claimed from a shared counter, so a thread the OS delayed does not hold the others back. */
+static int run_part(const flare_cmd *c, const plan_t *p, int ith, int nth, walk_t *w, _Atomic int64_t *next) {
+    if (p->axis == A_WHOLE) {
+        if (c->kind == K_LSTM) { lstm_par(c, ith, nth, w->pool); return 0; }
+        return conv1d_par(c, ith, nth, w->pool);
+    }
+    const int64_t grains = (p->units + p->grain - 1) / p->grain;
+    const int64_t chunks = grains < 4 * nth ? grains : 4 * nth;
+    int err = 0;
+    for (int64_t k; (k = claim(next, chunks)) >= 0;) {
+        const int64_t b = k * grains / chunks * p->grain, e = (k + 1) * grains / chunks * p->grain;
+        const int e2 = run_range(c, p, b, e < p->units ? e : p->units);
+        if (e2 && !err) err = e2;
+    }
+    return err;
+}
+
 
 static void record_failure(walk_t *w, int64_t i, int e) {
     int64_t cur = atomic_load(&w->failed);
@@ -1081,6 +1107,7 @@ static void record_failure(walk_t *w, int64_t i, int e) {
 static void walk(void *arg, int ith, int nth) {
     walk_t *w = arg;
     int prev_split = 0, long_serial = 0;
+    int64_t nsplit = 0;   /* split commands so far: command j claims chunks from next[j % 2] */
     for (int64_t i = 0; i < w->n; ++i) {
         const flare_cmd *c = w->cmds + i;
         const plan_t p = plan(c, nth);
@@ -1089,14 +1116,18 @@ static void walk(void *arg, int ith, int nth) {
             if (long_serial && ith != 0) flare_pool_barrier_sleep(w->pool);
             else flare_pool_barrier(w->pool);
             long_serial = 0;
+            /* every thread is past split command nsplit - 1 (it used next[(nsplit + 1) % 2]): thread 0
+             * clears that counter for split command nsplit + 1, which starts after another barrier */
+            if (split && ith == 0) atomic_store_explicit(&w->next[(nsplit + 1) % 2], 0, memory_order_relaxed);
         }
         if (split) {
             /* kernels with barriers inside (A_WHOLE) never fail and run even after a failure, so
              * every thread passes their barriers; the others are skipped then */
             if (p.axis == A_WHOLE || !atomic_load(&w->failed)) {
-                const int e = run_part(c, &p, ith, nth, w->pool);
+                const int e = run_part(c, &p, ith, nth, w, &w->next[nsplit % 2]);
                 if (e) record_failure(w, i, e);
             }
+            ++nsplit;
         } else {
             long_serial |= p.mode == SERIAL_LONG;
             if (ith == 0 && !atomic_load(&w->failed)) {
@@ -1123,7 +1154,7 @@ int64_t flare_run_pool(flare_pool *pool, const flare_cmd *cmds, int64_t n, int32
         int any = 0;
         for (int64_t i = 0; i < n && !any; ++i) any = plan(cmds + i, nth).mode == SPLIT;
         if (any) {
-            walk_t w = { cmds, n, pool, 0, 0 };
+            walk_t w = { cmds, n, pool, 0, 0, {0, 0} };
             if (flare_pool_region(pool, walk, &w)) {
                 const int64_t failed = atomic_load(&w.failed);
                 if (failed) *err = atomic_load(&w.err);
