@@ -78,3 +78,13 @@ def test_bad_arguments_are_one_line_errors(model, capsys, tmp_path, argv, messag
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: " + message) and err.count("\n") == 1, err
+
+
+def test_threads_reaches_the_cpu_devices(model, capsys):
+    info = _json(capsys, "describe", model, "--backends", "cpu:0,cpu:1", "--threads", "3", "--json")
+    assert [s["threads"] for s in info["entries"]["full"]["split_list"]] == [3, 3]
+    report = _json(capsys, "run", model, "--threads", "1", "--json")
+    assert report["entries"]["full"]["outputs"]["y"]["shape"] == [2, 8]
+    with pytest.raises(SystemExit) as exc:
+        main(["describe", model, "--threads", "0"])
+    assert exc.value.code == 2 and "--threads: must be between 1 and 4096" in capsys.readouterr().err
