@@ -202,3 +202,18 @@ def test_threads_must_be_a_positive_whole_number(monkeypatch):
     monkeypatch.setenv("FLARE_CPU_THREADS", "lots")
     with pytest.raises(InputError, match="FLARE_CPU_THREADS='lots': expected a whole number"):
         Session(["cpu"])
+
+
+def test_a_build_says_what_it_builds_once(tmp_path, monkeypatch, capsys):
+    """The first build of a cffi module prints one progress line (a silent compile looks hung);
+    a cached one loads silently."""
+    pytest.importorskip("cffi")
+    from flare.backends.cpu.native.build import build
+
+    monkeypatch.setenv("FLARE_CACHE_DIR", str(tmp_path))
+    source, cdef = "int twice(int x) { return 2 * x; }", "int twice(int x);"
+    assert build("_flare_test_twice", source, cdef, announce="building the test kernel").lib.twice(21) == 42
+    err = capsys.readouterr().err
+    assert err.startswith("building the test kernel (once, cached in ") and str(tmp_path) in err and err.count("\n") == 1
+    assert build("_flare_test_twice", source, cdef, announce="building the test kernel").lib.twice(2) == 4
+    assert capsys.readouterr().err == ""
