@@ -36,6 +36,7 @@ W = {
     "whh": (RNG.standard_normal((4 * 64, 64)) / 8).astype(np.float32),
     "conv": (RNG.standard_normal((24, 8, 5)) / 4).astype(np.float32),
     "experts": (RNG.standard_normal((4, 48, D)) / 10).astype(np.float32),
+    "wide": (RNG.standard_normal((1536, D)) / 10).astype(np.float32),
 }
 
 
@@ -58,8 +59,9 @@ def block(b, shapes):
     y = b.mul(y, b.weight("g", W["g"]))
     b.output("y", b.tanh(b.scale(y, scale=0.5, bias=0.1)))
     b.output("sum", b.sum(y, axis=-1))
-    # one row at a time (decode-like): M = 1 products
-    b.output("row", b.matmul(b.slice(h, axis=0, start=0, stop=1), b.weight("w1", W["w1"]), transpose_b=True))
+    # one row at a time (decode-like): an M = 1 product (BLAS sgemv split by columns)
+    b.output("row", b.matmul(b.slice(h, axis=0, start=0, stop=1), b.weight("wide", W["wide"]), transpose_b=True))
+    b.output("gram", b.matmul(h, h, transpose_b=True))                      # BLAS sgemm split by rows
     # LSTM (packed W_hh, split by columns and hidden units), conv1d (im2col, GEMM, transpose split)
     xs = b.input("xs", shapes["xs"])
     b.output("lstm", b.lstm(xs, b.weight("whh", W["whh"]), b.input("h0", shapes["h0"]), b.input("c0", shapes["c0"])))
@@ -165,3 +167,21 @@ def test_pool_workers_start_and_stop_with_the_session():
     one.close()
     sess.close()
     assert os_threads() == start
+
+
+def test_a_bad_index_in_a_split_list_is_the_same_typed_error():
+    """An expert id out of range fails the command on thread 0 after the others waited for it:
+    IndexError naming the node, no hang, and the graph still runs afterwards."""
+    for threads in (1, 3):
+        with _session(threads) as sess:
+            pg = sess.prepare({"full": block}, {"full": SHAPES})
+            bad = inputs(0)
+            bad["sel"][5, 1] = 9
+            with pytest.raises(IndexError, match="mul_mat_id"):
+                pg.execute("full", **bad)
+            bad = inputs(0)
+            bad["ids"][3] = VOCAB + 2
+            with pytest.raises(IndexError, match="get_rows"):
+                pg.execute("full", **bad)
+            assert pg.execute("full", **inputs(1))["y"].shape == (T, D)
+            pg.release()

@@ -791,39 +791,67 @@ static void k_pad(const flare_cmd *c) {
 /* ---- mul_mat_id: out [T, kk, N] contiguous; w [E, N, K] (ss[0][1..3], k stride 1);
  * x rows (ss[1][1] per token, ss[1][2] per slot, 0 when shared; unit k stride); ids i32 [T, kk]
  * (ss[2][1..2]). ip: E, N, K, f16 weights. ne = {1, T, kk, N}. Tokens sharing an expert are
- * gathered into one GEMM (scratch: xs [T*kk, K], ys [T*kk, N], order [T*kk] int32). */
-static int k_mul_mat_id(const flare_cmd *c) {
-    if (!g_sgemm) return ERR_NOBLAS;
+ * gathered into one GEMM (a GEMV for one token). Scratch: xs [T*kk, K], ys [T*kk, N], order
+ * [T*kk] (the (t, j) slots grouped by expert, in order), off [E + 2] (where each expert's slots
+ * start; off[E + 1]: how many experts are used, -1 for a bad id), used [E] (those experts).
+ * Thread 0 groups, then the used experts are shared out between the threads: each writes its
+ * own experts' rows of xs, ys and out, so a decode step's experts run side by side. */
+static int mul_mat_id_par(const flare_cmd *c, int ith, int nth, flare_pool *pool) {
+    if (!g_sgemm) return ERR_NOBLAS;  /* the same answer on every thread */
     const int64_t T = c->ne[1], kk = c->ne[2], E = c->ip[0], N = c->ip[1], K = c->ip[2], TK = T * kk;
     const int32_t *ids = (const int32_t *)c->src[2];
     const float *x = (const float *)c->src[1];
     float *out = (float *)c->out;
-    for (int64_t t = 0; t < T; ++t) for (int64_t j = 0; j < kk; ++j) {
-        int32_t e = ids[t * c->ss[2][1] + j * c->ss[2][2]];
-        if (e < 0 || e >= E) return ERR_INDEX;
-    }
     float *xs = (float *)c->scratch, *ys = xs + TK * K;
-    int32_t *order = (int32_t *)(ys + TK * N);
-    for (int64_t e = 0; e < E; ++e) {
-        int64_t cnt = 0;
-        for (int64_t t = 0; t < T; ++t) for (int64_t j = 0; j < kk; ++j)
-            if (ids[t * c->ss[2][1] + j * c->ss[2][2]] == e) order[cnt++] = (int32_t)(t * kk + j);
-        if (!cnt) continue;
+    int32_t *order = (int32_t *)(ys + TK * N), *off = order + TK, *used = off + E + 2;
+    if (ith == 0) {
+        int32_t bad = 0, nused = 0;
+        for (int64_t e = 0; e <= E; ++e) off[e] = 0;
+        for (int64_t t = 0; t < T && !bad; ++t) for (int64_t j = 0; j < kk; ++j) {
+            const int32_t e = ids[t * c->ss[2][1] + j * c->ss[2][2]];
+            if (e < 0 || e >= E) { bad = 1; break; }
+            off[e + 1]++;
+        }
+        if (!bad) {
+            for (int64_t e = 0; e < E; ++e) {
+                if (off[e + 1]) used[nused++] = (int32_t)e;
+                off[e + 1] += off[e];
+            }
+            for (int32_t u = 0; u < nused; ++u) {  /* each expert's slots in (t, j) order */
+                const int32_t e = used[u];
+                int64_t r = off[e];
+                for (int64_t t = 0; t < T; ++t) for (int64_t j = 0; j < kk; ++j)
+                    if (ids[t * c->ss[2][1] + j * c->ss[2][2]] == e) order[r++] = (int32_t)(t * kk + j);
+            }
+        }
+        off[E + 1] = bad ? -1 : nused;
+    }
+    flare_pool_barrier(pool);
+    const int32_t nused = off[E + 1];
+    if (nused < 0) return ith == 0 ? ERR_INDEX : 0;
+    int64_t u0, u1;
+    flare_split(nused, 1, ith, nth, &u0, &u1);
+    for (int64_t u = u0; u < u1; ++u) {
+        const int64_t e = used[u], first = off[e], cnt = off[e + 1] - off[e];
+        const int32_t *rows = order + first;
         const float *w = (const float *)c->src[0] + e * c->ss[0][1];
         if (cnt == 1) {
-            const int64_t t = order[0] / kk, j = order[0] % kk;
-            gemv(NT, N, K, w, c->ss[0][2], x + t * c->ss[1][1] + j * c->ss[1][2], 1, 0.0f, out + order[0] * N, 1);
+            const int64_t t = rows[0] / kk, j = rows[0] % kk;
+            gemv(NT, N, K, w, c->ss[0][2], x + t * c->ss[1][1] + j * c->ss[1][2], 1, 0.0f, out + rows[0] * N, 1);
             continue;
         }
+        float *xe = xs + first * K, *ye = ys + first * N;
         for (int64_t r = 0; r < cnt; ++r) {
-            const int64_t t = order[r] / kk, j = order[r] % kk;
-            memcpy(xs + r * K, x + t * c->ss[1][1] + j * c->ss[1][2], (size_t)K * sizeof(float));
+            const int64_t t = rows[r] / kk, j = rows[r] % kk;
+            memcpy(xe + r * K, x + t * c->ss[1][1] + j * c->ss[1][2], (size_t)K * sizeof(float));
         }
-        gemm(NT, TR, cnt, N, K, xs, K, w, c->ss[0][2], 0.0f, ys, N);
-        for (int64_t r = 0; r < cnt; ++r) memcpy(out + order[r] * N, ys + r * N, (size_t)N * sizeof(float));
+        gemm(NT, TR, cnt, N, K, xe, K, w, c->ss[0][2], 0.0f, ye, N);
+        for (int64_t r = 0; r < cnt; ++r) memcpy(out + rows[r] * N, ye + r * N, (size_t)N * sizeof(float));
     }
     return 0;
 }
+
+static int k_mul_mat_id(const flare_cmd *c) { return mul_mat_id_par(c, 0, 1, NULL); }
 
 /* norm then affine: out = norm(x) * gamma + beta (src[1] gamma, src[2] beta: rows of n, unit stride;
  * beta may be NULL). flags & 1: layer norm (centered), else RMS norm. */
@@ -857,7 +885,8 @@ HOT static void lstm_cell(int64_t H, int64_t u0, int64_t u1, const float *restri
     }
 }
 
-/* Serial (nth 1) or by every thread of a region: each step, a thread computes its columns of
+/* Serial (nth 1) or by every thread of a region (kernels with barriers inside, axis A_WHOLE, pass
+ * the same barriers on every thread and never return before them): each step, a thread computes its columns of
  * z = W_hh h (panel pairs of 32 columns packed, blocks of 4 columns for wdot), then its hidden
  * units (blocks of 16) of the cell update; a barrier after each, as the next phase reads what
  * all threads wrote. Threaded only with x of unit stride (plan()), so no shared x row copy. */
@@ -1034,9 +1063,12 @@ static plan_t plan(const flare_cmd *c, int nth) {
         else p.mode = SERIAL_LONG;
         return p;
     }
-    case K_MUL_MAT_ID:
-        p.mode = SERIAL_LONG;
+    case K_MUL_MAT_ID: {
+        const int64_t work = c->ne[1] * c->ne[2] * c->ip[1] * c->ip[2];
+        if (work >= MIN_SPLIT_FLOPS && g_sgemm) { p.mode = SPLIT; p.axis = A_WHOLE; }
+        else p.mode = work >= LONG_SERIAL ? SERIAL_LONG : SERIAL;
         return p;
+    }
     default:
         return p;
     }
@@ -1082,6 +1114,7 @@ static int run_range(const flare_cmd *c, const plan_t *p, int64_t b, int64_t e) 
 static int run_part(const flare_cmd *c, const plan_t *p, int ith, int nth, walk_t *w, _Atomic int64_t *next) {
     if (p->axis == A_WHOLE) {
         if (c->kind == K_LSTM) { lstm_par(c, ith, nth, w->pool); return 0; }
+        if (c->kind == K_MUL_MAT_ID) return mul_mat_id_par(c, ith, nth, w->pool);
         return conv1d_par(c, ith, nth, w->pool);
     }
     const int64_t grains = (p->units + p->grain - 1) / p->grain;
