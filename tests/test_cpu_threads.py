@@ -185,3 +185,34 @@ def test_a_bad_index_in_a_split_list_is_the_same_typed_error():
                 pg.execute("full", **bad)
             assert pg.execute("full", **inputs(1))["y"].shape == (T, D)
             pg.release()
+
+
+def test_a_forked_child_runs_the_lists_on_its_own_thread():
+    """A child forked after the pool started has none of its workers: it must not wait for them."""
+    import signal
+    import time
+
+    ref = _reference([2])
+    with _session(2) as sess:
+        pg = sess.prepare({"full": block}, {"full": SHAPES})
+        pg.execute("full", **inputs(0))
+        pid = os.fork()
+        if pid == 0:  # the child: run, compare, leave without running any Python teardown
+            ok = False
+            try:
+                got = pg.execute("full", **inputs(2))
+                ok = all(np.array_equal(got[k], v) for k, v in ref[2].items())
+            finally:
+                os._exit(0 if ok else 1)
+        deadline = time.monotonic() + 120
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                pytest.fail("the forked child hung in a command list")
+            time.sleep(0.05)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        pg.release()

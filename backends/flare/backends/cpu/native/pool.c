@@ -12,7 +12,9 @@
 #include "pool.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <limits.h>
 #include <sched.h>
@@ -59,6 +61,7 @@ static void bump(atomic_int *addr, atomic_int *sleepers) {
 
 struct flare_pool {
     int nth;
+    pid_t pid;                  /* the creating process: a forked child has none of the workers */
     pthread_t *workers;
     atomic_flag busy;           /* a region is running (taken by its caller) */
     atomic_int generation;      /* bumped to start a region */
@@ -107,6 +110,7 @@ flare_pool *flare_pool_new(int threads) {
     flare_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->nth = threads;
+    p->pid = getpid();
     atomic_flag_clear(&p->busy);
     atomic_init(&p->generation, 0);
     atomic_init(&p->gen_sleepers, 0);
@@ -117,22 +121,28 @@ flare_pool *flare_pool_new(int threads) {
     if (threads == 1) return p;
     p->workers = calloc((size_t)threads - 1, sizeof(pthread_t));
     if (!p->workers) { free(p); return NULL; }
+    /* workers block every signal (they inherit the mask): signals go to the application's threads */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
     for (int i = 1; i < threads; ++i) {
         worker_arg *a = malloc(sizeof *a);
         if (a) { a->pool = p; a->ith = i; }
         if (!a || pthread_create(&p->workers[i - 1], NULL, worker_main, a) != 0) {
             free(a);
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
             p->nth = i;                 /* the workers started so far: stop and join them */
             flare_pool_free(p);
             return NULL;
         }
     }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     return p;
 }
 
 void flare_pool_free(flare_pool *p) {
     if (!p) return;
-    if (p->workers) {
+    if (p->workers && p->pid == getpid()) {
         p->stop = 1;
         bump(&p->generation, &p->gen_sleepers);
         for (int i = 1; i < p->nth; ++i) pthread_join(p->workers[i - 1], NULL);
@@ -144,7 +154,7 @@ void flare_pool_free(flare_pool *p) {
 int flare_pool_threads(const flare_pool *p) { return p ? p->nth : 1; }
 
 int flare_pool_region(flare_pool *p, flare_region_fn fn, void *ctx) {
-    if (!p || p->nth <= 1) return 0;
+    if (!p || p->nth <= 1 || p->pid != getpid()) return 0;
     if (atomic_flag_test_and_set_explicit(&p->busy, memory_order_acquire)) return 0;
     p->fn = fn;
     p->ctx = ctx;

@@ -16,7 +16,9 @@
  * running anything when another thread's region is in progress (the caller then runs
  * its work alone); `flare_pool_for` falls back the same way by itself. So one pool may
  * be shared by any number of threads, and a caller never waits for another's work.
- * A pool of one thread has no workers and takes no locks.
+ * A pool of one thread has no workers and takes no locks. In a process forked from the one that
+ * made the pool (which has none of its workers) every call runs on the calling thread alone.
+ * Workers block all signals, so signals reach the application's own threads.
  *
  * Splits are by output ranges only (`flare_split`), so every output element is computed
  * by the same code in the same order whatever the thread count: results do not change
