@@ -1,12 +1,16 @@
 """The native CPU executor on several threads: same results as one thread, under concurrency.
 
-Tolerance: none. The kernels split only by output ranges (rows, columns in blocks of
-the microkernels' own widths, heads, batches), so every output element is computed by the
-same code in the same order on any thread count; BLAS runs single-threaded under the pool
-(its calls are split the same way). The outputs must therefore equal the one-thread
-outputs bit for bit, and the tests say so (`assert_array_equal`). Shapes are chosen just
-above the split thresholds of kernels.c's plan() so that every kind of split runs, and
-small enough to keep the file at a few seconds.
+Tolerance. The C kernels split only by output ranges (rows, columns in blocks of the
+microkernels' own widths, heads, batches) at fixed boundaries, so every output element is
+computed by the same code in the same order on any thread count: those outputs must equal
+the one-thread outputs bit for bit (`assert_array_equal`). The exception is a BLAS product
+split into row blocks (sgemm: conv1d's GEMM, an activation-activation product): OpenBLAS
+chooses its kernel by the product's size (it has a separate small-matrix path), so a block
+may round differently in the last bits. Outputs that pass through such a split (`BLAS_SPLIT`)
+are compared to 1e-5 relative and absolute (f32 rounding of a sum of ~100 products of O(1)
+terms is ~1e-6; 1e-5 leaves room, and still fails on any wrong row, column or chunk).
+Shapes are chosen just above the split thresholds of kernels.c's plan() so that every kind
+of split runs, and small enough to keep the file at a few seconds.
 """
 from __future__ import annotations
 
@@ -85,6 +89,16 @@ def inputs(seed: int) -> dict[str, np.ndarray]:
             "flat": rng.standard_normal(70000).astype(np.float32)}
 
 
+BLAS_SPLIT = ("conv", "gram")
+
+
+def assert_same(got: np.ndarray, want: np.ndarray, name: str, where: str = "") -> None:
+    if name in BLAS_SPLIT:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{name} {where}")
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=f"{name} {where}")
+
+
 def _session(threads: int) -> Session:
     return Session(["cpu"], config={"cpu": {"threads": threads}})
 
@@ -97,7 +111,7 @@ def _reference(seeds) -> dict[int, dict[str, np.ndarray]]:
     return out
 
 
-def test_every_thread_count_gives_the_one_thread_result_bit_for_bit():
+def test_every_thread_count_gives_the_one_thread_result():
     ref = _reference([0])
     for threads in (2, 3, 4):
         with _session(threads) as sess:
@@ -110,7 +124,7 @@ def test_every_thread_count_gives_the_one_thread_result_bit_for_bit():
             got = pg.execute("full", **inputs(0))
             assert sess.devices[0].pool.regions() > before            # ... on the pool's threads
             for name, want in ref[0].items():
-                np.testing.assert_array_equal(got[name], want, err_msg=f"{name} at {threads} threads")
+                assert_same(got[name], want, name, f"at {threads} threads")
             pg.release()
 
 
@@ -134,7 +148,7 @@ def test_concurrent_executes_on_sessions_of_different_threads():
                     seed = int(rng.integers(len(seeds)))
                     got = pg.execute("full", **inputs(seed))
                     for name, want in ref[seed].items():
-                        np.testing.assert_array_equal(got[name], want, err_msg=name)
+                        assert_same(got[name], want, name)
             except BaseException as exc:  # reported by the main thread
                 errors.append(exc)
 
@@ -154,19 +168,25 @@ def test_concurrent_executes_on_sessions_of_different_threads():
 
 
 def test_pool_workers_start_and_stop_with_the_session():
-    """threads - 1 native workers per CPU device, joined by close() (counted as the OS's threads)."""
-    def os_threads() -> int:
-        return len(os.listdir("/proc/self/task"))
+    """threads - 1 native workers per CPU device (named flare-cpu), joined by close()."""
+    def workers() -> int:
+        n = 0
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    n += f.read().strip() == "flare-cpu"
+            except OSError:  # a thread that just ended
+                pass
+        return n
 
-    _session(1).close()          # BLAS set single-threaded first, so its own workers are settled
-    start = os_threads()
+    start = workers()
     sess = _session(4)
-    assert os_threads() == start + 3
+    assert workers() == start + 3
     one = _session(1)            # one thread: no pool, no workers
-    assert os_threads() == start + 3
+    assert workers() == start + 3
     one.close()
     sess.close()
-    assert os_threads() == start
+    assert workers() == start
 
 
 def test_a_bad_index_in_a_split_list_is_the_same_typed_error():
@@ -201,7 +221,8 @@ def test_a_forked_child_runs_the_lists_on_its_own_thread():
             ok = False
             try:
                 got = pg.execute("full", **inputs(2))
-                ok = all(np.array_equal(got[k], v) for k, v in ref[2].items())
+                ok = all(np.allclose(got[k], v, rtol=1e-5, atol=1e-5) if k in BLAS_SPLIT else np.array_equal(got[k], v)
+                         for k, v in ref[2].items())
             finally:
                 os._exit(0 if ok else 1)
         deadline = time.monotonic() + 120

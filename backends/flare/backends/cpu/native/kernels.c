@@ -722,47 +722,56 @@ static void k_top_k(const flare_cmd *c, int64_t ob, int64_t oe) {
 /* ---- conv1d: im2col into scratch, one GEMM over all batch rows -------------------------
  * x [B, Cin, L] (strides ss[0][1..3]); w [Cout, Cin*K] contiguous; out [B, Cout, Lout] contiguous.
  * ne = {1, B, Cout, Lout}; ip: stride, pad, dil, Cin, K, L */
-static int conv1d_par(const flare_cmd *c, int ith, int nth, flare_pool *pool) {
+/* Three phases, each over a range of its own units (the threaded executor runs them one after the
+ * other, each split into chunks): 0 im2col rows (b, l); 1 the product, by rows (GEMM, blocks of 16)
+ * or, for up to 16 rows, wdot's output columns (blocks of 4); 2 the transpose out, by (b, co) rows. */
+static int64_t conv1d_units(const flare_cmd *c, int phase, int64_t *grain) {
+    const int64_t rows = c->ne[1] * c->ne[3];
+    *grain = phase == 1 ? (rows <= 16 ? 4 : 16) : 1;
+    return phase == 0 ? rows : phase == 1 ? (rows <= 16 ? c->ne[2] : rows) : c->ne[1] * c->ne[2];
+}
+
+static int conv1d_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
     const int64_t B = c->ne[1], Co = c->ne[2], Lo = c->ne[3];
     const int64_t s = c->ip[0], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
     const int64_t ck = Ci * K;
-    if (B * Lo > 16 && !g_sgemm) return ERR_NOBLAS;  /* the same answer on every thread */
+    if (B * Lo > 16 && !g_sgemm) return ERR_NOBLAS;
     float *cols = (float *)c->scratch, *res = cols + B * Lo * ck;
-    const float *x = (const float *)c->src[0];
-    int64_t r0, r1;
-    flare_split(B * Lo, 1, ith, nth, &r0, &r1);      /* im2col: this thread's rows (b, l) */
-    for (int64_t r = r0; r < r1; ++r) {
-        const int64_t b = r / Lo, l = r % Lo;
-        float *row = cols + r * ck;
-        for (int64_t ci = 0; ci < Ci; ++ci) {
-            const float *xr = x + b * c->ss[0][1] + ci * c->ss[0][2];
-            for (int64_t k = 0; k < K; ++k) {
-                const int64_t p = l * s + k * dil - pad;
-                row[ci * K + k] = (p >= 0 && p < L) ? xr[p * c->ss[0][3]] : 0.0f;
+    if (phase == 0) {
+        const float *x = (const float *)c->src[0];
+        for (int64_t r = r0; r < r1; ++r) {
+            const int64_t b = r / Lo, l = r % Lo;
+            float *row = cols + r * ck;
+            for (int64_t ci = 0; ci < Ci; ++ci) {
+                const float *xr = x + b * c->ss[0][1] + ci * c->ss[0][2];
+                for (int64_t k = 0; k < K; ++k) {
+                    const int64_t p = l * s + k * dil - pad;
+                    row[ci * K + k] = (p >= 0 && p < L) ? xr[p * c->ss[0][3]] : 0.0f;
+                }
             }
         }
-    }
-    flare_pool_barrier(pool);
-    const float *w = (const float *)c->src[1];
-    int64_t n0, n1;
-    if (B * Lo <= 16) {  /* streaming chunks: output columns in blocks of 4 (wdot's own blocking) */
-        flare_split(Co, 4, ith, nth, &n0, &n1);
-        if (n1 > n0) wdot(B * Lo, n1 - n0, ck, cols, ck, w + n0 * ck, ck, res + n0, Co);
+    } else if (phase == 1) {
+        const float *w = (const float *)c->src[1];
+        if (B * Lo <= 16) wdot(B * Lo, r1 - r0, ck, cols, ck, w + r0 * ck, ck, res + r0, Co);  /* columns */
+        else gemm(NT, TR, r1 - r0, Co, ck, cols + r0 * ck, ck, w, ck, 0.0f, res + r0 * Co, Co);
     } else {
-        flare_split(B * Lo, 16, ith, nth, &r0, &r1);
-        if (r1 > r0) gemm(NT, TR, r1 - r0, Co, ck, cols + r0 * ck, ck, w, ck, 0.0f, res + r0 * Co, Co);
-    }
-    flare_pool_barrier(pool);
-    float *o = (float *)c->out;
-    flare_split(B * Co, 1, ith, nth, &r0, &r1);      /* transpose out: this thread's (b, co) rows */
-    for (int64_t r = r0; r < r1; ++r) {
-        const int64_t b = r / Co, co = r % Co;
-        for (int64_t l = 0; l < Lo; ++l) o[r * Lo + l] = res[(b * Lo + l) * Co + co];
+        float *o = (float *)c->out;
+        for (int64_t r = r0; r < r1; ++r) {
+            const int64_t b = r / Co, co = r % Co;
+            for (int64_t l = 0; l < Lo; ++l) o[r * Lo + l] = res[(b * Lo + l) * Co + co];
+        }
     }
     return 0;
 }
 
-static int k_conv1d(const flare_cmd *c) { return conv1d_par(c, 0, 1, NULL); }
+static int k_conv1d(const flare_cmd *c) {
+    for (int ph = 0; ph < 3; ++ph) {
+        int64_t grain;
+        const int e = conv1d_phase(c, ph, 0, conv1d_units(c, ph, &grain));
+        if (e) return e;
+    }
+    return 0;
+}
 
 /* ---- pad: out [ne] f32; ip[0..3] pads before each axis, ip[4..7] the source shape;
  * flags & 1: reflect, else the constant fp0 */
@@ -796,15 +805,15 @@ static void k_pad(const flare_cmd *c) {
  * start; off[E + 1]: how many experts are used, -1 for a bad id), used [E] (those experts).
  * Thread 0 groups, then the used experts are shared out between the threads: each writes its
  * own experts' rows of xs, ys and out, so a decode step's experts run side by side. */
-static int mul_mat_id_par(const flare_cmd *c, int ith, int nth, flare_pool *pool) {
-    if (!g_sgemm) return ERR_NOBLAS;  /* the same answer on every thread */
+static int mul_mat_id_phase(const flare_cmd *c, int phase, int64_t u0, int64_t u1) {
+    if (!g_sgemm) return ERR_NOBLAS;
     const int64_t T = c->ne[1], kk = c->ne[2], E = c->ip[0], N = c->ip[1], K = c->ip[2], TK = T * kk;
     const int32_t *ids = (const int32_t *)c->src[2];
     const float *x = (const float *)c->src[1];
     float *out = (float *)c->out;
     float *xs = (float *)c->scratch, *ys = xs + TK * K;
     int32_t *order = (int32_t *)(ys + TK * N), *off = order + TK, *used = off + E + 2;
-    if (ith == 0) {
+    if (phase == 0) {  /* group the slots by expert (one chunk) */
         int32_t bad = 0, nused = 0;
         for (int64_t e = 0; e <= E; ++e) off[e] = 0;
         for (int64_t t = 0; t < T && !bad; ++t) for (int64_t j = 0; j < kk; ++j) {
@@ -825,13 +834,9 @@ static int mul_mat_id_par(const flare_cmd *c, int ith, int nth, flare_pool *pool
             }
         }
         off[E + 1] = bad ? -1 : nused;
+        return bad ? ERR_INDEX : 0;
     }
-    flare_pool_barrier(pool);
-    const int32_t nused = off[E + 1];
-    if (nused < 0) return ith == 0 ? ERR_INDEX : 0;
-    int64_t u0, u1;
-    flare_split(nused, 1, ith, nth, &u0, &u1);
-    for (int64_t u = u0; u < u1; ++u) {
+    for (int64_t u = u0; u < u1; ++u) {  /* phase 1: used experts [u0, u1) */
         const int64_t e = used[u], first = off[e], cnt = off[e + 1] - off[e];
         const int32_t *rows = order + first;
         const float *w = (const float *)c->src[0] + e * c->ss[0][1];
@@ -851,7 +856,17 @@ static int mul_mat_id_par(const flare_cmd *c, int ith, int nth, flare_pool *pool
     return 0;
 }
 
-static int k_mul_mat_id(const flare_cmd *c) { return mul_mat_id_par(c, 0, 1, NULL); }
+/* experts phase 0 found in use (-1: a bad id) */
+static int64_t mul_mat_id_used(const flare_cmd *c) {
+    const int64_t TK = c->ne[1] * c->ne[2], N = c->ip[1], K = c->ip[2], E = c->ip[0];
+    const int32_t *off = (const int32_t *)((float *)c->scratch + TK * (K + N)) + TK;
+    return off[E + 1];
+}
+
+static int k_mul_mat_id(const flare_cmd *c) {
+    const int e = mul_mat_id_phase(c, 0, 0, 0);
+    return e ? e : mul_mat_id_phase(c, 1, 0, mul_mat_id_used(c));
+}
 
 /* norm then affine: out = norm(x) * gamma + beta (src[1] gamma, src[2] beta: rows of n, unit stride;
  * beta may be NULL). flags & 1: layer norm (centered), else RMS norm. */
@@ -885,48 +900,56 @@ HOT static void lstm_cell(int64_t H, int64_t u0, int64_t u1, const float *restri
     }
 }
 
-/* Serial (nth 1) or by every thread of a region (kernels with barriers inside, axis A_WHOLE, pass
- * the same barriers on every thread and never return before them): each step, a thread computes its columns of
- * z = W_hh h (panel pairs of 32 columns packed, blocks of 4 columns for wdot), then its hidden
- * units (blocks of 16) of the cell update; a barrier after each, as the next phase reads what
- * all threads wrote. Threaded only with x of unit stride (plan()), so no shared x row copy. */
-static void lstm_par(const flare_cmd *c, int ith, int nth, flare_pool *pool) {
-    const int64_t T = c->ne[1], B = c->ne[2], H = c->ip[0];
+/* Phase 0 copies h0, c0 into the scratch; then two phases per step t: 1 + 2t computes columns of
+ * z = W_hh h (panel pairs of 32 columns packed, blocks of 4 for wdot), 2 + 2t the cell update of
+ * hidden units (blocks of 16) for every batch row. Each phase reads what the one before wrote,
+ * so the threaded executor finishes one before it starts the next. Threaded only with x of unit
+ * stride (plan()): the strided case copies x rows through one shared scratch row. */
+static int64_t lstm_units(const flare_cmd *c, int64_t phase, int64_t *grain) {
+    const int64_t H = c->ip[0];
+    if (phase == 0) { *grain = 1; return 1; }
+    if (phase % 2) { *grain = c->ip[1] ? 2 * PANEL : 4; return 4 * H; }
+    *grain = 16;
+    return H;
+}
+
+static void lstm_phase(const flare_cmd *c, int64_t phase, int64_t r0, int64_t r1) {
+    const int64_t B = c->ne[2], H = c->ip[0];
     const float *x = (const float *)c->src[0], *w = (const float *)c->src[1];
     const float *h0 = (const float *)c->src[2], *c0 = (const float *)c->src[3];
     /* scratch: h [B, H], c [B, H], z [B, 4H], and a contiguous copy of one x row [4H] */
     float *h = (float *)c->scratch, *cs = h + B * H, *z = cs + B * H, *xrow = z + B * 4 * H, *out = (float *)c->out;
-    if (ith == 0)
+    if (phase == 0) {
         for (int64_t b = 0; b < B; ++b)
             for (int64_t u = 0; u < H; ++u) {
                 h[b * H + u] = h0[b * c->ss[1][2] + u * c->ss[1][3]];
                 cs[b * H + u] = c0[b * c->ss[2][2] + u * c->ss[2][3]];
             }
-    flare_pool_barrier(pool);
-    const int64_t xs = c->ss[0][3];
-    int64_t n0, n1, u0, u1;
-    flare_split(4 * H, c->ip[1] ? 2 * PANEL : 4, ith, nth, &n0, &n1);
-    flare_split(H, 16, ith, nth, &u0, &u1);
-    for (int64_t t = 0; t < T; ++t) {
-        if (n1 > n0) {
-            if (c->ip[1]) pgemm(B, n1 - n0, H, h, H, w + n0 * H, z + n0, 4 * H);  /* w: packed panels (packing.py) */
-            else wdot(B, n1 - n0, H, h, H, w + n0 * H, H, z + n0, 4 * H);
+        return;
+    }
+    const int64_t t = (phase - 1) / 2, xs = c->ss[0][3];
+    if (r1 <= r0) return;
+    if (phase % 2) {
+        if (c->ip[1]) pgemm(B, r1 - r0, H, h, H, w + r0 * H, z + r0, 4 * H);  /* w: packed panels (packing.py) */
+        else wdot(B, r1 - r0, H, h, H, w + r0 * H, H, z + r0, 4 * H);
+        return;
+    }
+    for (int64_t b = 0; b < B; ++b) {
+        const float *xt = x + t * c->ss[0][1] + b * c->ss[0][2];
+        if (xs != 1) {  /* serial only */
+            for (int64_t j = 0; j < 4 * H; ++j) xrow[j] = xt[j * xs];
+            xt = xrow;
         }
-        flare_pool_barrier(pool);
-        if (u1 > u0)
-            for (int64_t b = 0; b < B; ++b) {
-                const float *xt = x + t * c->ss[0][1] + b * c->ss[0][2];
-                if (xs != 1) {  /* serial only */
-                    for (int64_t j = 0; j < 4 * H; ++j) xrow[j] = xt[j * xs];
-                    xt = xrow;
-                }
-                lstm_cell(H, u0, u1, z + b * 4 * H, xt, h + b * H, cs + b * H, out + (t * B + b) * 2 * H);
-            }
-        flare_pool_barrier(pool);
+        lstm_cell(H, r0, r1, z + b * 4 * H, xt, h + b * H, cs + b * H, out + (t * B + b) * 2 * H);
     }
 }
 
-static void k_lstm(const flare_cmd *c) { lstm_par(c, 0, 1, NULL); }
+static void k_lstm(const flare_cmd *c) {
+    for (int64_t ph = 0; ph < 1 + 2 * c->ne[1]; ++ph) {
+        int64_t grain;
+        lstm_phase(c, ph, 0, lstm_units(c, ph, &grain));
+    }
+}
 
 /* ---- the loop ------------------------------------------------------------------------ */
 /* Elementwise and row kernels over outer rows [ob, oe) and, for elementwise, columns [jb, je). */
@@ -993,11 +1016,15 @@ int64_t flare_run(const flare_cmd *cmds, int64_t n, int32_t *err) {
 }
 
 /* ---- threads --------------------------------------------------------------------------
- * How a command splits across the threads of a pool (plan), and the walk: every thread of one
- * region walks the whole command list; a split command runs its share on each thread, any other
- * command runs on thread 0 alone, and a barrier separates a split command from its neighbours
- * (a run of unsplit commands needs none between them: thread 0 runs them in order). Work below
- * the thresholds stays on one thread, where a barrier (~1 us) would cost more than it saves. */
+ * How a command splits across the threads of a pool (plan), and the walk that runs a command
+ * list on them. The list is a sequence of *steps*: one per command, or one per phase of the
+ * kernels that work in phases (conv1d, mul_mat_id, the LSTM's steps). A step is cut into chunks
+ * (one for a command not worth splitting; up to 4 per thread otherwise, at fixed boundaries),
+ * and every thread that takes part claims chunks of the current step from a shared counter;
+ * whoever finishes a step's last chunk opens the next one. No thread ever waits for a thread,
+ * only for chunks being run: a worker the OS delays or never schedules costs nothing, and the
+ * caller alone can finish the list. Work below the thresholds is one chunk, where handing it
+ * over (~1 us) would cost more than it saves. */
 enum { SERIAL = 0, SERIAL_LONG = 1, SPLIT = 2 };
 enum { A_OUTER, A_INNER, A_BATCH, A_MROWS, A_NCOLS, A_ROPE, A_WHOLE };
 typedef struct { int mode, axis; int64_t units, grain; } plan_t;
@@ -1074,25 +1101,7 @@ static plan_t plan(const flare_cmd *c, int nth) {
     }
 }
 
-typedef struct {
-    const flare_cmd *cmds;
-    int64_t n;
-    flare_pool *pool;
-    _Atomic int64_t failed;   /* lowest failing command + 1, 0 while none */
-    _Atomic int32_t err;
-    _Atomic int64_t next[2];  /* chunk counters, used by alternate split commands (see walk) */
-} walk_t;
-
-/* The next unclaimed chunk below `end`, or -1: the counter never passes end. */
-static int64_t claim(_Atomic int64_t *next, int64_t end) {
-    int64_t cur = atomic_load_explicit(next, memory_order_relaxed);
-    while (cur < end)
-        if (atomic_compare_exchange_weak_explicit(next, &cur, cur + 1, memory_order_relaxed, memory_order_relaxed))
-            return cur;
-    return -1;
-}
-
-/* units [b, e) of a split command */
+/* units [b, e) of a split command (one that is not phased) */
 static int run_range(const flare_cmd *c, const plan_t *p, int64_t b, int64_t e) {
     switch (p->axis) {
     case A_OUTER: return run_slice(c, b, e, 0, c->ne[3]);
@@ -1108,26 +1117,62 @@ static int run_range(const flare_cmd *c, const plan_t *p, int64_t b, int64_t e) 
     return 0;
 }
 
-/* A thread's part of a split command. The units are cut into up to 4 chunks per thread at
- * multiples of the grain (fixed boundaries: the result does not depend on who runs which) and
- * claimed from a shared counter, so a thread the OS delayed does not hold the others back. */
-static int run_part(const flare_cmd *c, const plan_t *p, int ith, int nth, walk_t *w, _Atomic int64_t *next) {
-    if (p->axis == A_WHOLE) {
-        if (c->kind == K_LSTM) { lstm_par(c, ith, nth, w->pool); return 0; }
-        if (c->kind == K_MUL_MAT_ID) return mul_mat_id_par(c, ith, nth, w->pool);
-        return conv1d_par(c, ith, nth, w->pool);
-    }
-    const int64_t grains = (p->units + p->grain - 1) / p->grain;
-    const int64_t chunks = grains < 4 * nth ? grains : 4 * nth;
-    int err = 0;
-    for (int64_t k; (k = claim(next, chunks)) >= 0;) {
-        const int64_t b = k * grains / chunks * p->grain, e = (k + 1) * grains / chunks * p->grain;
-        const int e2 = run_range(c, p, b, e < p->units ? e : p->units);
-        if (e2 && !err) err = e2;
-    }
-    return err;
+/* Phases of a command: conv1d 3, mul_mat_id 2, lstm 1 + 2 per time step when split; else 1. */
+static int64_t phases(const flare_cmd *c, const plan_t *p) {
+    if (p->mode != SPLIT || p->axis != A_WHOLE) return 1;
+    if (c->kind == K_LSTM) return 1 + 2 * c->ne[1];
+    return c->kind == K_CONV1D ? 3 : 2;
 }
 
+/* The units a phase splits and their grain (0 units: the phase is one chunk). */
+static int64_t phase_units(const flare_cmd *c, const plan_t *p, int64_t ph, int64_t *grain) {
+    *grain = p->grain;
+    if (p->mode != SPLIT) return 0;
+    if (p->axis != A_WHOLE) return p->units;
+    if (c->kind == K_LSTM) return ph == 0 ? 0 : lstm_units(c, ph, grain);
+    if (c->kind == K_CONV1D) return conv1d_units(c, (int)ph, grain);
+    *grain = 1;  /* mul_mat_id: phase 0 groups (one chunk), phase 1 shares out the used experts */
+    return ph == 0 ? 0 : mul_mat_id_used(c) > 0 ? mul_mat_id_used(c) : 0;
+}
+
+static int64_t phase_chunks(int64_t units, int64_t grain, int nth) {
+    if (units <= 0) return 1;
+    const int64_t grains = (units + grain - 1) / grain;
+    return grains < 4 * nth ? grains : 4 * nth;
+}
+
+/* Chunk k of `chunks` of a step: its unit range, cut at multiples of the grain. */
+static int run_chunk(const flare_cmd *c, const plan_t *p, int64_t ph, int64_t k, int64_t chunks, int64_t units,
+                     int64_t grain) {
+    if (units <= 0) {  /* one chunk: the whole command, or a phase that is not split */
+        if (p->mode != SPLIT) return run_one(c);
+        if (c->kind == K_LSTM) { lstm_phase(c, ph, 0, 0); return 0; }
+        if (c->kind == K_MUL_MAT_ID) return ph == 0 ? mul_mat_id_phase(c, 0, 0, 0) : 0;
+        return 0;
+    }
+    const int64_t grains = (units + grain - 1) / grain;
+    int64_t b = k * grains / chunks * grain, e = (k + 1) * grains / chunks * grain;
+    if (e > units) e = units;
+    if (b >= e) return 0;
+    if (p->axis != A_WHOLE) return run_range(c, p, b, e);
+    if (c->kind == K_LSTM) { lstm_phase(c, ph, b, e); return 0; }
+    if (c->kind == K_CONV1D) return conv1d_phase(c, (int)ph, b, e);
+    return mul_mat_id_phase(c, 1, b, e);
+}
+
+typedef struct {
+    const flare_cmd *cmds;
+    int64_t n;
+    int nth;
+    _Atomic int64_t failed;   /* lowest failing command + 1, 0 while none */
+    _Atomic int32_t err;
+    atomic_int step;          /* steps finished (the current step's index); what threads wait on */
+    atomic_int sleepers;      /* threads asleep on step */
+    _Atomic int64_t claim;    /* the current step: (step << 32) | (chunks << 16) | next chunk */
+    _Atomic int64_t done;     /* chunks of the current step finished */
+} walk_t;
+
+#define CLAIM(step, chunks) (((int64_t)(step) << 32) | ((int64_t)(chunks) << 16))
 
 static void record_failure(walk_t *w, int64_t i, int e) {
     int64_t cur = atomic_load(&w->failed);
@@ -1135,40 +1180,58 @@ static void record_failure(walk_t *w, int64_t i, int e) {
     if (atomic_load(&w->failed) == i + 1) atomic_store(&w->err, e);
 }
 
-/* Every thread passes every barrier (after a failure the rest is skipped, not left), so no thread
- * waits for one that returned early. */
+/* A chunk of step s, or -1 when s is not the open step or its chunks are all taken. The
+ * chunk count travels in the same word, so it is always the one of step s. */
+static int64_t claim_chunk(walk_t *w, int64_t s, int64_t *chunks) {
+    int64_t v = atomic_load(&w->claim);
+    for (;;) {
+        if ((v >> 32) != s || (v & 0xFFFF) >= ((v >> 16) & 0xFFFF)) return -1;
+        if (atomic_compare_exchange_weak(&w->claim, &v, v + 1)) {
+            *chunks = (v >> 16) & 0xFFFF;
+            return v & 0xFFFF;
+        }
+    }
+}
+
+/* The chunk count of step (i, ph): computed by whoever opens it (it may read what the step
+ * before wrote: mul_mat_id's grouping). */
+static int64_t step_chunks(walk_t *w, int64_t i, int64_t ph) {
+    if (atomic_load(&w->failed)) return 1;  /* the rest is skipped: one chunk each */
+    const flare_cmd *c = w->cmds + i;
+    const plan_t p = plan(c, w->nth);
+    int64_t grain = 1;
+    return phase_chunks(phase_units(c, &p, ph, &grain), grain, w->nth);
+}
+
 static void walk(void *arg, int ith, int nth) {
+    (void)ith; (void)nth;
     walk_t *w = arg;
-    int prev_split = 0, long_serial = 0;
-    int64_t nsplit = 0;   /* split commands so far: command j claims chunks from next[j % 2] */
+    int64_t s = 0;
     for (int64_t i = 0; i < w->n; ++i) {
         const flare_cmd *c = w->cmds + i;
-        const plan_t p = plan(c, nth);
-        const int split = p.mode == SPLIT;
-        if (i > 0 && (split || prev_split)) {
-            if (long_serial && ith != 0) flare_pool_barrier_sleep(w->pool);
-            else flare_pool_barrier(w->pool);
-            long_serial = 0;
-            /* every thread is past split command nsplit - 1 (it used next[(nsplit + 1) % 2]): thread 0
-             * clears that counter for split command nsplit + 1, which starts after another barrier */
-            if (split && ith == 0) atomic_store_explicit(&w->next[(nsplit + 1) % 2], 0, memory_order_relaxed);
-        }
-        if (split) {
-            /* kernels with barriers inside (A_WHOLE) never fail and run even after a failure, so
-             * every thread passes their barriers; the others are skipped then */
-            if (p.axis == A_WHOLE || !atomic_load(&w->failed)) {
-                const int e = run_part(c, &p, ith, nth, w, &w->next[nsplit % 2]);
-                if (e) record_failure(w, i, e);
+        const plan_t p = plan(c, w->nth);
+        const int64_t nph = phases(c, &p);
+        for (int64_t ph = 0; ph < nph; ++ph, ++s) {
+            if (atomic_load(&w->step) > s) continue;                 /* finished without us */
+            flare_await_step(&w->step, (int)s, &w->sleepers, 1);     /* the step before */
+            int64_t k, chunks;
+            while ((k = claim_chunk(w, s, &chunks)) >= 0) {
+                if (!atomic_load(&w->failed)) {
+                    int64_t grain = 1;
+                    const int64_t units = chunks > 1 || p.mode == SPLIT ? phase_units(c, &p, ph, &grain) : 0;
+                    const int e = run_chunk(c, &p, ph, k, chunks, units, grain);
+                    if (e) record_failure(w, i, e);
+                }
+                if (atomic_fetch_add(&w->done, 1) + 1 == chunks) {   /* the step's last chunk: open the next */
+                    const int64_t ni = ph + 1 < nph ? i : i + 1, nph2 = ph + 1 < nph ? ph + 1 : 0;
+                    atomic_store(&w->done, 0);
+                    if (ni < w->n) atomic_store(&w->claim, CLAIM(s + 1, step_chunks(w, ni, nph2)));
+                    flare_publish_step(&w->step, (int)(s + 1), &w->sleepers);
+                }
             }
-            ++nsplit;
-        } else {
-            long_serial |= p.mode == SERIAL_LONG;
-            if (ith == 0 && !atomic_load(&w->failed)) {
-                const int e = run_one(c);
-                if (e) record_failure(w, i, e);
-            }
+            /* chunks still running elsewhere: a long one-thread step is waited for asleep */
+            flare_await_step(&w->step, (int)(s + 1), &w->sleepers, p.mode != SERIAL_LONG);
         }
-        prev_split = split;
     }
 }
 
@@ -1183,12 +1246,13 @@ int64_t flare_split_count(const flare_cmd *cmds, int64_t n, int32_t nth) {
  * list: on the calling thread alone, with the same results). */
 int64_t flare_run_pool(flare_pool *pool, const flare_cmd *cmds, int64_t n, int32_t *err) {
     const int nth = flare_pool_threads(pool);
-    if (nth > 1) {
+    if (nth > 1 && n > 0) {
         int any = 0;
         for (int64_t i = 0; i < n && !any; ++i) any = plan(cmds + i, nth).mode == SPLIT;
         if (any) {
-            walk_t w = { cmds, n, pool, 0, 0, {0, 0} };
-            if (flare_pool_region(pool, walk, &w)) {
+            walk_t w = { cmds, n, nth, 0, 0, 0, 0, 0, 0 };
+            atomic_store(&w.claim, CLAIM(0, step_chunks(&w, 0, 0)));
+            if (flare_pool_run(pool, walk, &w)) {
                 const int64_t failed = atomic_load(&w.failed);
                 if (failed) *err = atomic_load(&w.err);
                 return failed;
