@@ -1027,20 +1027,23 @@ int64_t flare_run(const flare_cmd *cmds, int64_t n, int32_t *err) {
  * over (~1 us) would cost more than it saves. */
 enum { SERIAL = 0, SERIAL_LONG = 1, SPLIT = 2 };
 enum { A_OUTER, A_INNER, A_BATCH, A_MROWS, A_NCOLS, A_ROPE, A_WHOLE };
-typedef struct { int mode, axis; int64_t units, grain; } plan_t;
+typedef struct { int mode, axis; int64_t units, grain, work; } plan_t;  /* work: ~multiply-adds */
 
 #define MIN_SPLIT_CHEAP 65536     /* copies, add, mul, scale...: elements (~1 cycle each) */
 #define MIN_SPLIT_ELEMS 16384     /* exp, gelu, tanh... and row kernels: elements */
 #define MIN_SPLIT_FLOPS 131072    /* matmul-like: multiply-adds (~10 us on one core) */
 #define LONG_SERIAL 262144        /* a serial step this big lets the waiting threads sleep at once */
+#define MIN_POOL_WORK 2097152     /* a list whose split work is less runs on the caller alone: waking
+                                   * the workers and waiting for them to leave costs more (~0.1 ms) */
 
 static plan_t plan(const flare_cmd *c, int nth) {
-    plan_t p = { SERIAL, A_OUTER, 0, 1 };
+    plan_t p = { SERIAL, A_OUTER, 0, 1, 0 };
     const int64_t rows = outer(c);
     if (is_elementwise(c->kind)) {
         const int costly = c->kind >= K_SIGMOID && c->kind <= K_SQRT;
         if (rows * c->ne[3] < (costly ? MIN_SPLIT_ELEMS : MIN_SPLIT_CHEAP)) return p;
         p.mode = SPLIT;
+        p.work = rows * c->ne[3] * (costly ? 8 : 1);
         if (rows >= 2 * nth || (rows > 1 && rows * 16 >= c->ne[3])) { p.units = rows; return p; }
         if (rows == 1) { p.axis = A_INNER; p.units = c->ne[3]; p.grain = 64; return p; }
         p.units = rows;
@@ -1051,12 +1054,12 @@ static plan_t plan(const flare_cmd *c, int nth) {
     case K_SUM: case K_MEAN: case K_MAX: case K_ARGMAX: case K_TOP_K: {
         const int64_t per_row = (c->kind >= K_SUM && c->kind <= K_TOP_K) ? c->ip[0] * (c->kind == K_TOP_K ? c->ne[3] : 1)
                                                                        : c->ne[3];
-        if (rows >= 2 && rows * per_row >= MIN_SPLIT_ELEMS) { p.mode = SPLIT; p.units = rows; }
+        if (rows >= 2 && rows * per_row >= MIN_SPLIT_ELEMS) { p.mode = SPLIT; p.units = rows; p.work = 8 * rows * per_row; }
         return p;
     }
     case K_ROPE:
         if (c->ne[1] >= 2 && c->ne[1] * c->ne[2] * c->ne[3] >= MIN_SPLIT_ELEMS / 4) {
-            p.mode = SPLIT; p.axis = A_ROPE; p.units = c->ne[1];
+            p.mode = SPLIT; p.axis = A_ROPE; p.units = c->ne[1]; p.work = 16 * c->ne[1] * c->ne[2] * c->ne[3];
         }
         return p;
     case K_MATMUL: case K_LINEAR: {
@@ -1065,6 +1068,7 @@ static plan_t plan(const flare_cmd *c, int nth) {
         const int64_t flops = nb * M * N * K;
         if (flops < MIN_SPLIT_FLOPS) { p.mode = flops >= LONG_SERIAL ? SERIAL_LONG : SERIAL; return p; }
         p.mode = SPLIT;
+        p.work = flops;
         if (nb >= nth && route != R_SWAP) { p.axis = A_BATCH; p.units = nb; return p; }
         p.axis = A_NCOLS; p.units = N;
         switch (route) {
@@ -1080,19 +1084,19 @@ static plan_t plan(const flare_cmd *c, int nth) {
     }
     case K_CONV1D: {
         const int64_t work = c->ne[1] * c->ne[3] * c->ne[2] * c->ip[3] * c->ip[4];
-        if (work >= MIN_SPLIT_FLOPS && (g_sgemm || c->ne[1] * c->ne[3] <= 16)) { p.mode = SPLIT; p.axis = A_WHOLE; }
+        if (work >= MIN_SPLIT_FLOPS && (g_sgemm || c->ne[1] * c->ne[3] <= 16)) { p.mode = SPLIT; p.axis = A_WHOLE; p.work = work; }
         else p.mode = work >= LONG_SERIAL ? SERIAL_LONG : SERIAL;
         return p;
     }
     case K_LSTM: {
         const int64_t work = c->ne[2] * 4 * c->ip[0] * c->ip[0];
-        if (c->ss[0][3] == 1 && work >= MIN_SPLIT_FLOPS) { p.mode = SPLIT; p.axis = A_WHOLE; }
+        if (c->ss[0][3] == 1 && work >= MIN_SPLIT_FLOPS) { p.mode = SPLIT; p.axis = A_WHOLE; p.work = work * c->ne[1]; }
         else p.mode = SERIAL_LONG;
         return p;
     }
     case K_MUL_MAT_ID: {
         const int64_t work = c->ne[1] * c->ne[2] * c->ip[1] * c->ip[2];
-        if (work >= MIN_SPLIT_FLOPS && g_sgemm) { p.mode = SPLIT; p.axis = A_WHOLE; }
+        if (work >= MIN_SPLIT_FLOPS && g_sgemm) { p.mode = SPLIT; p.axis = A_WHOLE; p.work = work; }
         else p.mode = work >= LONG_SERIAL ? SERIAL_LONG : SERIAL;
         return p;
     }
@@ -1235,11 +1239,15 @@ static void walk(void *arg, int ith, int nth) {
     }
 }
 
-/* How many of the n commands run split across nth threads (describe(): `split_commands`). */
+/* How many of the n commands run split across nth threads (describe(): `split_commands`);
+ * 0 when their work together is too little for the pool (the list then runs on the caller). */
 int64_t flare_split_count(const flare_cmd *cmds, int64_t n, int32_t nth) {
-    int64_t k = 0;
-    for (int64_t i = 0; i < n; ++i) k += nth > 1 && plan(cmds + i, nth).mode == SPLIT;
-    return k;
+    int64_t k = 0, work = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const plan_t p = plan(cmds + i, nth);
+        if (nth > 1 && p.mode == SPLIT) { ++k; work += p.work; }
+    }
+    return work >= MIN_POOL_WORK ? k : 0;
 }
 
 /* As flare_run, on the threads of `pool` (NULL, one thread, or a pool busy with another caller's
@@ -1247,9 +1255,12 @@ int64_t flare_split_count(const flare_cmd *cmds, int64_t n, int32_t nth) {
 int64_t flare_run_pool(flare_pool *pool, const flare_cmd *cmds, int64_t n, int32_t *err) {
     const int nth = flare_pool_threads(pool);
     if (nth > 1 && n > 0) {
-        int any = 0;
-        for (int64_t i = 0; i < n && !any; ++i) any = plan(cmds + i, nth).mode == SPLIT;
-        if (any) {
+        int64_t work = 0;
+        for (int64_t i = 0; i < n && work < MIN_POOL_WORK; ++i) {
+            const plan_t p = plan(cmds + i, nth);
+            if (p.mode == SPLIT) work += p.work;
+        }
+        if (work >= MIN_POOL_WORK) {
             walk_t w = { cmds, n, nth, 0, 0, 0, 0, 0, 0 };
             atomic_store(&w.claim, CLAIM(0, step_chunks(&w, 0, 0)));
             if (flare_pool_run(pool, walk, &w)) {
