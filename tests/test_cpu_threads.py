@@ -237,3 +237,26 @@ def test_a_forked_child_runs_the_lists_on_its_own_thread():
             time.sleep(0.05)
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
         pg.release()
+
+
+def test_pool_for_covers_the_range_once_in_grain_multiples():
+    """flare_pool_for, the entry other C kernels use: every index once, boundaries at multiples
+    of the grain, on more than one thread when the pool has them."""
+    nat = native.load()
+    ffi, lib = nat.ffi, nat.lib
+    seen: list[tuple[int, int, int]] = []
+
+    @ffi.callback("void(void *, int64_t, int64_t)")
+    def task(ctx, begin, end):  # runs on the pool's threads (cffi takes the GIL)
+        seen.append((threading.get_ident(), begin, end))
+
+    for threads, n, grain in ((1, 100, 7), (3, 1000, 7), (4, 5, 16)):
+        with _session(threads) as sess:
+            seen.clear()
+            lib.flare_pool_for(sess.devices[0].pool.ptr, n, grain, task, ffi.NULL)
+            ranges = sorted((b, e) for _, b, e in seen)
+            assert ranges[0][0] == 0 and ranges[-1][1] == n
+            assert all(e == b2 for (_, e), (b2, _) in zip(ranges, ranges[1:]))
+            assert all(b % grain == 0 for b, _ in ranges)
+            if threads == 1 or n <= grain:
+                assert ranges == [(0, n)]

@@ -103,9 +103,10 @@ class CpuBackend(Backend):
     @classmethod
     def probe(cls) -> ProbeResult:
         from .erf import BACKEND
+        from .native.threads import physical_cores
         native_mod.load()
-        return ProbeResult(True, f"NumPy {np.__version__}, erf via {BACKEND}; native executor: {native_mod.REASON}",
-                           ("cpu:0",))
+        return ProbeResult(True, f"NumPy {np.__version__}, erf via {BACKEND}; native executor: {native_mod.REASON}; "
+                                 f"{physical_cores()} physical core(s) (default threads)", ("cpu:0",))
 
     @classmethod
     def open_devices(cls, config: Mapping[str, Any] | None = None) -> list[CpuDevice]:

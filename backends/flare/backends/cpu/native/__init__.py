@@ -29,6 +29,8 @@ void flare_pool_free(flare_pool *pool);
 int flare_pool_threads(const flare_pool *pool);
 int64_t flare_run_pool(flare_pool *pool, const flare_cmd *cmds, int64_t n, int32_t *err);
 int64_t flare_pool_regions(const flare_pool *pool);
+typedef void (*flare_task)(void *ctx, int64_t begin, int64_t end);
+void flare_pool_for(flare_pool *pool, int64_t n, int64_t grain, flare_task task, void *ctx);
 int64_t flare_split_count(const flare_cmd *cmds, int64_t n, int32_t nth);
 """
 
