@@ -121,10 +121,13 @@ class CpuDevice(Device):
         return info
 
     def close(self) -> None:
-        """Stop the worker threads (after the splits that ran on them were released)."""
+        """Wait for the executes in flight (`_begin_close`), then stop the worker threads: a
+        command list still running on the pool would otherwise lose it under its feet."""
+        if self.closed or not self._begin_close():
+            return
+        self.closed = True
         if self.pool is not None:
             self.pool.close()
-        super().close()
 
     def compile(self, program: SplitProgram) -> PreparedSplit:
         """The native command list when the C executor is loaded, else NumPy closures."""
