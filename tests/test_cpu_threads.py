@@ -260,3 +260,38 @@ def test_pool_for_covers_the_range_once_in_grain_multiples():
             assert all(b % grain == 0 for b, _ in ranges)
             if threads == 1 or n <= grain:
                 assert ranges == [(0, n)]
+
+
+def test_closing_the_session_under_running_lists():
+    """close() while threads execute split lists: each execute finishes with the right outputs
+    or raises ReleasedError; the workers are joined only after the lists in flight."""
+    import time
+
+    from flare.core.errors import ReleasedError
+
+    ref = _reference([3])
+    sess = _session(3)
+    pg = sess.prepare({"full": block}, {"full": SHAPES})
+    outcomes: list[str] = []
+
+    def worker() -> None:
+        while True:
+            try:
+                got = pg.execute("full", **inputs(3))
+            except ReleasedError:
+                outcomes.append("released")
+                return
+            for name, want in ref[3].items():
+                assert_same(got[name], want, name)
+            outcomes.append("ok")
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    while len(outcomes) < 2:
+        time.sleep(0.01)
+    sess.close()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert outcomes.count("released") == 3 and "ok" in outcomes
