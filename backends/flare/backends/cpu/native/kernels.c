@@ -1066,7 +1066,7 @@ static plan_t plan(const flare_cmd *c, int nth) {
         const int64_t nb = c->ne[0] * c->ne[1], M = c->ip[0], N = c->ip[1], K = c->ip[2];
         const int route = (int)c->ip[7];
         const int64_t flops = nb * M * N * K;
-        if (flops < MIN_SPLIT_FLOPS) { p.mode = flops >= LONG_SERIAL ? SERIAL_LONG : SERIAL; return p; }
+        if (flops < MIN_SPLIT_FLOPS) return p;
         p.mode = SPLIT;
         p.work = flops;
         if (nb >= nth && route != R_SWAP) { p.axis = A_BATCH; p.units = nb; return p; }
