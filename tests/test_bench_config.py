@@ -132,3 +132,33 @@ def test_an_unusable_backend_is_named_before_anything_runs(tmp_path):
         check_usable(cfg)
     assert info.value.key == "backends" and info.value.path == tmp_path / "a.toml"
     check_usable(load_config(write(tmp_path, 'model = "bench-fake"\n', "b.toml")))
+
+
+def test_threads_sets_the_flare_cpu_device_and_the_peers_option(tmp_path):
+    cfg = load(tmp_path, 'model = "silero-vad"\nthreads = 2\n')
+    assert cfg.threads == 2 and cfg.cpu_config() == {"cpu": {"threads": 2}} and cfg.to_json()["threads"] == 2
+    assert load(tmp_path, 'model = "silero-vad"\n').cpu_config() == {}
+    ort = load(tmp_path, 'model = "minilm-l6"\npeer = "onnxruntime"\nthreads = 3\n')
+    assert ort.options["threads"] == 3            # onnxruntime's intra-op threads follow the top-level key
+    old = load(tmp_path, 'model = "minilm-l6"\npeer = "onnxruntime"\n[options]\nthreads = 2\n')
+    assert old.options["threads"] == 2 and old.threads is None    # the older spelling still works
+
+
+@pytest.mark.parametrize("text, key, words", [
+    ('model = "silero-vad"\nthreads = 0\n', "threads", "between 1 and 4096"),
+    ('model = "silero-vad"\nthreads = "2"\n', "threads", "must be an integer"),
+    ('model = "silero-vad"\npeer = "numpy"\nthreads = 2\n', "threads", "does not take a thread count"),
+    ('model = "minilm-l6"\npeer = "onnxruntime"\nthreads = 2\n[options]\nthreads = 1\n', "options.threads", "keep one"),
+])
+def test_threads_errors_name_the_key(tmp_path, text, key, words):
+    err = error(tmp_path, text)
+    assert err.key == key and words in str(err)
+
+
+def test_every_shipped_cpu_config_says_its_threads():
+    root = Path(__file__).resolve().parent.parent / "bench" / "configs"
+    for path in sorted(root.glob("*.toml")):
+        cfg = load_config(path, known_backends=BACKENDS)
+        if cfg.model in ("silero-vad", "minilm-l6", "moe-lm") and cfg.peer in ("flare", "onnxruntime") \
+                and cfg.backends == ("cpu",):
+            assert cfg.threads in (1, 2), path.name

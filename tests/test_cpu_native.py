@@ -6,6 +6,8 @@ native path really covers each op instead of silently falling back.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -165,15 +167,31 @@ def test_packed_linear_epilogue_and_shared_pack():
 
 
 @needs_native
-def test_threads_config_sets_the_blas():
+def test_threads_config_sets_the_pool_and_the_blas():
+    """`threads` sizes the device's pool; BLAS is single-threaded under the native executor (its
+    pool splits the BLAS calls) and follows `threads` under the NumPy executor."""
     blas = native.load().blas
     before = blas.threads()
     try:
-        for n in (1, 2):
+        for n in (1, 2, 3):
             with Session(["cpu"], config={"cpu": {"threads": n}}) as sess:
-                assert sess.devices[0].describe()["blas_threads"] == n
+                info = sess.devices[0].describe()
+                assert info["threads"] == n and info["blas_threads"] == 1
+                assert sess.devices[0].pool.threads == n
+            with Session(["cpu"], config={"cpu": {"threads": n, "native": False}}):
+                assert blas.threads() == n
     finally:
         blas.set_threads(before)
+
+
+def test_default_threads_are_the_physical_cores(monkeypatch):
+    from flare.backends.cpu.native.threads import physical_cores
+
+    monkeypatch.delenv("FLARE_CPU_THREADS", raising=False)
+    cores = physical_cores()
+    assert 1 <= cores <= len(os.sched_getaffinity(0))
+    with Session(["cpu"]) as sess:
+        assert sess.devices[0].threads == cores
 
 
 def test_threads_must_be_a_positive_whole_number(monkeypatch):
@@ -184,3 +202,18 @@ def test_threads_must_be_a_positive_whole_number(monkeypatch):
     monkeypatch.setenv("FLARE_CPU_THREADS", "lots")
     with pytest.raises(InputError, match="FLARE_CPU_THREADS='lots': expected a whole number"):
         Session(["cpu"])
+
+
+def test_a_build_says_what_it_builds_once(tmp_path, monkeypatch, capsys):
+    """The first build of a cffi module prints one progress line (a silent compile looks hung);
+    a cached one loads silently."""
+    pytest.importorskip("cffi")
+    from flare.backends.cpu.native.build import build
+
+    monkeypatch.setenv("FLARE_CACHE_DIR", str(tmp_path))
+    source, cdef = "int twice(int x) { return 2 * x; }", "int twice(int x);"
+    assert build("_flare_test_twice", source, cdef, announce="building the test kernel").lib.twice(21) == 42
+    err = capsys.readouterr().err
+    assert err.startswith("building the test kernel (once, cached in ") and str(tmp_path) in err and err.count("\n") == 1
+    assert build("_flare_test_twice", source, cdef, announce="building the test kernel").lib.twice(2) == 4
+    assert capsys.readouterr().err == ""

@@ -49,6 +49,28 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     add_backends_option(p)
     add_model_option(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_threads_argument(p)
+
+
+def _thread_count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of threads, got {text!r}") from None
+    if not 1 <= n <= 4096:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 4096, got {n}")
+    return n
+
+
+def add_threads_argument(p: argparse.ArgumentParser) -> None:
+    """`--threads N` (the model CLIs add it too): the CPU device's threads for this run."""
+    p.add_argument("--threads", type=_thread_count, default=None, metavar="N",
+                   help="CPU threads of the native kernels (default: FLARE_CPU_THREADS, else one per physical core)")
+
+
+def device_config(threads: int | None) -> dict | None:
+    """Session config for `--threads` (None: the backends' defaults)."""
+    return {"cpu": {"threads": threads}} if threads is not None else None
 
 
 _model_options = model_options
@@ -159,7 +181,7 @@ def _run_graph(model: str, argv: list[str]) -> int:
     from .dtypes import to_numpy
 
     report: dict = {"model": model, "entries": {}}
-    with Session(_devices(args.backends)) as sess:
+    with Session(_devices(args.backends), config=device_config(args.threads)) as sess:
         pg = sess.prepare_model(model, options)
         for entry in args.entry or sorted(pg.entries):
             if entry not in pg.entries:
@@ -193,7 +215,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
     get_plugin_manager().model(args.model)      # unknown model: a clear error before opening devices
     options = _model_options(args.option)
-    with Session(_devices(args.backends)) as sess:
+    with Session(_devices(args.backends), config=device_config(args.threads)) as sess:
         pg = sess.prepare_model(args.model, options)
         info = pg.describe()
     if args.json:

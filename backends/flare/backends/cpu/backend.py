@@ -31,20 +31,24 @@ def parse_bytes(text: str | int) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def default_threads() -> int | None:
-    """One thread per core, unless the environment already pins the BLAS (OPENBLAS_NUM_THREADS...)."""
-    if any(os.environ.get(v) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")):
-        return None
-    return os.cpu_count() or 1
+def apply_blas_threads(threads: int | None, native: bool) -> None:
+    """Set the BLAS thread count (process-wide: NumPy and the C kernels share the library).
 
-
-def apply_threads(threads: int | None) -> None:
-    """Set the BLAS thread count (process-wide: NumPy and the C kernels share the library)."""
+    With the native executor BLAS runs single-threaded: the executor's own pool splits each
+    BLAS call by rows or columns (one thread owning each core; OpenBLAS threads spinning next
+    to the pool's would take cores from it). The NumPy executor gives BLAS `threads`, or
+    leaves it to OPENBLAS_NUM_THREADS / OMP_NUM_THREADS when `threads` was not set."""
     from .native.blas import find_blas
-    n = threads if threads is not None else default_threads()
-    if n is None:
+    if native:
+        n = 1
+    elif threads is not None:
+        n = threads
+    elif any(os.environ.get(v) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")):
         return
-    blas = native_mod.load().blas if native_mod.load() is not None else find_blas()
+    else:
+        from .native.threads import physical_cores
+        n = physical_cores()
+    blas = native_mod.load().blas if native and native_mod.load() is not None else find_blas()
     if blas is not None:
         blas.set_threads(n)
 
@@ -68,7 +72,8 @@ def _size_setting(config: Mapping[str, Any], key: str, env: str | None) -> int |
 
 
 def _thread_setting(config: Mapping[str, Any]) -> int | None:
-    """BLAS threads from the config (`threads`) or FLARE_CPU_THREADS; InputError naming where."""
+    """Threads from the config (`threads`) or FLARE_CPU_THREADS (None: one per physical core);
+    InputError naming where."""
     from flare.core.errors import InputError
 
     where, value = "cpu config 'threads'", config.get("threads")
@@ -87,7 +92,8 @@ def _thread_setting(config: Mapping[str, Any]) -> int | None:
 
 class CpuBackend(Backend):
     """Always usable. Config: `count` logical devices, `memory_limit`, `max_buffer`,
-    `native` (default true: the C executor where it builds), `threads` (BLAS threads).
+    `native` (default true: the C executor where it builds), `threads` (threads of the C kernels,
+    default one per physical core; see native/threads.py).
 
     Environment: FLARE_CPU_MEMORY_LIMIT (e.g. 256MiB) applies to every CPU device.
     """
@@ -97,9 +103,10 @@ class CpuBackend(Backend):
     @classmethod
     def probe(cls) -> ProbeResult:
         from .erf import BACKEND
+        from .native.threads import physical_cores
         native_mod.load()
-        return ProbeResult(True, f"NumPy {np.__version__}, erf via {BACKEND}; native executor: {native_mod.REASON}",
-                           ("cpu:0",))
+        return ProbeResult(True, f"NumPy {np.__version__}, erf via {BACKEND}; native executor: {native_mod.REASON}; "
+                                 f"{physical_cores()} physical core(s) (default threads)", ("cpu:0",))
 
     @classmethod
     def open_devices(cls, config: Mapping[str, Any] | None = None) -> list[CpuDevice]:
@@ -112,6 +119,6 @@ class CpuBackend(Backend):
         native = str(config.get("native", "1")).strip().lower() not in ("0", "false", "no", "off")
         threads = _thread_setting(config)
         devices = [CpuDevice(f"cpu:{i}", limit, max_buffer, native, threads) for i in range(count)]
-        apply_threads(threads)
+        apply_blas_threads(threads, devices[0].native is not None)
         return devices
 

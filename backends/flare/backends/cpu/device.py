@@ -22,6 +22,7 @@ from . import native as native_mod
 from .kernels import KERNELS, VARIANTS
 from .native.compile import compile_native
 from .native.packing import PackCache
+from .native.threads import ThreadPool, physical_cores
 from .split import CpuSplit
 
 ALIGNMENT = 64
@@ -50,7 +51,9 @@ class CpuDevice(Device):
         self.max_buffer = max_buffer
         self.native = native_mod.load() if native else None
         self.native_reason = native_mod.REASON if native else "disabled by the device config (native = false)"
-        self.threads = threads
+        # threads of the C kernels (None: one per physical core); the pool is this device's alone
+        self.threads = threads if threads is not None else physical_cores()
+        self.pool = ThreadPool(self.native, self.threads) if self.native is not None else None
         self._views: dict[int, dict[tuple, np.ndarray]] = {}  # id(buffer handle) -> binding key -> view
         self.packs = PackCache(lambda nbytes, tag: self.alloc(nbytes, tag=tag))
 
@@ -111,10 +114,20 @@ class CpuDevice(Device):
         info["executor"] = "native" if self.native is not None else f"numpy ({self.native_reason})"
         if self.native is not None:
             info["blas"] = self.native.blas.path
+            info["threads"] = self.threads
             info["blas_threads"] = self.native.blas.threads()
             # constant weights copied into the packed-panel layout (native/packing.py), shared by all plans
             info["prepacked_bytes"] = self.packs.nbytes()
         return info
+
+    def close(self) -> None:
+        """Wait for the executes in flight (`_begin_close`), then stop the worker threads: a
+        command list still running on the pool would otherwise lose it under its feet."""
+        if self.closed or not self._begin_close():
+            return
+        self.closed = True
+        if self.pool is not None:
+            self.pool.close()
 
     def compile(self, program: SplitProgram) -> PreparedSplit:
         """The native command list when the C executor is loaded, else NumPy closures."""

@@ -475,4 +475,4 @@ def _mul_mat_id(node, out, srcs):
     xs = [0, xst[0], 0, 1] if x.ndim == 2 else [0, xst[0], xst[1], 1]
     return [cmd("mul_mat_id", out, [w, x, ids], [1, t, kk, n], [0, *estrides(out)],
                 [[0, *estrides(w)], xs, [0, *estrides(ids), 0]], ip=(e, n, k),
-                scratch=t * kk * (k + n + 1) * 4)]
+                scratch=t * kk * (k + n + 1) * 4 + (2 * e + 2) * 4)]  # + off [E + 2], used [E] (kernels.c)

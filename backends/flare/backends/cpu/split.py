@@ -16,6 +16,7 @@ from flare.core.backend import PreparedSplit
 
 from .lowering import Cmd
 from .native import Native
+from .native.threads import ThreadPool
 
 
 class CpuSplit(PreparedSplit):
@@ -50,9 +51,11 @@ _MESSAGES = {1: "index out of range", 2: "unknown kernel id", 3: "no BLAS instal
 class CommandList:
     """One `flare_cmd[]` built from command dicts; keeps every array it points into alive."""
 
-    def __init__(self, native: Native, cmds: Sequence[Cmd], names: Sequence[str], scratch: np.ndarray | None):
+    def __init__(self, native: Native, cmds: Sequence[Cmd], names: Sequence[str], scratch: np.ndarray | None,
+                 pool: ThreadPool | None = None):
         ffi = native.ffi
         self._lib, self._n, self._names = native.lib, len(cmds), list(names)
+        self._pool = pool
         self._arr = ffi.new("flare_cmd[]", max(len(cmds), 1))
         self._err = ffi.new("int32_t *")
         self._keep: list[Any] = [scratch]
@@ -74,8 +77,16 @@ class CommandList:
                 rec.scratch = ffi.cast("void *", scratch.ctypes.data)
             self._keep.extend([c["out"], *c["src"]])
 
+    def split_commands(self) -> int:
+        """Commands that run split across the pool's threads (0 with one thread)."""
+        nth = self._pool.threads if self._pool is not None else 1
+        return int(self._lib.flare_split_count(self._arr, self._n, nth))
+
     def __call__(self) -> None:
-        failed = self._lib.flare_run(self._arr, self._n, self._err)
+        # on the device's threads (flare_run_pool runs it on this thread when the pool is busy)
+        pool = self._pool
+        failed = (self._lib.flare_run_pool(pool.ptr, self._arr, self._n, self._err) if pool is not None
+                  else self._lib.flare_run(self._arr, self._n, self._err))
         if failed:
             code = self._err[0]
             raise _ERRORS.get(code, RuntimeError)(

@@ -63,6 +63,8 @@ BUILTIN_SENTENCES = (
 
 
 class MiniLMWorkload(Workload):
+
+    threads_supported = True   # `threads`: the CPU device's threads (FlareRunner)
     model = "minilm-l6"
     metric = SENTENCES_PER_S
     tolerance = 1e-4
@@ -73,7 +75,7 @@ class MiniLMWorkload(Workload):
         "sentences": Option("paths", ("builtin",), "text files with one sentence per line (relative to the "
                             "TOML), or \"builtin\" for the built-in pool", shapes_requests=True, keywords=("builtin",)),
         "max_length": Option(int, 256, "tokens per sentence before truncation", minimum=2, shapes_requests=True),
-        "threads": Option(int, 1, "onnxruntime: intra-op threads", minimum=1),
+        "threads": Option(int, 1, "onnxruntime: intra-op threads (the top-level `threads` sets it)", minimum=1),
     }
 
     def validate(self, config: BenchConfig) -> None:

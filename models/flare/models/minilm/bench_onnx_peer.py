@@ -36,4 +36,5 @@ class MiniLMOnnxRunner(PeerRunner):
 
 PEER = Peer("onnxruntime", "onnxruntime on an ONNX graph built from the same safetensors "
             "(flare.models.minilm.bench_onnx_peer)", module="onnxruntime", model="minilm-l6",
-            open=lambda config: MiniLMOnnxRunner(config.options["threads"], config.options["max_length"]))
+            open=lambda config: MiniLMOnnxRunner(config.options["threads"], config.options["max_length"]),
+            takes_threads=True)

@@ -79,8 +79,8 @@ class MiniLMTorch:
 class MiniLMTorchRunner(PeerRunner):
     """The `torch` peer of the minilm-l6 workload."""
 
-    def __init__(self, max_length: int = 256):
-        self.model = MiniLMTorch(max_length)
+    def __init__(self, max_length: int = 256, threads: int | None = None):
+        self.model = MiniLMTorch(max_length, threads)
         torch = self.model.torch
         self.description = f"PyTorch {torch.__version__} eager CPU forward, {torch.get_num_threads()} thread(s)"
 
@@ -89,4 +89,4 @@ class MiniLMTorchRunner(PeerRunner):
 
 
 PEER = Peer("torch", "the same forward in PyTorch on the CPU (flare.models.minilm.bench_torch_peer)", "torch",
-         model="minilm-l6", open=lambda config: MiniLMTorchRunner(config.options["max_length"]))
+         model="minilm-l6", open=lambda config: MiniLMTorchRunner(config.options["max_length"], config.threads), takes_threads=True)

@@ -17,11 +17,14 @@ QUICKSTART = ["The weather is lovely today.", "It's so sunny outside!", "He drov
 
 
 def parser() -> argparse.ArgumentParser:
+    from flare.core.cli import add_threads_argument
+
     p = argparse.ArgumentParser(prog="flare run minilm-l6",
                                 description="Sentence embeddings with all-MiniLM-L6-v2 (384-d, unit norm).")
     p.add_argument("sentences", nargs="*", help="sentences to embed (default: three example sentences)")
     add_backends_option(p, dest="backend")
     p.add_argument("--json", action="store_true", help="print JSON (embeddings and similarity) instead of tables")
+    add_threads_argument(p)
     return p
 
 
@@ -35,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     out = Console()
 
-    from flare.core.cli import report_error
+    from flare.core.cli import device_config, report_error
     from flare.core.errors import FlareError
     from flare.core.session import Session, device_list
 
@@ -45,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sentences = args.sentences or QUICKSTART
     try:
         devices = device_list(args.backend, "--backends")
-        with Session(devices) as session, MiniLM(session) as model:
+        with Session(devices, config=device_config(args.threads)) as session, MiniLM(session) as model:
             start = time.perf_counter()
             emb = model.embed(sentences)
             elapsed = time.perf_counter() - start

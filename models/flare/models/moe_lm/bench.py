@@ -47,6 +47,8 @@ class _Loaded:
 
 
 class MoeLMWorkload(Workload):
+
+    threads_supported = True   # `threads`: the CPU device's threads (FlareRunner)
     model = "moe-lm"
     metric = TOKENS_PER_S
     tolerance = 1e-4

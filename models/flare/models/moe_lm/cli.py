@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Sequence, TextIO
 
-from flare.core.cli import report_error
+from flare.core.cli import add_threads_argument, device_config, report_error
 from flare.core.errors import FlareError, InputError
 from flare.core.options import add_backends_option
 
@@ -51,6 +51,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--prefill-chunk", type=int, default=None, help="most tokens per prefill step (power of two)")
     p.add_argument("--stats", action="store_true", help="print staging and memory statistics to stderr")
+    add_threads_argument(p)
     return p
 
 
@@ -91,6 +92,8 @@ def _devices(backend: str) -> list[str]:
 
 def run(argv: Sequence[str], stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     """Entry point of `flare run moe-lm`; returns the exit status."""
+    from flare.core.session import Session
+
     from .model import MoeLM  # late: keeps `flare models` light
 
     out = stdout or sys.stdout
@@ -118,7 +121,8 @@ def run(argv: Sequence[str], stdout: TextIO | None = None, stderr: TextIO | None
                 out.flush()
 
     try:
-        with MoeLM.load(args.size, experts=args.experts, cache_mb=args.expert_cache_mb, devices=_devices(args.backend),
+        with Session(_devices(args.backend), config=device_config(args.threads)) as session, \
+                MoeLM.load(args.size, experts=args.experts, cache_mb=args.expert_cache_mb, session=session,
                         seed=args.weights_seed, prefill_chunk=args.prefill_chunk, expert_source=args.expert_source,
                         expert_device=expert_all[-1] if expert_all else None, layer_devices=layer_devices,
                         expert_layer_devices=expert_layers, prefetch=args.prefetch) as model:

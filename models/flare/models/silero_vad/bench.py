@@ -49,6 +49,8 @@ def synthetic_audio(seconds: float, seed: int = 0) -> np.ndarray:
 
 
 class SileroVadWorkload(Workload):
+
+    threads_supported = True   # `threads`: the CPU device's threads (FlareRunner)
     model = "silero-vad"
     metric = RTF
     tolerance = 1e-4
@@ -63,7 +65,7 @@ class SileroVadWorkload(Workload):
         "synthetic_seconds": Option(float, 0.0, "add a synthetic clip of this many seconds to the pool (0: none)",
                                     minimum=0.0, shapes_requests=True),
         "max_batch": Option(int, 2048, "flare offline: most windows per execute", minimum=32),
-        "threads": Option(int, 1, "onnxruntime: intra-op threads", minimum=1),
+        "threads": Option(int, 1, "onnxruntime: intra-op threads (the top-level `threads` sets it)", minimum=1),
     }
 
     def requests(self, config: BenchConfig, count: int) -> list[Request]:

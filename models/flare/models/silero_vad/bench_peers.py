@@ -64,7 +64,7 @@ class NumpyRunner(PeerRunner):
 
 PEERS = [
     Peer("onnxruntime", "silero_vad.onnx on onnxruntime, one call per 512-sample chunk", "onnxruntime",
-         model="silero-vad", open=lambda config: OnnxRuntimeRunner(config.options["threads"])),
+         model="silero-vad", open=lambda config: OnnxRuntimeRunner(config.options["threads"]), takes_threads=True),
     Peer("numpy", "the plugin's plain NumPy forward (numpy_reference.py)", model="silero-vad",
          open=lambda config: NumpyRunner()),
 ]

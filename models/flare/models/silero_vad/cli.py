@@ -20,6 +20,8 @@ PROGRESS_AFTER_S = 60.0  # show a progress bar for audio longer than this
 
 
 def parser() -> argparse.ArgumentParser:
+    from flare.core.cli import add_threads_argument
+
     p = argparse.ArgumentParser(prog="flare run silero-vad",
                                 description="Voice activity detection with Silero VAD (16 kHz).")
     p.add_argument("file", nargs="?", type=Path, default=None,
@@ -32,6 +34,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--min-speech-ms", type=int, default=250, help="drop segments shorter than this (default 250)")
     p.add_argument("--min-silence-ms", type=int, default=100, help="silence that ends a segment (default 100)")
     p.add_argument("--speech-pad-ms", type=int, default=30, help="padding added to each segment (default 30)")
+    add_threads_argument(p)
     return p
 
 
@@ -46,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out, err = Console(), Console(stderr=True)
 
     from flare.models.silero_vad.audio import load_audio
-    from flare.core.cli import report_error
+    from flare.core.cli import device_config, report_error
     from flare.core.errors import FlareError
     from flare.core.session import Session, device_list
 
@@ -60,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            min_silence_duration_ms=args.min_silence_ms, speech_pad_ms=args.speech_pad_ms)
         audio = load_audio(path)
         seconds = audio.size / 16000
-        with Session(devices) as session, SileroVad(session) as vad:
+        with Session(devices, config=device_config(args.threads)) as session, SileroVad(session) as vad:
             start = time.perf_counter()
             if seconds > PROGRESS_AFTER_S and err.is_terminal:
                 segs = _with_progress(vad, audio, args.mode, params, err)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,9 @@ def load_weights(path: Path | None = None) -> dict[str, np.ndarray]:
                 return weights
         except Exception:  # a torn or foreign file: rebuild it below
             pass
+    # reading the ONNX file takes seconds (importing onnx alone): say so, as a silent first run looks hung
+    print(f"converting the Silero VAD weights from {path.name} (once, cached in {cached.parent})",
+          file=sys.stderr, flush=True)
     weights = extract_from_onnx(path)
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_suffix(f".tmp{os.getpid()}")

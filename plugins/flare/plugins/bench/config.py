@@ -5,6 +5,8 @@ name = "flare-cpu"            # optional; default: the file's stem
 model = "silero-vad"          # a workload kind (silero-vad, minilm-l6, moe-lm)
 backends = ["cpu"]            # devices in priority order, e.g. ["vulkan", "cpu"]
 peer = "flare"                # flare | onnxruntime | numpy | torch (what the model offers)
+threads = 2                   # optional: CPU threads of the runner (flare: the CPU device's `threads`;
+                              # onnxruntime: intra-op threads; torch: torch.set_num_threads); default: its own
 prepared = true               # false: build, prepare and release the graph for every request
 workspace_sharing = true      # false: each entry point gets its own workspace (memory: sum, not max)
 
@@ -26,7 +28,8 @@ from typing import Any, Iterable, Mapping, Sequence
 from .errors import BenchConfigError
 from .workload import Option, Workload, get_workload
 
-TOP_KEYS = ("name", "description", "model", "backends", "peer", "prepared", "workspace_sharing", "options")
+TOP_KEYS = ("name", "description", "model", "backends", "peer", "threads", "prepared", "workspace_sharing",
+            "options")
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,11 @@ class BenchConfig:
     options: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
     path: Path | None = None
+    threads: int | None = None   # CPU threads of the runner; None: the runner's default
+
+    def cpu_config(self) -> dict[str, dict[str, Any]]:
+        """Session config for the flare peer: the CPU device's `threads` when set."""
+        return {"cpu": {"threads": self.threads}} if self.threads is not None else {}
 
     def option(self, key: str) -> Any:
         return self.options[key]
@@ -51,6 +59,7 @@ class BenchConfig:
         return {"name": self.name, "path": str(self.path) if self.path else None, "model": self.model,
                 "backends": list(self.backends), "peer": self.peer, "prepared": self.prepared,
                 "workspace_sharing": self.workspace_sharing, "description": self.description,
+                "threads": self.threads,
                 "options": {k: list(v) if isinstance(v, tuple) else v for k, v in self.options.items()}}
 
 
@@ -107,11 +116,23 @@ def parse_config(data: Mapping[str, Any], *, path: Path | None = None, name: str
     raw_options = data.get("options", {})
     if not isinstance(raw_options, Mapping):
         raise BenchConfigError(f"must be a table ([options]), got {_tname(raw_options)}", path=path, key="options")
+    threads = _threads(data, path)
+    if threads is not None:
+        peer_def = workload.peer(peer)
+        if not (workload.threads_supported if peer == "flare" else bool(peer_def and peer_def.takes_threads)):
+            raise BenchConfigError(f"the {peer!r} runner of {model} does not take a thread count; leave threads out",
+                                   path=path, key="threads")
+    if threads is not None and "threads" in workload.options:
+        # the model's own `threads` option (its peers' thread count) follows the top-level key
+        if "threads" in raw_options and raw_options["threads"] != threads:
+            raise BenchConfigError(f"says {raw_options['threads']!r} but the top-level threads says {threads}; "
+                                   "keep one", path=path, key="options.threads")
+        raw_options = {**raw_options, "threads": threads}
     options = _options(workload, raw_options, path)
     config = BenchConfig(name=cfg_name, model=model, backends=backends, peer=peer, prepared=prepared,
                          workspace_sharing=sharing, options=options,
                          description=_typed(data, "description", str, path) if "description" in data else "",
-                         path=path)
+                         path=path, threads=threads)
     workload.validate(config)
     return config
 
@@ -169,6 +190,15 @@ def _typed(data: Mapping[str, Any], key: str, kind: type, path: Path | None, pre
     if not ok:
         raise BenchConfigError(f"must be {_tname(kind())}, got {_tname(value)} {value!r}", path=path,
                                key=prefix + key)
+    return value
+
+
+def _threads(data: Mapping[str, Any], path: Path | None) -> int | None:
+    if "threads" not in data:
+        return None
+    value = _typed(data, "threads", int, path)
+    if not 1 <= value <= 4096:
+        raise BenchConfigError(f"must be between 1 and 4096, got {value}", path=path, key="threads")
     return value
 
 

@@ -42,11 +42,13 @@ class FlareRunner(Generic[M]):
         self.config = config
         self._build = build
         self._infer = infer
-        self.session: Session = Session(list(config.backends))
+        self.session: Session = Session(list(config.backends), config=config.cpu_config())
         self._target: Any = self.session if config.workspace_sharing else PerEntrySession(self.session)
         self._plan: dict[str, Any] | None = None
         self.model: M | None = None
+        threads = sorted({getattr(d, "threads", None) for d in self.session.devices} - {None})
         self.description = (f"flare on {','.join(d.name for d in self.session.devices)}, "
+                            f"{'/'.join(map(str, threads)) + ' CPU thread(s), ' if threads else ''}"
                             f"{'prepared once' if config.prepared else 'rebuilt every request'}"
                             f"{'' if config.workspace_sharing else ', one workspace per entry point'}")
         try:

@@ -50,6 +50,7 @@ class GraphWorkload(Workload):
 
     metric = Metric("executes/s", "executes", per_work=False)
     tolerance = 1e-5
+    threads_supported = True
     default_requests = 8
     free_options = True
 

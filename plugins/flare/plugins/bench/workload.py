@@ -125,6 +125,7 @@ class Peer:
     module: str | None = None
     model: str = ""
     open: "Callable[[BenchConfig], Runner] | None" = None
+    takes_threads: bool = False     # its `open` honours the configuration's top-level `threads`
 
 
 FLARE_PEER = Peer("flare", "Flare's own graphs on the configured backends")
@@ -145,6 +146,9 @@ class Workload(ABC):
     # can the model's entry points be prepared as separate graphs (workspace_sharing = false)?
     # False where entries share state (a KV cache written by one entry, read by another).
     entries_separable: ClassVar[bool] = True
+    # Flare's runner honours the top-level `threads` (the CPU device's threads); a kind whose
+    # runner builds its devices elsewhere leaves it False, and `threads` is then an error
+    threads_supported: ClassVar[bool] = False
 
     def peer(self, name: str) -> Peer | None:
         return next((p for p in self.peers if p.name == name), None)

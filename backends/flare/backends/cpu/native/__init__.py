@@ -29,6 +29,15 @@ void flare_qact_quantize_row(int32_t type, const float *x, void *xq, int64_t k);
 void flare_qmatmul_rows(int32_t type, const void *w, int64_t w_row_bytes, int64_t k, const void *xq,
                         int64_t xq_row_bytes, int64_t m, float *out, int64_t ldo, int64_t r0, int64_t r1);
 void flare_dequantize_row(int32_t type, const void *w, float *y, int64_t k);
+typedef struct flare_pool flare_pool;
+flare_pool *flare_pool_new(int threads);
+void flare_pool_free(flare_pool *pool);
+int flare_pool_threads(const flare_pool *pool);
+int64_t flare_run_pool(flare_pool *pool, const flare_cmd *cmds, int64_t n, int32_t *err);
+int64_t flare_pool_regions(const flare_pool *pool);
+typedef void (*flare_task)(void *ctx, int64_t begin, int64_t end);
+void flare_pool_for(flare_pool *pool, int64_t n, int64_t grain, flare_task task, void *ctx);
+int64_t flare_split_count(const flare_cmd *cmds, int64_t n, int32_t nth);
 """
 
 
@@ -63,8 +72,9 @@ def load() -> Native | None:
         from .build import build
         from ..lowering import KINDS
         here = Path(__file__).parent
-        module = build("_flare_native", (here / "kernels.c").read_text(), _CDEF, sources=(here / "quant.c",),
-                       include_dirs=(here,))
+        module = build("_flare_native", (here / "kernels.c").read_text(), _CDEF,
+                       sources=(here / "pool.c", here / "quant.c"), include_dirs=(here,),
+                       libraries=("m", "pthread"), announce="building the CPU kernels")
         blas = find_blas()
         if blas is None:
             REASON = "no OpenBLAS with cblas_sgemm found in this process or numpy.libs"

@@ -18,16 +18,19 @@ from types import ModuleType
 
 from flare.core.cache import cache_dir
 
-PORTABLE_FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd", "-std=gnu11")
+PORTABLE_FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd", "-std=gnu11", "-pthread")
 
 
 def build(prefix: str, source: str, cdef: str, flags: tuple[str, ...] = PORTABLE_FLAGS,
           libraries: tuple[str, ...] = ("m",), sources: tuple[Path, ...] = (),
-          include_dirs: tuple[Path, ...] = ()) -> ModuleType:
+          include_dirs: tuple[Path, ...] = (), announce: str | None = None) -> ModuleType:
     """Return the compiled cffi module (`.lib`, `.ffi`); raises if cffi or a compiler is missing.
 
     `sources` are further C files compiled into the same module, `include_dirs` where its
-    headers are; their text (and every header in `include_dirs`) is part of the cache key."""
+    headers are; their text (and every header in `include_dirs`) is part of the cache key.
+    `announce`, when given, is printed to stderr before a build (a build takes seconds, and a
+    silent first run looks hung), with the cache folder.
+    """
     import cffi
 
     parts = [source, cdef, " ".join(flags), " ".join(libraries), sys.version]
@@ -37,6 +40,8 @@ def build(prefix: str, source: str, cdef: str, flags: tuple[str, ...] = PORTABLE
     folder = cache_dir("cffi")
     built = sorted(folder.glob(f"{name}*.so"))
     if not built:
+        if announce:
+            print(f"{announce} (once, cached in {folder})", file=sys.stderr, flush=True)
         ffi = cffi.FFI()
         ffi.cdef(cdef)
         ffi.set_source(name, source, libraries=list(libraries), extra_compile_args=list(flags),
@@ -53,3 +58,13 @@ def build(prefix: str, source: str, cdef: str, flags: tuple[str, ...] = PORTABLE
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+if __name__ == "__main__":
+    # `python3 -m flare.backends.cpu.native.build`: build the native CPU kernels now (install time),
+    # so the first `flare run` does not; prints what it built or why the NumPy path will be used.
+    from flare.backends.cpu import native
+
+    loaded = native.load()
+    print(f"flare CPU kernels: {native.REASON}")
+    sys.exit(0 if loaded is not None else 1)

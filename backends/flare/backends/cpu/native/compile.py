@@ -75,7 +75,7 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
             if isinstance(item, tuple):
                 run = runs[item[1]]
                 flat = [(name, c) for name, cmds in run for c in cmds]
-                steps.append(CommandList(native, [c for _, c in flat], [n for n, _ in flat], scratch))
+                steps.append(CommandList(native, [c for _, c in flat], [n for n, _ in flat], scratch, device.pool))
             else:
                 steps.append(item)
     except BaseException:
@@ -84,7 +84,8 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
         raise
     info = {"executor": "native", "native_nodes": native_nodes, "numpy_nodes": fallback,
             "calls_into_c": sum(1 for s in steps if isinstance(s, CommandList)),
-            "prepacked_weights": len(prepacked)}
+            "prepacked_weights": len(prepacked), "threads": device.threads,
+            "split_commands": sum(s.split_commands() for s in steps if isinstance(s, CommandList))}
     return NativeSplit(steps, owned, info)
 
 

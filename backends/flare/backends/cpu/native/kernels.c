@@ -10,6 +10,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
+
+#include "pool.h"
 
 #include "quant.h"
 
@@ -116,20 +119,24 @@ static inline __attribute__((always_inline)) float vtanh(float x) {
     return x < 0.0f ? -y : y;
 }
 
-#define OUTER3(c) for (int64_t i0 = 0; i0 < (c)->ne[0]; ++i0) for (int64_t i1 = 0; i1 < (c)->ne[1]; ++i1) \
-    for (int64_t i2 = 0; i2 < (c)->ne[2]; ++i2)
+/* The outer index space i0, i1, i2 of a command, flattened, walked over [ob, oe): a thread runs
+ * its range of rows (a serial run: [0, outer(c))). The indices are carried, not divided per row. */
+#define OUTER3(c) for (int64_t q_ = ob, i0 = ob ? ob / ((c)->ne[1] * (c)->ne[2]) : 0, \
+    i1 = ob ? (ob / (c)->ne[2]) % (c)->ne[1] : 0, i2 = ob ? ob % (c)->ne[2] : 0; q_ < oe; \
+    ++q_, (++i2 == (c)->ne[2] ? (i2 = 0, (++i1 == (c)->ne[1] ? (i1 = 0, ++i0) : 0)) : 0))
+static inline int64_t outer(const flare_cmd *c) { return c->ne[0] * c->ne[1] * c->ne[2]; }
 #define OFF(st, c) (i0 * (st)[0] + i1 * (st)[1] + i2 * (st)[2])
 
 #define BINARY(NAME, EXPR) \
-HOT static void NAME(const flare_cmd *c) { \
-    const int64_t n = c->ne[3], os = c->os[3], as = c->ss[0][3], bs = c->ss[1][3]; \
+HOT static void NAME(const flare_cmd *c, int64_t ob, int64_t oe, int64_t jb, int64_t je) { \
+    const int64_t os = c->os[3], as = c->ss[0][3], bs = c->ss[1][3]; \
     OUTER3(c) { \
         float *o = (float *)c->out + OFF(c->os, c); \
         const float *a = (const float *)c->src[0] + OFF(c->ss[0], c); \
         const float *b = (const float *)c->src[1] + OFF(c->ss[1], c); \
-        if (os == 1 && as == 1 && bs == 1) { for (int64_t j = 0; j < n; ++j) { float x = a[j], y = b[j]; o[j] = EXPR; } } \
-        else if (os == 1 && as == 1 && bs == 0) { const float y = b[0]; for (int64_t j = 0; j < n; ++j) { float x = a[j]; o[j] = EXPR; } } \
-        else { for (int64_t j = 0; j < n; ++j) { float x = a[j * as], y = b[j * bs]; o[j * os] = EXPR; } } \
+        if (os == 1 && as == 1 && bs == 1) { for (int64_t j = jb; j < je; ++j) { float x = a[j], y = b[j]; o[j] = EXPR; } } \
+        else if (os == 1 && as == 1 && bs == 0) { const float y = b[0]; for (int64_t j = jb; j < je; ++j) { float x = a[j]; o[j] = EXPR; } } \
+        else { for (int64_t j = jb; j < je; ++j) { float x = a[j * as], y = b[j * bs]; o[j * os] = EXPR; } } \
     } \
 }
 BINARY(k_add, x + y)
@@ -138,14 +145,14 @@ BINARY(k_mul, x * y)
 BINARY(k_div, x / y)
 
 #define UNARY(NAME, EXPR) \
-HOT static void NAME(const flare_cmd *c) { \
-    const int64_t n = c->ne[3], os = c->os[3], as = c->ss[0][3]; \
+HOT static void NAME(const flare_cmd *c, int64_t ob, int64_t oe, int64_t jb, int64_t je) { \
+    const int64_t os = c->os[3], as = c->ss[0][3]; \
     const float p0 = (float)c->fp[0], p1 = (float)c->fp[1]; (void)p0; (void)p1; \
     OUTER3(c) { \
         float *o = (float *)c->out + OFF(c->os, c); \
         const float *a = (const float *)c->src[0] + OFF(c->ss[0], c); \
-        if (os == 1 && as == 1) { for (int64_t j = 0; j < n; ++j) { float x = a[j]; o[j] = EXPR; } } \
-        else { for (int64_t j = 0; j < n; ++j) { float x = a[j * as]; o[j * os] = EXPR; } } \
+        if (os == 1 && as == 1) { for (int64_t j = jb; j < je; ++j) { float x = a[j]; o[j] = EXPR; } } \
+        else { for (int64_t j = jb; j < je; ++j) { float x = a[j * as]; o[j * os] = EXPR; } } \
     } \
 }
 UNARY(k_scale, x * p0 + p1)
@@ -160,13 +167,13 @@ UNARY(k_neg, -x)
 UNARY(k_sqr, x * x)
 
 #define COPY(NAME, T, SRC_T, CONV) \
-static void NAME(const flare_cmd *c) { \
-    const int64_t n = c->ne[3], os = c->os[3], as = c->ss[0][3]; \
+static void NAME(const flare_cmd *c, int64_t ob, int64_t oe, int64_t jb, int64_t je) { \
+    const int64_t os = c->os[3], as = c->ss[0][3]; \
     OUTER3(c) { \
         T *o = (T *)c->out + OFF(c->os, c); \
         const SRC_T *a = (const SRC_T *)c->src[0] + OFF(c->ss[0], c); \
-        if (os == 1 && as == 1) { for (int64_t j = 0; j < n; ++j) o[j] = CONV(a[j]); } \
-        else { for (int64_t j = 0; j < n; ++j) o[j * os] = CONV(a[j * as]); } \
+        if (os == 1 && as == 1) { for (int64_t j = jb; j < je; ++j) o[j] = CONV(a[j]); } \
+        else { for (int64_t j = jb; j < je; ++j) o[j * os] = CONV(a[j * as]); } \
     } \
 }
 #define ID(v) (v)
@@ -463,38 +470,88 @@ int32_t flare_packed_isa(int32_t want) {
     return 0;
 }
 
+/* ---- fused --------------------------------------------------------------------------
+ * linear: out = act(a @ b + bias) + residual: K_MATMUL's operands and params, then an epilogue
+ * over each output row. src[2] bias (a row of N, stride ss[2][3]; NULL: none), src[3] residual
+ * (strides ss[3], broadcast to out; NULL: none). flags & 3: 0 none, 1 gelu, 2 relu, 3 sigmoid. */
+HOT static void epilogue_rows(float *o, int64_t rows, int64_t n, int64_t ldo, const float *bias, int64_t bs,
+                          const float *res, int64_t res_row, int64_t res_col, int act) {
+    for (int64_t r = 0; r < rows; ++r) {
+        float *orow = o + r * ldo;
+        if (bias) for (int64_t j = 0; j < n; ++j) orow[j] += bias[j * bs];
+        if (act == 1) for (int64_t j = 0; j < n; ++j) orow[j] = gelu_f(orow[j]);
+        else if (act == 2) for (int64_t j = 0; j < n; ++j) orow[j] = orow[j] > 0.0f ? orow[j] : 0.0f;
+        else if (act == 3) for (int64_t j = 0; j < n; ++j) orow[j] = sigmoid_f(orow[j]);
+        if (res) { const float *rr = res + r * res_row; for (int64_t j = 0; j < n; ++j) orow[j] += rr[j * res_col]; }
+    }
+}
+
 /* Routes (ip[7], chosen by commands.py): */
 enum { R_GEMM = 0, R_GEMV_T = 1, R_GEMV_N = 2, R_WDOT = 3, R_SWAP = 4, R_SMALL = 5, R_PACKED = 6 };
 
-static int k_matmul(const flare_cmd *c) {
-    const int64_t M = c->ip[0], N = c->ip[1], K = c->ip[2];
+/* One batch's product over output rows [m0, m1) and columns [n0, n1): what a thread runs of a
+ * split matmul (every route takes a column range; GEMM and SMALL also a row range). Each output
+ * element is computed by the same code in the same order whatever the range, so a split result
+ * equals the serial one bit for bit (BLAS is single-threaded under the pool: blas.py). */
+static void mm_block(const flare_cmd *c, const float *a, const float *b, float *o, int64_t m0, int64_t m1,
+                     int64_t n0, int64_t n1) {
+    const int64_t M = c->ip[0], K = c->ip[2], ldo = c->os[2], nn = n1 - n0, mm = m1 - m0;
+    if (nn <= 0 || mm <= 0) return;
+    switch ((int)c->ip[7]) {
+    case R_GEMV_T: gemv(NT, nn, K, b + n0 * c->ip[6], c->ip[6], a, c->ss[0][3], 0.0f, o + n0, 1); break;
+    case R_GEMV_N: gemv(TR, K, nn, b + n0, c->ip[6], a, c->ss[0][3], 0.0f, o + n0, 1); break;
+    case R_WDOT: wdot(M, nn, K, a, c->ip[4], b + n0 * c->ip[6], c->ip[6], o + n0, ldo); break;
+    case R_PACKED: pgemm(M, nn, K, a, c->ip[4], b + n0 * K, o + n0, ldo); break;  /* n0: a multiple of PANEL */
+    case R_SMALL: {
+        const int64_t sbn = c->ss[1][3] == 1 ? 1 : c->ss[1][3];
+        small_gemm(mm, nn, K, a + m0 * c->ss[0][2], c->ss[0][2], c->ss[0][3], b + n0 * sbn, c->ss[1][2], sbn,
+                   o + m0 * ldo + n0, ldo);
+        break;
+    }
+    case R_SWAP: {
+        /* 16-64 rows times a weight stored [N, K]: OpenBLAS computes (W a^T)^T 1.2-3x faster
+         * than a W^T at these shapes (16x384x384 .. 64x1536x384); transpose back. The scratch
+         * holds W a^T [N, M]: a column range writes its own rows of it. */
+        float *t = (float *)c->scratch;
+        gemm(NT, TR, nn, M, K, b + n0 * c->ip[6], c->ip[6], a, c->ip[4], 0.0f, t + n0 * M, M);
+        for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = n0; n < n1; ++n) o[m * ldo + n] = t[n * M + m];
+        break;
+    }
+    default:
+        gemm((int)c->ip[3], (int)c->ip[5], mm, nn, K, a + m0 * c->ss[0][2], c->ip[4], b + n0 * c->ss[1][3], c->ip[6],
+             0.0f, o + m0 * ldo + n0, ldo);
+    }
+}
+
+static int mm_needs_blas(const flare_cmd *c) {
     const int route = (int)c->ip[7];
-    if (route != R_SMALL && route != R_WDOT && route != R_PACKED && !g_sgemm) return ERR_NOBLAS;
-    for (int64_t i0 = 0; i0 < c->ne[0]; ++i0)
-        for (int64_t i1 = 0; i1 < c->ne[1]; ++i1) {
-            const float *a = (const float *)c->src[0] + i0 * c->ss[0][0] + i1 * c->ss[0][1];
-            const float *b = (const float *)c->src[1] + i0 * c->ss[1][0] + i1 * c->ss[1][1];
-            float *o = (float *)c->out + i0 * c->os[0] + i1 * c->os[1];
-            switch (route) {
-            case R_GEMV_T: gemv(NT, N, K, b, c->ip[6], a, c->ss[0][3], 0.0f, o, 1); break;
-            case R_GEMV_N: gemv(TR, K, N, b, c->ip[6], a, c->ss[0][3], 0.0f, o, 1); break;
-            case R_WDOT: wdot(M, N, K, a, c->ip[4], b, c->ip[6], o, c->os[2]); break;
-            case R_PACKED: pgemm(M, N, K, a, c->ip[4], b, o, c->os[2]); break;
-            case R_SMALL:
-                small_gemm(M, N, K, a, c->ss[0][2], c->ss[0][3], b, c->ss[1][2], c->ss[1][3] == 1 ? 1 : c->ss[1][3], o, c->os[2]);
-                break;
-            case R_SWAP: {
-                /* 16-64 rows times a weight stored [N, K]: OpenBLAS computes (W a^T)^T 1.2-3x faster
-                 * than a W^T at these shapes (16x384x384 .. 64x1536x384); transpose back */
-                float *t = (float *)c->scratch;
-                gemm(NT, TR, N, M, K, b, c->ip[6], a, c->ip[4], 0.0f, t, M);
-                for (int64_t m = 0; m < M; ++m)
-                    for (int64_t n = 0; n < N; ++n) o[m * c->os[2] + n] = t[n * M + m];
-                break;
-            }
-            default: gemm((int)c->ip[3], (int)c->ip[5], M, N, K, a, c->ip[4], b, c->ip[6], 0.0f, o, c->os[2]);
-            }
+    return route != R_SMALL && route != R_WDOT && route != R_PACKED;
+}
+
+/* Batches [q0, q1) (flattened i0, i1), rows [m0, m1), columns [n0, n1); linear adds its epilogue
+ * (bias, activation, residual) over the same block. */
+static void mm_range(const flare_cmd *c, int64_t q0, int64_t q1, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    for (int64_t q = q0; q < q1; ++q) {
+        const int64_t i0 = q / c->ne[1], i1 = q % c->ne[1];
+        const float *a = (const float *)c->src[0] + i0 * c->ss[0][0] + i1 * c->ss[0][1];
+        const float *b = (const float *)c->src[1] + i0 * c->ss[1][0] + i1 * c->ss[1][1];
+        float *o = (float *)c->out + i0 * c->os[0] + i1 * c->os[1];
+        mm_block(c, a, b, o, m0, m1, n0, n1);
+        if (c->kind == K_LINEAR && m1 > m0 && n1 > n0) {
+            const float *bias = c->src[2] ? (const float *)c->src[2] + n0 * c->ss[2][3] : 0;
+            const float *res = c->src[3] ? (const float *)c->src[3] + i0 * c->ss[3][0] + i1 * c->ss[3][1]
+                                               + m0 * c->ss[3][2] + n0 * c->ss[3][3] : 0;
+            epilogue_rows(o + m0 * c->os[2] + n0, m1 - m0, n1 - n0, c->os[2], bias, c->ss[2][3], res, c->ss[3][2],
+                          c->ss[3][3], c->flags & 3);
         }
+    }
+}
+
+/* matmul and linear, serial */
+static int k_matmul(const flare_cmd *c) {
+    if (mm_needs_blas(c) && !g_sgemm) return ERR_NOBLAS;
+    mm_range(c, 0, c->ne[0] * c->ne[1], 0, c->ip[0], 0, c->ip[1]);
     return 0;
 }
 
@@ -521,7 +578,7 @@ HOT static void norm_row(float *o, int64_t os, const float *a, int64_t as, int64
     else for (int64_t j = 0; j < n; ++j) o[j * os] = (a[j * as] - mu) * inv;
 }
 
-static void k_norm(const flare_cmd *c, int center) {
+static void k_norm(const flare_cmd *c, int center, int64_t ob, int64_t oe) {
     OUTER3(c) norm_row((float *)c->out + OFF(c->os, c), c->os[3], (const float *)c->src[0] + OFF(c->ss[0], c),
                        c->ss[0][3], c->ne[3], center, c->fp[0]);
 }
@@ -554,7 +611,7 @@ HOT static void softmax_row(float *o, int64_t os, const float *a, int64_t as, co
     for (int64_t j = 0; j < n; ++j) o[j * os] *= inv;
 }
 
-static void k_softmax(const flare_cmd *c) {
+static void k_softmax(const flare_cmd *c, int64_t ob, int64_t oe) {
     OUTER3(c) softmax_row((float *)c->out + OFF(c->os, c), c->os[3], (const float *)c->src[0] + OFF(c->ss[0], c),
                           c->ss[0][3], c->src[1] ? (const float *)c->src[1] + OFF(c->ss[1], c) : 0, c->ss[1][3],
                           c->ne[3], (float)c->fp[0]);
@@ -563,7 +620,7 @@ static void k_softmax(const flare_cmd *c) {
 /* ---- indexing ------------------------------------------------------------------- */
 /* out [i0, i1, i2, D]; idx (i32, or i64 when ip[1]) strides ss[1][0..2]; table rows ss[0][2], cols ss[0][3];
  * ip[0] = rows of the table; ip[2] = table is f16 */
-static int k_get_rows(const flare_cmd *c) {
+static int k_get_rows(const flare_cmd *c, int64_t ob, int64_t oe) {
     const int64_t d = c->ne[3], os = c->os[3], rs = c->ss[0][2], cs = c->ss[0][3];
     OUTER3(c) {
         const int64_t off = OFF(c->ss[1], c);
@@ -578,10 +635,10 @@ static int k_get_rows(const flare_cmd *c) {
 }
 
 /* x [N, H, D] in ne[1..3] (ne[0] == 1), pos i32 [N] (stride ss[1][1]); fp0 base, ip0 neox */
-static void k_rope(const flare_cmd *c) {
-    const int64_t N = c->ne[1], H = c->ne[2], D = c->ne[3], half = D / 2;
+static void k_rope(const flare_cmd *c, int64_t tb, int64_t te) {
+    const int64_t H = c->ne[2], D = c->ne[3], half = D / 2;
     const int neox = (int)c->ip[0];
-    for (int64_t t = 0; t < N; ++t) {
+    for (int64_t t = tb; t < te; ++t) {
         const double p = (double)((const int32_t *)c->src[1])[t * c->ss[1][1]];
         for (int64_t i = 0; i < half; ++i) {
             const double ang = p * pow(c->fp[0], -2.0 * (double)i / (double)D);
@@ -599,7 +656,7 @@ static void k_rope(const flare_cmd *c) {
 }
 
 /* out [i0, i1, i2, k] = x[i0, i1, i2, idx[...]] over the last axis; ip0 = n of x */
-static int k_gather(const flare_cmd *c) {
+static int k_gather(const flare_cmd *c, int64_t ob, int64_t oe) {
     const int64_t k = c->ne[3];
     OUTER3(c) {
         const float *x = (const float *)c->src[0] + OFF(c->ss[0], c);
@@ -630,7 +687,7 @@ static int k_set_rows(const flare_cmd *c) {
 }
 
 /* ---- reductions over the last (moved) axis: out [i0, i1, i2] ------------------------ */
-static void k_reduce(const flare_cmd *c, int kind) {
+static void k_reduce(const flare_cmd *c, int kind, int64_t ob, int64_t oe) {
     const int64_t n = c->ip[0], as = c->ss[0][3];
     OUTER3(c) {
         const float *a = (const float *)c->src[0] + OFF(c->ss[0], c);
@@ -648,7 +705,7 @@ static void k_reduce(const flare_cmd *c, int kind) {
 }
 
 /* indices of the k largest along the last axis, largest first, ties by lower index; ip0 = n */
-static void k_top_k(const flare_cmd *c) {
+static void k_top_k(const flare_cmd *c, int64_t ob, int64_t oe) {
     const int64_t k = c->ne[3], n = c->ip[0], as = c->ss[0][3];
     OUTER3(c) {
         const float *a = (const float *)c->src[0] + OFF(c->ss[0], c);
@@ -669,16 +726,26 @@ static void k_top_k(const flare_cmd *c) {
 /* ---- conv1d: im2col into scratch, one GEMM over all batch rows -------------------------
  * x [B, Cin, L] (strides ss[0][1..3]); w [Cout, Cin*K] contiguous; out [B, Cout, Lout] contiguous.
  * ne = {1, B, Cout, Lout}; ip: stride, pad, dil, Cin, K, L */
-static int k_conv1d(const flare_cmd *c) {
+/* Three phases, each over a range of its own units (the threaded executor runs them one after the
+ * other, each split into chunks): 0 im2col rows (b, l); 1 the product, by rows (GEMM, blocks of 16)
+ * or, for up to 16 rows, wdot's output columns (blocks of 4); 2 the transpose out, by (b, co) rows. */
+static int64_t conv1d_units(const flare_cmd *c, int phase, int64_t *grain) {
+    const int64_t rows = c->ne[1] * c->ne[3];
+    *grain = phase == 1 ? (rows <= 16 ? 4 : 16) : 1;
+    return phase == 0 ? rows : phase == 1 ? (rows <= 16 ? c->ne[2] : rows) : c->ne[1] * c->ne[2];
+}
+
+static int conv1d_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
     const int64_t B = c->ne[1], Co = c->ne[2], Lo = c->ne[3];
     const int64_t s = c->ip[0], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
     const int64_t ck = Ci * K;
     if (B * Lo > 16 && !g_sgemm) return ERR_NOBLAS;
     float *cols = (float *)c->scratch, *res = cols + B * Lo * ck;
-    const float *x = (const float *)c->src[0];
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t l = 0; l < Lo; ++l) {
-            float *row = cols + (b * Lo + l) * ck;
+    if (phase == 0) {
+        const float *x = (const float *)c->src[0];
+        for (int64_t r = r0; r < r1; ++r) {
+            const int64_t b = r / Lo, l = r % Lo;
+            float *row = cols + r * ck;
             for (int64_t ci = 0; ci < Ci; ++ci) {
                 const float *xr = x + b * c->ss[0][1] + ci * c->ss[0][2];
                 for (int64_t k = 0; k < K; ++k) {
@@ -687,12 +754,26 @@ static int k_conv1d(const flare_cmd *c) {
                 }
             }
         }
-    float *o = (float *)c->out;
-    if (B * Lo <= 16) wdot(B * Lo, Co, ck, cols, ck, (const float *)c->src[1], ck, res, Co);  /* streaming chunks */
-    else gemm(NT, TR, B * Lo, Co, ck, cols, ck, (const float *)c->src[1], ck, 0.0f, res, Co);
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t co = 0; co < Co; ++co)
-            for (int64_t l = 0; l < Lo; ++l) o[(b * Co + co) * Lo + l] = res[(b * Lo + l) * Co + co];
+    } else if (phase == 1) {
+        const float *w = (const float *)c->src[1];
+        if (B * Lo <= 16) wdot(B * Lo, r1 - r0, ck, cols, ck, w + r0 * ck, ck, res + r0, Co);  /* columns */
+        else gemm(NT, TR, r1 - r0, Co, ck, cols + r0 * ck, ck, w, ck, 0.0f, res + r0 * Co, Co);
+    } else {
+        float *o = (float *)c->out;
+        for (int64_t r = r0; r < r1; ++r) {
+            const int64_t b = r / Co, co = r % Co;
+            for (int64_t l = 0; l < Lo; ++l) o[r * Lo + l] = res[(b * Lo + l) * Co + co];
+        }
+    }
+    return 0;
+}
+
+static int k_conv1d(const flare_cmd *c) {
+    for (int ph = 0; ph < 3; ++ph) {
+        int64_t grain;
+        const int e = conv1d_phase(c, ph, 0, conv1d_units(c, ph, &grain));
+        if (e) return e;
+    }
     return 0;
 }
 
@@ -723,75 +804,78 @@ static void k_pad(const flare_cmd *c) {
 /* ---- mul_mat_id: out [T, kk, N] contiguous; w [E, N, K] (ss[0][1..3], k stride 1);
  * x rows (ss[1][1] per token, ss[1][2] per slot, 0 when shared; unit k stride); ids i32 [T, kk]
  * (ss[2][1..2]). ip: E, N, K, f16 weights. ne = {1, T, kk, N}. Tokens sharing an expert are
- * gathered into one GEMM (scratch: xs [T*kk, K], ys [T*kk, N], order [T*kk] int32). */
-static int k_mul_mat_id(const flare_cmd *c) {
+ * gathered into one GEMM (a GEMV for one token). Scratch: xs [T*kk, K], ys [T*kk, N], order
+ * [T*kk] (the (t, j) slots grouped by expert, in order), off [E + 2] (where each expert's slots
+ * start; off[E + 1]: how many experts are used, -1 for a bad id), used [E] (those experts).
+ * Thread 0 groups, then the used experts are shared out between the threads: each writes its
+ * own experts' rows of xs, ys and out, so a decode step's experts run side by side. */
+static int mul_mat_id_phase(const flare_cmd *c, int phase, int64_t u0, int64_t u1) {
     if (!g_sgemm) return ERR_NOBLAS;
     const int64_t T = c->ne[1], kk = c->ne[2], E = c->ip[0], N = c->ip[1], K = c->ip[2], TK = T * kk;
     const int32_t *ids = (const int32_t *)c->src[2];
     const float *x = (const float *)c->src[1];
     float *out = (float *)c->out;
-    for (int64_t t = 0; t < T; ++t) for (int64_t j = 0; j < kk; ++j) {
-        int32_t e = ids[t * c->ss[2][1] + j * c->ss[2][2]];
-        if (e < 0 || e >= E) return ERR_INDEX;
-    }
     float *xs = (float *)c->scratch, *ys = xs + TK * K;
-    int32_t *order = (int32_t *)(ys + TK * N);
-    for (int64_t e = 0; e < E; ++e) {
-        int64_t cnt = 0;
-        for (int64_t t = 0; t < T; ++t) for (int64_t j = 0; j < kk; ++j)
-            if (ids[t * c->ss[2][1] + j * c->ss[2][2]] == e) order[cnt++] = (int32_t)(t * kk + j);
-        if (!cnt) continue;
+    int32_t *order = (int32_t *)(ys + TK * N), *off = order + TK, *used = off + E + 2;
+    if (phase == 0) {  /* group the slots by expert (one chunk) */
+        int32_t bad = 0, nused = 0;
+        for (int64_t e = 0; e <= E; ++e) off[e] = 0;
+        for (int64_t t = 0; t < T && !bad; ++t) for (int64_t j = 0; j < kk; ++j) {
+            const int32_t e = ids[t * c->ss[2][1] + j * c->ss[2][2]];
+            if (e < 0 || e >= E) { bad = 1; break; }
+            off[e + 1]++;
+        }
+        if (!bad) {
+            for (int64_t e = 0; e < E; ++e) {
+                if (off[e + 1]) used[nused++] = (int32_t)e;
+                off[e + 1] += off[e];
+            }
+            for (int32_t u = 0; u < nused; ++u) {  /* each expert's slots in (t, j) order */
+                const int32_t e = used[u];
+                int64_t r = off[e];
+                for (int64_t t = 0; t < T; ++t) for (int64_t j = 0; j < kk; ++j)
+                    if (ids[t * c->ss[2][1] + j * c->ss[2][2]] == e) order[r++] = (int32_t)(t * kk + j);
+            }
+        }
+        off[E + 1] = bad ? -1 : nused;
+        return bad ? ERR_INDEX : 0;
+    }
+    for (int64_t u = u0; u < u1; ++u) {  /* phase 1: used experts [u0, u1) */
+        const int64_t e = used[u], first = off[e], cnt = off[e + 1] - off[e];
+        const int32_t *rows = order + first;
         const float *w = (const float *)c->src[0] + e * c->ss[0][1];
         if (cnt == 1) {
-            const int64_t t = order[0] / kk, j = order[0] % kk;
-            gemv(NT, N, K, w, c->ss[0][2], x + t * c->ss[1][1] + j * c->ss[1][2], 1, 0.0f, out + order[0] * N, 1);
+            const int64_t t = rows[0] / kk, j = rows[0] % kk;
+            gemv(NT, N, K, w, c->ss[0][2], x + t * c->ss[1][1] + j * c->ss[1][2], 1, 0.0f, out + rows[0] * N, 1);
             continue;
         }
+        float *xe = xs + first * K, *ye = ys + first * N;
         for (int64_t r = 0; r < cnt; ++r) {
-            const int64_t t = order[r] / kk, j = order[r] % kk;
-            memcpy(xs + r * K, x + t * c->ss[1][1] + j * c->ss[1][2], (size_t)K * sizeof(float));
+            const int64_t t = rows[r] / kk, j = rows[r] % kk;
+            memcpy(xe + r * K, x + t * c->ss[1][1] + j * c->ss[1][2], (size_t)K * sizeof(float));
         }
-        gemm(NT, TR, cnt, N, K, xs, K, w, c->ss[0][2], 0.0f, ys, N);
-        for (int64_t r = 0; r < cnt; ++r) memcpy(out + order[r] * N, ys + r * N, (size_t)N * sizeof(float));
+        gemm(NT, TR, cnt, N, K, xe, K, w, c->ss[0][2], 0.0f, ye, N);
+        for (int64_t r = 0; r < cnt; ++r) memcpy(out + rows[r] * N, ye + r * N, (size_t)N * sizeof(float));
     }
     return 0;
 }
 
-/* ---- fused --------------------------------------------------------------------------
- * linear: out = act(a @ b + bias) + residual: K_MATMUL's operands and params, then an epilogue
- * over each output row. src[2] bias (a row of N, stride ss[2][3]; NULL: none), src[3] residual
- * (strides ss[3], broadcast to out; NULL: none). flags & 3: 0 none, 1 gelu, 2 relu, 3 sigmoid. */
-HOT static void epilogue_rows(float *o, int64_t rows, int64_t n, int64_t ldo, const float *bias, int64_t bs,
-                          const float *res, int64_t res_row, int64_t res_col, int act) {
-    for (int64_t r = 0; r < rows; ++r) {
-        float *orow = o + r * ldo;
-        if (bias) for (int64_t j = 0; j < n; ++j) orow[j] += bias[j * bs];
-        if (act == 1) for (int64_t j = 0; j < n; ++j) orow[j] = gelu_f(orow[j]);
-        else if (act == 2) for (int64_t j = 0; j < n; ++j) orow[j] = orow[j] > 0.0f ? orow[j] : 0.0f;
-        else if (act == 3) for (int64_t j = 0; j < n; ++j) orow[j] = sigmoid_f(orow[j]);
-        if (res) { const float *rr = res + r * res_row; for (int64_t j = 0; j < n; ++j) orow[j] += rr[j * res_col]; }
-    }
+/* experts phase 0 found in use (-1: a bad id) */
+static int64_t mul_mat_id_used(const flare_cmd *c) {
+    const int64_t TK = c->ne[1] * c->ne[2], N = c->ip[1], K = c->ip[2], E = c->ip[0];
+    const int32_t *off = (const int32_t *)((float *)c->scratch + TK * (K + N)) + TK;
+    return off[E + 1];
 }
 
-static int k_linear(const flare_cmd *c) {
-    int err = k_matmul(c);
-    if (err) return err;
-    const int64_t M = c->ip[0], N = c->ip[1];
-    const int act = c->flags & 3;
-    const float *bias = (const float *)c->src[2];
-    for (int64_t i0 = 0; i0 < c->ne[0]; ++i0)
-        for (int64_t i1 = 0; i1 < c->ne[1]; ++i1) {
-            float *o = (float *)c->out + i0 * c->os[0] + i1 * c->os[1];
-            const float *res = c->src[3] ? (const float *)c->src[3] + i0 * c->ss[3][0] + i1 * c->ss[3][1] : 0;
-            epilogue_rows(o, M, N, c->os[2], bias, c->ss[2][3], res, c->ss[3][2], c->ss[3][3], act);
-        }
-    return 0;
+static int k_mul_mat_id(const flare_cmd *c) {
+    const int e = mul_mat_id_phase(c, 0, 0, 0);
+    return e ? e : mul_mat_id_phase(c, 1, 0, mul_mat_id_used(c));
 }
 
 /* norm then affine: out = norm(x) * gamma + beta (src[1] gamma, src[2] beta: rows of n, unit stride;
  * beta may be NULL). flags & 1: layer norm (centered), else RMS norm. */
-static void k_norm_affine(const flare_cmd *c) {
-    k_norm(c, c->flags & 1);
+static void k_norm_affine(const flare_cmd *c, int64_t ob, int64_t oe) {
+    k_norm(c, c->flags & 1, ob, oe);
     const int64_t n = c->ne[3], os = c->os[3];
     const float *g = (const float *)c->src[1], *b = (const float *)c->src[2];
     const int64_t gs = c->ss[1][3], bs = c->ss[2][3];
@@ -810,78 +894,109 @@ static void k_norm_affine(const flare_cmd *c) {
  * one product for all batch rows and the cell update per row. */
 /* the cell update of one batch row: z holds W_hh h (gate blocks i, f, g, o), x the input
  * projection (unit stride here: the loop vectorizes) */
-HOT static void lstm_cell(int64_t H, const float *restrict z, const float *restrict x, float *restrict hb,
-                          float *restrict cb, float *restrict ot) {
+HOT static void lstm_cell(int64_t H, int64_t u0, int64_t u1, const float *restrict z, const float *restrict x,
+                          float *restrict hb, float *restrict cb, float *restrict ot) {
 #pragma omp simd
-    for (int64_t u = 0; u < H; ++u) {
+    for (int64_t u = u0; u < u1; ++u) {
         const float cn = sigmoid_f(z[H + u] + x[H + u]) * cb[u] + sigmoid_f(z[u] + x[u]) * vtanh(z[2 * H + u] + x[2 * H + u]);
         const float hn = sigmoid_f(z[3 * H + u] + x[3 * H + u]) * vtanh(cn);
         cb[u] = cn; hb[u] = hn; ot[u] = hn; ot[H + u] = cn;
     }
 }
 
-static void k_lstm(const flare_cmd *c) {
-    const int64_t T = c->ne[1], B = c->ne[2], H = c->ip[0];
+/* Phase 0 copies h0, c0 into the scratch; then two phases per step t: 1 + 2t computes columns of
+ * z = W_hh h (panel pairs of 32 columns packed, blocks of 4 for wdot), 2 + 2t the cell update of
+ * hidden units (blocks of 16) for every batch row. Each phase reads what the one before wrote,
+ * so the threaded executor finishes one before it starts the next. Threaded only with x of unit
+ * stride (plan()): the strided case copies x rows through one shared scratch row. */
+static int64_t lstm_units(const flare_cmd *c, int64_t phase, int64_t *grain) {
+    const int64_t H = c->ip[0];
+    if (phase == 0) { *grain = 1; return 1; }
+    if (phase % 2) { *grain = c->ip[1] ? 2 * PANEL : 4; return 4 * H; }
+    *grain = 16;
+    return H;
+}
+
+static void lstm_phase(const flare_cmd *c, int64_t phase, int64_t r0, int64_t r1) {
+    const int64_t B = c->ne[2], H = c->ip[0];
     const float *x = (const float *)c->src[0], *w = (const float *)c->src[1];
     const float *h0 = (const float *)c->src[2], *c0 = (const float *)c->src[3];
     /* scratch: h [B, H], c [B, H], z [B, 4H], and a contiguous copy of one x row [4H] */
     float *h = (float *)c->scratch, *cs = h + B * H, *z = cs + B * H, *xrow = z + B * 4 * H, *out = (float *)c->out;
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t u = 0; u < H; ++u) {
-            h[b * H + u] = h0[b * c->ss[1][2] + u * c->ss[1][3]];
-            cs[b * H + u] = c0[b * c->ss[2][2] + u * c->ss[2][3]];
-        }
-    const int64_t xs = c->ss[0][3];
-    for (int64_t t = 0; t < T; ++t) {
-        if (c->ip[1]) pgemm(B, 4 * H, H, h, H, w, z, 4 * H);  /* w: packed panels (packing.py) */
-        else wdot(B, 4 * H, H, h, H, w, H, z, 4 * H);
-        for (int64_t b = 0; b < B; ++b) {
-            const float *xt = x + t * c->ss[0][1] + b * c->ss[0][2];
-            if (xs != 1) {
-                for (int64_t j = 0; j < 4 * H; ++j) xrow[j] = xt[j * xs];
-                xt = xrow;
+    if (phase == 0) {
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t u = 0; u < H; ++u) {
+                h[b * H + u] = h0[b * c->ss[1][2] + u * c->ss[1][3]];
+                cs[b * H + u] = c0[b * c->ss[2][2] + u * c->ss[2][3]];
             }
-            lstm_cell(H, z + b * 4 * H, xt, h + b * H, cs + b * H, out + (t * B + b) * 2 * H);
+        return;
+    }
+    const int64_t t = (phase - 1) / 2, xs = c->ss[0][3];
+    if (r1 <= r0) return;
+    if (phase % 2) {
+        if (c->ip[1]) pgemm(B, r1 - r0, H, h, H, w + r0 * H, z + r0, 4 * H);  /* w: packed panels (packing.py) */
+        else wdot(B, r1 - r0, H, h, H, w + r0 * H, H, z + r0, 4 * H);
+        return;
+    }
+    for (int64_t b = 0; b < B; ++b) {
+        const float *xt = x + t * c->ss[0][1] + b * c->ss[0][2];
+        if (xs != 1) {  /* serial only */
+            for (int64_t j = 0; j < 4 * H; ++j) xrow[j] = xt[j * xs];
+            xt = xrow;
         }
+        lstm_cell(H, r0, r1, z + b * 4 * H, xt, h + b * H, cs + b * H, out + (t * B + b) * 2 * H);
+    }
+}
+
+static void k_lstm(const flare_cmd *c) {
+    for (int64_t ph = 0; ph < 1 + 2 * c->ne[1]; ++ph) {
+        int64_t grain;
+        lstm_phase(c, ph, 0, lstm_units(c, ph, &grain));
     }
 }
 
 /* ---- block-quantized weights (quant.h) ----------------------------------------------------
  * ip[0] is the weight's ggml type, ip[1] K (weights per row), ip[2] bytes per weight row,
- * ip[3] bytes per quantized activation row. Activations are quantized into the scratch. */
+ * ip[3] bytes per quantized activation row. The products run in two phases: the activation
+ * rows are quantized into the scratch (phase 0, split by rows), then the weight rows meet them
+ * (phase 1, split by weight rows). Every output element is one dot product computed whole by
+ * one chunk, so results do not depend on the thread count. */
 
-/* k_qmatmul: out [i0, i1, M, N] = a [i0, i1, M, K] (strides ss[0]) @ w^T, w [N, K/block] rows of
- * blocks shared by every batch. scratch: M activation rows, then one float row for a strided a. */
-static int k_qmatmul(const flare_cmd *c) {
+/* qmatmul: out [i0, i1, M, N] = a [i0, i1, M, K] (strides ss[0], unit k stride) @ w^T, w [N, K/block]
+ * rows of blocks shared by every batch. scratch: the ne0*ne1*M activation rows. Phase 0 units:
+ * activation rows; phase 1 units: weight rows (output columns). */
+static int qmatmul_phase(const flare_cmd *c, int ph, int64_t b, int64_t e) {
     const int32_t type = (int32_t)c->ip[0];
-    const int64_t M = c->ne[2], N = c->ne[3], K = c->ip[1], wrb = c->ip[2], xrb = c->ip[3];
+    const int64_t B1 = c->ne[1], M = c->ne[2], K = c->ip[1], wrb = c->ip[2], xrb = c->ip[3];
     char *xq = (char *)c->scratch;
-    float *row = (float *)(xq + M * xrb);
-    for (int64_t i0 = 0; i0 < c->ne[0]; ++i0) for (int64_t i1 = 0; i1 < c->ne[1]; ++i1) {
-        const float *a = (const float *)c->src[0] + i0 * c->ss[0][0] + i1 * c->ss[0][1];
-        for (int64_t m = 0; m < M; ++m) {
-            const float *x = a + m * c->ss[0][2];
-            if (c->ss[0][3] != 1) {
-                for (int64_t k = 0; k < K; ++k) row[k] = x[k * c->ss[0][3]];
-                x = row;
-            }
-            flare_qact_quantize_row(type, x, xq + m * xrb, K);
+    if (ph == 0) {
+        for (int64_t r = b; r < e; ++r) {
+            const int64_t i0 = r / (B1 * M), i1 = r / M % B1, m = r % M;
+            flare_qact_quantize_row(type, (const float *)c->src[0] + i0 * c->ss[0][0] + i1 * c->ss[0][1]
+                                    + m * c->ss[0][2], xq + r * xrb, K);
         }
-        float *o = (float *)c->out + i0 * c->os[0] + i1 * c->os[1];
-        flare_qmatmul_rows(type, c->src[1], wrb, K, xq, xrb, M, o, c->os[2], 0, N);
+        return 0;
     }
+    for (int64_t i0 = 0; i0 < c->ne[0]; ++i0) for (int64_t i1 = 0; i1 < B1; ++i1)
+        flare_qmatmul_rows(type, c->src[1], wrb, K, xq + (i0 * B1 + i1) * M * xrb, xrb, M,
+                           (float *)c->out + i0 * c->os[0] + i1 * c->os[1], c->os[2], b, e);
     return 0;
 }
 
-/* k_dequantize: out [rows, K] contiguous = the rows of blocks src[0] (rows ip[2] bytes apart) */
-static void k_dequantize(const flare_cmd *c) {
-    const int64_t rows = c->ne[0] * c->ne[1] * c->ne[2], K = c->ip[1], wrb = c->ip[2];
-    for (int64_t r = 0; r < rows; ++r)
+static int k_qmatmul(const flare_cmd *c) {
+    qmatmul_phase(c, 0, 0, c->ne[0] * c->ne[1] * c->ne[2]);
+    return qmatmul_phase(c, 1, 0, c->ne[3]);
+}
+
+/* dequantize: out [rows, K] contiguous = the rows of blocks src[0] (rows ip[2] bytes apart) */
+static void k_dequantize(const flare_cmd *c, int64_t ob, int64_t oe) {
+    const int64_t K = c->ip[1], wrb = c->ip[2];
+    for (int64_t r = ob; r < oe; ++r)
         flare_dequantize_row((int32_t)c->ip[0], (const char *)c->src[0] + r * wrb, (float *)c->out + r * K, K);
 }
 
-/* k_get_rows_q: out [i0, i1, i2, K] contiguous; idx as k_get_rows (ip[5] = i64 indices); ip[4] = table rows */
-static int k_get_rows_q(const flare_cmd *c) {
+/* get_rows_q: out [i0, i1, i2, K] contiguous; idx as k_get_rows (ip[5] = i64 indices); ip[4] = table rows */
+static int k_get_rows_q(const flare_cmd *c, int64_t ob, int64_t oe) {
     const int64_t K = c->ip[1], wrb = c->ip[2], R = c->ip[4];
     OUTER3(c) {
         const int64_t off = OFF(c->ss[1], c);
@@ -893,71 +1008,94 @@ static int k_get_rows_q(const flare_cmd *c) {
     return 0;
 }
 
-/* k_mul_mat_id_q: out [T, kk, N] contiguous; w [E, N, K/block] (expert e ip[6] bytes after e - 1);
+/* mul_mat_id_q: out [T, kk, N] contiguous; w [E, N, K/block] (expert e at e * ip[6] bytes);
  * x rows (element strides ss[1][1] per token, ss[1][2] per slot, 0 when shared; unit k stride);
- * ids i32 [T, kk] (ss[2][1..2]); ip[4] = E. scratch: one activation row. */
-static int k_mul_mat_id_q(const flare_cmd *c) {
+ * ids i32 [T, kk] (ss[2][1..2]); ip[4] = E. scratch: T * kk activation rows. Phase 0 (units:
+ * the T * kk slots) checks each slot's expert and quantizes its row; phase 1 (units: expert
+ * rows) runs every slot over its share of rows: decode has few tokens and many rows. */
+static int mul_mat_id_q_phase(const flare_cmd *c, int ph, int64_t b, int64_t e) {
     const int32_t type = (int32_t)c->ip[0];
-    const int64_t T = c->ne[1], kk = c->ne[2], N = c->ne[3], K = c->ip[1], wrb = c->ip[2], E = c->ip[4];
+    const int64_t kk = c->ne[2], N = c->ne[3], K = c->ip[1], wrb = c->ip[2], xrb = c->ip[3], E = c->ip[4];
     const int32_t *ids = (const int32_t *)c->src[2];
-    for (int64_t t = 0; t < T; ++t) for (int64_t j = 0; j < kk; ++j) {
-        const int32_t e = ids[t * c->ss[2][1] + j * c->ss[2][2]];
-        if (e < 0 || e >= E) return ERR_INDEX;
+    char *xq = (char *)c->scratch;
+    if (ph == 0) {
+        for (int64_t q = b; q < e; ++q) {
+            const int32_t x = ids[q / kk * c->ss[2][1] + q % kk * c->ss[2][2]];
+            if (x < 0 || x >= E) return ERR_INDEX;
+            flare_qact_quantize_row(type, (const float *)c->src[1] + q / kk * c->ss[1][1] + q % kk * c->ss[1][2],
+                                    xq + q * xrb, K);
+        }
+        return 0;
     }
-    for (int64_t t = 0; t < T; ++t) for (int64_t j = 0; j < kk; ++j) {
-        const int32_t e = ids[t * c->ss[2][1] + j * c->ss[2][2]];
-        if (j == 0 || c->ss[1][2] != 0)
-            flare_qact_quantize_row(type, (const float *)c->src[1] + t * c->ss[1][1] + j * c->ss[1][2], c->scratch, K);
-        flare_qmatmul_rows(type, (const char *)c->src[0] + e * c->ip[6], wrb, K, c->scratch, c->ip[3], 1,
-                           (float *)c->out + (t * kk + j) * N, N, 0, N);
+    for (int64_t q = 0; q < c->ne[1] * kk; ++q) {
+        const int32_t x = ids[q / kk * c->ss[2][1] + q % kk * c->ss[2][2]];
+        flare_qmatmul_rows(type, (const char *)c->src[0] + x * c->ip[6], wrb, K, xq + q * xrb, xrb, 1,
+                           (float *)c->out + q * N, N, b, e);
     }
     return 0;
 }
 
+static int k_mul_mat_id_q(const flare_cmd *c) {
+    const int err = mul_mat_id_q_phase(c, 0, 0, c->ne[1] * c->ne[2]);
+    return err ? err : mul_mat_id_q_phase(c, 1, 0, c->ne[3]);
+}
+
 /* ---- the loop ------------------------------------------------------------------------ */
+/* Elementwise and row kernels over outer rows [ob, oe) and, for elementwise, columns [jb, je). */
+static int run_slice(const flare_cmd *c, int64_t ob, int64_t oe, int64_t jb, int64_t je) {
+    switch (c->kind) {
+    case K_COPY4: k_copy4(c, ob, oe, jb, je); return 0;
+    case K_COPY2: k_copy2(c, ob, oe, jb, je); return 0;
+    case K_COPY8: k_copy8(c, ob, oe, jb, je); return 0;
+    case K_ADD: k_add(c, ob, oe, jb, je); return 0;
+    case K_SUB: k_sub(c, ob, oe, jb, je); return 0;
+    case K_MUL: k_mul(c, ob, oe, jb, je); return 0;
+    case K_DIV: k_div(c, ob, oe, jb, je); return 0;
+    case K_SCALE: k_scale(c, ob, oe, jb, je); return 0;
+    case K_RELU: k_relu(c, ob, oe, jb, je); return 0;
+    case K_SIGMOID: k_sigmoid(c, ob, oe, jb, je); return 0;
+    case K_SILU: k_silu(c, ob, oe, jb, je); return 0;
+    case K_GELU: k_gelu(c, ob, oe, jb, je); return 0;
+    case K_TANH: k_tanh(c, ob, oe, jb, je); return 0;
+    case K_EXP: k_exp(c, ob, oe, jb, je); return 0;
+    case K_SQRT: k_sqrt(c, ob, oe, jb, je); return 0;
+    case K_NEG: k_neg(c, ob, oe, jb, je); return 0;
+    case K_SQR: k_sqr(c, ob, oe, jb, je); return 0;
+    case K_CAST_F32_I32: k_cast_f32_i32(c, ob, oe, jb, je); return 0;
+    case K_CAST_I32_F32: k_cast_i32_f32(c, ob, oe, jb, je); return 0;
+    case K_CAST_F16_F32: k_cast_f16_f32(c, ob, oe, jb, je); return 0;
+    case K_LAYER_NORM: k_norm(c, 1, ob, oe); return 0;
+    case K_RMS_NORM: k_norm(c, 0, ob, oe); return 0;
+    case K_SOFTMAX: k_softmax(c, ob, oe); return 0;
+    case K_NORM_AFFINE: k_norm_affine(c, ob, oe); return 0;
+    case K_GET_ROWS: return k_get_rows(c, ob, oe);
+    case K_GATHER: return k_gather(c, ob, oe);
+    case K_SUM: case K_MEAN: case K_MAX: case K_ARGMAX: k_reduce(c, c->kind, ob, oe); return 0;
+    case K_TOP_K: k_top_k(c, ob, oe); return 0;
+    case K_DEQUANTIZE: k_dequantize(c, ob, oe); return 0;
+    case K_GET_ROWS_Q: return k_get_rows_q(c, ob, oe);
+    default: return ERR_KIND;
+    }
+}
+
+static int is_elementwise(int kind) {
+    return (kind >= K_COPY4 && kind <= K_SQR) || (kind >= K_CAST_F32_I32 && kind <= K_CAST_F16_F32);
+}
+
 static int run_one(const flare_cmd *c) {
     switch (c->kind) {
-    case K_COPY4: k_copy4(c); return 0;
-    case K_COPY2: k_copy2(c); return 0;
-    case K_COPY8: k_copy8(c); return 0;
-    case K_ADD: k_add(c); return 0;
-    case K_SUB: k_sub(c); return 0;
-    case K_MUL: k_mul(c); return 0;
-    case K_DIV: k_div(c); return 0;
-    case K_SCALE: k_scale(c); return 0;
-    case K_RELU: k_relu(c); return 0;
-    case K_SIGMOID: k_sigmoid(c); return 0;
-    case K_SILU: k_silu(c); return 0;
-    case K_GELU: k_gelu(c); return 0;
-    case K_TANH: k_tanh(c); return 0;
-    case K_EXP: k_exp(c); return 0;
-    case K_SQRT: k_sqrt(c); return 0;
-    case K_NEG: k_neg(c); return 0;
-    case K_SQR: k_sqr(c); return 0;
-    case K_MATMUL: return k_matmul(c);
-    case K_LAYER_NORM: k_norm(c, 1); return 0;
-    case K_RMS_NORM: k_norm(c, 0); return 0;
-    case K_SOFTMAX: k_softmax(c); return 0;
-    case K_GET_ROWS: return k_get_rows(c);
-    case K_ROPE: k_rope(c); return 0;
+    case K_MATMUL: case K_LINEAR: return k_matmul(c);
+    case K_ROPE: k_rope(c, 0, c->ne[1]); return 0;
     case K_CONV1D: return k_conv1d(c);
     case K_PAD: k_pad(c); return 0;
-    case K_SUM: case K_MEAN: case K_MAX: case K_ARGMAX: k_reduce(c, c->kind); return 0;
-    case K_TOP_K: k_top_k(c); return 0;
-    case K_GATHER: return k_gather(c);
     case K_MUL_MAT_ID: return k_mul_mat_id(c);
     case K_SET_ROWS: return k_set_rows(c);
-    case K_CAST_F32_I32: k_cast_f32_i32(c); return 0;
-    case K_CAST_I32_F32: k_cast_i32_f32(c); return 0;
-    case K_CAST_F16_F32: k_cast_f16_f32(c); return 0;
-    case K_LINEAR: return k_linear(c);
-    case K_NORM_AFFINE: k_norm_affine(c); return 0;
     case K_LSTM: k_lstm(c); return 0;
     case K_QMATMUL: return k_qmatmul(c);
-    case K_DEQUANTIZE: k_dequantize(c); return 0;
-    case K_GET_ROWS_Q: return k_get_rows_q(c);
     case K_MUL_MAT_ID_Q: return k_mul_mat_id_q(c);
-    default: return ERR_KIND;
+    default:
+        if (c->kind < 0 || c->kind >= K_COUNT) return ERR_KIND;
+        return run_slice(c, 0, outer(c), 0, c->ne[3]);
     }
 }
 
@@ -968,6 +1106,276 @@ int64_t flare_run(const flare_cmd *cmds, int64_t n, int32_t *err) {
         if (e) { *err = e; return i + 1; }
     }
     return 0;
+}
+
+/* ---- threads --------------------------------------------------------------------------
+ * How a command splits across the threads of a pool (plan), and the walk that runs a command
+ * list on them. The list is a sequence of *steps*: one per command, or one per phase of the
+ * kernels that work in phases (conv1d, mul_mat_id, the LSTM's steps). A step is cut into chunks
+ * (one for a command not worth splitting; up to 4 per thread otherwise, at fixed boundaries),
+ * and every thread that takes part claims chunks of the current step from a shared counter;
+ * whoever finishes a step's last chunk opens the next one. No thread ever waits for a thread,
+ * only for chunks being run: a worker the OS delays or never schedules costs nothing, and the
+ * caller alone can finish the list. Work below the thresholds is one chunk, where handing it
+ * over (~1 us) would cost more than it saves. */
+enum { SERIAL = 0, SERIAL_LONG = 1, SPLIT = 2 };
+enum { A_OUTER, A_INNER, A_BATCH, A_MROWS, A_NCOLS, A_ROPE, A_WHOLE };
+typedef struct { int mode, axis; int64_t units, grain, work; } plan_t;  /* work: ~multiply-adds */
+
+#define MIN_SPLIT_CHEAP 65536     /* copies, add, mul, scale...: elements (~1 cycle each) */
+#define MIN_SPLIT_ELEMS 16384     /* exp, gelu, tanh... and row kernels: elements */
+#define MIN_SPLIT_FLOPS 131072    /* matmul-like: multiply-adds (~10 us on one core) */
+#define LONG_SERIAL 262144        /* a serial step this big lets the waiting threads sleep at once */
+#define MIN_POOL_WORK 2097152     /* a list whose split work is less runs on the caller alone: waking
+                                   * the workers and waiting for them to leave costs more (~0.1 ms) */
+
+static plan_t plan(const flare_cmd *c, int nth) {
+    plan_t p = { SERIAL, A_OUTER, 0, 1, 0 };
+    const int64_t rows = outer(c);
+    if (is_elementwise(c->kind)) {
+        const int costly = c->kind >= K_SIGMOID && c->kind <= K_SQRT;
+        if (rows * c->ne[3] < (costly ? MIN_SPLIT_ELEMS : MIN_SPLIT_CHEAP)) return p;
+        p.mode = SPLIT;
+        p.work = rows * c->ne[3] * (costly ? 8 : 1);
+        if (rows >= 2 * nth || (rows > 1 && rows * 16 >= c->ne[3])) { p.units = rows; return p; }
+        if (rows == 1) { p.axis = A_INNER; p.units = c->ne[3]; p.grain = 64; return p; }
+        p.units = rows;
+        return p;
+    }
+    switch (c->kind) {
+    case K_LAYER_NORM: case K_RMS_NORM: case K_SOFTMAX: case K_NORM_AFFINE: case K_GET_ROWS: case K_GATHER:
+    case K_SUM: case K_MEAN: case K_MAX: case K_ARGMAX: case K_TOP_K: case K_DEQUANTIZE: case K_GET_ROWS_Q: {
+        const int64_t per_row = (c->kind >= K_SUM && c->kind <= K_TOP_K) ? c->ip[0] * (c->kind == K_TOP_K ? c->ne[3] : 1)
+                                                                       : c->ne[3];
+        if (rows >= 2 && rows * per_row >= MIN_SPLIT_ELEMS) { p.mode = SPLIT; p.units = rows; p.work = 8 * rows * per_row; }
+        return p;
+    }
+    case K_ROPE:
+        if (c->ne[1] >= 2 && c->ne[1] * c->ne[2] * c->ne[3] >= MIN_SPLIT_ELEMS / 4) {
+            p.mode = SPLIT; p.axis = A_ROPE; p.units = c->ne[1]; p.work = 16 * c->ne[1] * c->ne[2] * c->ne[3];
+        }
+        return p;
+    case K_MATMUL: case K_LINEAR: {
+        const int64_t nb = c->ne[0] * c->ne[1], M = c->ip[0], N = c->ip[1], K = c->ip[2];
+        const int route = (int)c->ip[7];
+        const int64_t flops = nb * M * N * K;
+        if (flops < MIN_SPLIT_FLOPS) return p;
+        p.mode = SPLIT;
+        p.work = flops;
+        if (nb >= nth && route != R_SWAP) { p.axis = A_BATCH; p.units = nb; return p; }
+        p.axis = A_NCOLS; p.units = N;
+        switch (route) {
+        case R_PACKED: p.grain = 2 * PANEL; break;
+        case R_WDOT: p.grain = 4; break;
+        case R_GEMM: case R_SMALL:
+            if (M >= 16 * nth || N < 16 * nth) { p.axis = A_MROWS; p.units = M; p.grain = route == R_GEMM ? 16 : 1; }
+            else p.grain = 16;
+            break;
+        default: p.grain = 16;
+        }
+        return p;
+    }
+    case K_CONV1D: {
+        const int64_t work = c->ne[1] * c->ne[3] * c->ne[2] * c->ip[3] * c->ip[4];
+        if (work >= MIN_SPLIT_FLOPS && (g_sgemm || c->ne[1] * c->ne[3] <= 16)) { p.mode = SPLIT; p.axis = A_WHOLE; p.work = work; }
+        else p.mode = work >= LONG_SERIAL ? SERIAL_LONG : SERIAL;
+        return p;
+    }
+    case K_LSTM: {
+        const int64_t work = c->ne[2] * 4 * c->ip[0] * c->ip[0];
+        if (c->ss[0][3] == 1 && work >= MIN_SPLIT_FLOPS) { p.mode = SPLIT; p.axis = A_WHOLE; p.work = work * c->ne[1]; }
+        else p.mode = SERIAL_LONG;
+        return p;
+    }
+    case K_QMATMUL: case K_MUL_MAT_ID_Q: {  /* multiply-adds: activation rows (or slots) * N * K */
+        const int64_t work = c->ne[0] * c->ne[1] * c->ne[2] * c->ne[3] * c->ip[1];
+        if (work >= MIN_SPLIT_FLOPS) { p.mode = SPLIT; p.axis = A_WHOLE; p.work = work; }
+        else p.mode = work >= LONG_SERIAL ? SERIAL_LONG : SERIAL;
+        return p;
+    }
+    case K_MUL_MAT_ID: {
+        const int64_t work = c->ne[1] * c->ne[2] * c->ip[1] * c->ip[2];
+        if (work >= MIN_SPLIT_FLOPS && g_sgemm) { p.mode = SPLIT; p.axis = A_WHOLE; p.work = work; }
+        else p.mode = work >= LONG_SERIAL ? SERIAL_LONG : SERIAL;
+        return p;
+    }
+    default:
+        return p;
+    }
+}
+
+/* units [b, e) of a split command (one that is not phased) */
+static int run_range(const flare_cmd *c, const plan_t *p, int64_t b, int64_t e) {
+    switch (p->axis) {
+    case A_OUTER: return run_slice(c, b, e, 0, c->ne[3]);
+    case A_INNER: return run_slice(c, 0, outer(c), b, e);
+    case A_ROPE: k_rope(c, b, e); return 0;
+    default: break;
+    }
+    if (mm_needs_blas(c) && !g_sgemm) return ERR_NOBLAS;
+    const int64_t nb = c->ne[0] * c->ne[1], M = c->ip[0], N = c->ip[1];
+    if (p->axis == A_BATCH) mm_range(c, b, e, 0, M, 0, N);
+    else if (p->axis == A_MROWS) mm_range(c, 0, nb, b, e, 0, N);
+    else mm_range(c, 0, nb, 0, M, b, e);
+    return 0;
+}
+
+/* Phases of a command: conv1d 3, mul_mat_id 2, lstm 1 + 2 per time step when split; else 1. */
+static int64_t phases(const flare_cmd *c, const plan_t *p) {
+    if (p->mode != SPLIT || p->axis != A_WHOLE) return 1;
+    if (c->kind == K_LSTM) return 1 + 2 * c->ne[1];
+    return c->kind == K_CONV1D ? 3 : 2;
+}
+
+/* The units a phase splits and their grain (0 units: the phase is one chunk). */
+static int64_t phase_units(const flare_cmd *c, const plan_t *p, int64_t ph, int64_t *grain) {
+    *grain = p->grain;
+    if (p->mode != SPLIT) return 0;
+    if (p->axis != A_WHOLE) return p->units;
+    if (c->kind == K_LSTM) return ph == 0 ? 0 : lstm_units(c, ph, grain);
+    if (c->kind == K_CONV1D) return conv1d_units(c, (int)ph, grain);
+    if (c->kind == K_QMATMUL || c->kind == K_MUL_MAT_ID_Q) {  /* activation rows (slots), then weight rows */
+        *grain = ph == 0 ? 1 : 4;
+        return ph == 0 ? c->ne[0] * c->ne[1] * c->ne[2] : c->ne[3];
+    }
+    *grain = 1;  /* mul_mat_id: phase 0 groups (one chunk), phase 1 shares out the used experts */
+    return ph == 0 ? 0 : mul_mat_id_used(c) > 0 ? mul_mat_id_used(c) : 0;
+}
+
+static int64_t phase_chunks(int64_t units, int64_t grain, int nth) {
+    if (units <= 0) return 1;
+    const int64_t grains = (units + grain - 1) / grain;
+    return grains < 4 * nth ? grains : 4 * nth;
+}
+
+/* Chunk k of `chunks` of a step: its unit range, cut at multiples of the grain. */
+static int run_chunk(const flare_cmd *c, const plan_t *p, int64_t ph, int64_t k, int64_t chunks, int64_t units,
+                     int64_t grain) {
+    if (units <= 0) {  /* one chunk: the whole command, or a phase that is not split */
+        if (p->mode != SPLIT) return run_one(c);
+        if (c->kind == K_LSTM) { lstm_phase(c, ph, 0, 0); return 0; }
+        if (c->kind == K_MUL_MAT_ID) return ph == 0 ? mul_mat_id_phase(c, 0, 0, 0) : 0;
+        return 0;
+    }
+    const int64_t grains = (units + grain - 1) / grain;
+    int64_t b = k * grains / chunks * grain, e = (k + 1) * grains / chunks * grain;
+    if (e > units) e = units;
+    if (b >= e) return 0;
+    if (p->axis != A_WHOLE) return run_range(c, p, b, e);
+    if (c->kind == K_LSTM) { lstm_phase(c, ph, b, e); return 0; }
+    if (c->kind == K_CONV1D) return conv1d_phase(c, (int)ph, b, e);
+    if (c->kind == K_QMATMUL) return qmatmul_phase(c, (int)ph, b, e);
+    if (c->kind == K_MUL_MAT_ID_Q) return mul_mat_id_q_phase(c, (int)ph, b, e);
+    return mul_mat_id_phase(c, 1, b, e);
+}
+
+typedef struct {
+    const flare_cmd *cmds;
+    int64_t n;
+    int nth;
+    _Atomic int64_t failed;   /* lowest failing command + 1, 0 while none */
+    _Atomic int32_t err;
+    atomic_int step;          /* steps finished (the current step's index); what threads wait on */
+    atomic_int sleepers;      /* threads asleep on step */
+    _Atomic int64_t claim;    /* the current step: (step << 32) | (chunks << 16) | next chunk */
+    _Atomic int64_t done;     /* chunks of the current step finished */
+} walk_t;
+
+#define CLAIM(step, chunks) (((int64_t)(step) << 32) | ((int64_t)(chunks) << 16))
+
+static void record_failure(walk_t *w, int64_t i, int e) {
+    int64_t cur = atomic_load(&w->failed);
+    while ((cur == 0 || cur > i + 1) && !atomic_compare_exchange_weak(&w->failed, &cur, i + 1)) {}
+    if (atomic_load(&w->failed) == i + 1) atomic_store(&w->err, e);
+}
+
+/* A chunk of step s, or -1 when s is not the open step or its chunks are all taken. The
+ * chunk count travels in the same word, so it is always the one of step s. */
+static int64_t claim_chunk(walk_t *w, int64_t s, int64_t *chunks) {
+    int64_t v = atomic_load(&w->claim);
+    for (;;) {
+        if ((v >> 32) != s || (v & 0xFFFF) >= ((v >> 16) & 0xFFFF)) return -1;
+        if (atomic_compare_exchange_weak(&w->claim, &v, v + 1)) {
+            *chunks = (v >> 16) & 0xFFFF;
+            return v & 0xFFFF;
+        }
+    }
+}
+
+/* The chunk count of step (i, ph): computed by whoever opens it (it may read what the step
+ * before wrote: mul_mat_id's grouping). */
+static int64_t step_chunks(walk_t *w, int64_t i, int64_t ph) {
+    if (atomic_load(&w->failed)) return 1;  /* the rest is skipped: one chunk each */
+    const flare_cmd *c = w->cmds + i;
+    const plan_t p = plan(c, w->nth);
+    int64_t grain = 1;
+    return phase_chunks(phase_units(c, &p, ph, &grain), grain, w->nth);
+}
+
+static void walk(void *arg, int ith, int nth) {
+    (void)ith; (void)nth;
+    walk_t *w = arg;
+    int64_t s = 0;
+    for (int64_t i = 0; i < w->n; ++i) {
+        const flare_cmd *c = w->cmds + i;
+        const plan_t p = plan(c, w->nth);
+        const int64_t nph = phases(c, &p);
+        for (int64_t ph = 0; ph < nph; ++ph, ++s) {
+            if (atomic_load(&w->step) > s) continue;                 /* finished without us */
+            flare_await_step(&w->step, (int)s, &w->sleepers, 1);     /* the step before */
+            int64_t k, chunks;
+            while ((k = claim_chunk(w, s, &chunks)) >= 0) {
+                if (!atomic_load(&w->failed)) {
+                    int64_t grain = 1;
+                    const int64_t units = chunks > 1 || p.mode == SPLIT ? phase_units(c, &p, ph, &grain) : 0;
+                    const int e = run_chunk(c, &p, ph, k, chunks, units, grain);
+                    if (e) record_failure(w, i, e);
+                }
+                if (atomic_fetch_add(&w->done, 1) + 1 == chunks) {   /* the step's last chunk: open the next */
+                    const int64_t ni = ph + 1 < nph ? i : i + 1, nph2 = ph + 1 < nph ? ph + 1 : 0;
+                    atomic_store(&w->done, 0);
+                    if (ni < w->n) atomic_store(&w->claim, CLAIM(s + 1, step_chunks(w, ni, nph2)));
+                    flare_publish_step(&w->step, (int)(s + 1), &w->sleepers);
+                }
+            }
+            /* chunks still running elsewhere: a long one-thread step is waited for asleep */
+            flare_await_step(&w->step, (int)(s + 1), &w->sleepers, p.mode != SERIAL_LONG);
+        }
+    }
+}
+
+/* How many of the n commands run split across nth threads (describe(): `split_commands`);
+ * 0 when their work together is too little for the pool (the list then runs on the caller). */
+int64_t flare_split_count(const flare_cmd *cmds, int64_t n, int32_t nth) {
+    int64_t k = 0, work = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const plan_t p = plan(cmds + i, nth);
+        if (nth > 1 && p.mode == SPLIT) { ++k; work += p.work; }
+    }
+    return work >= MIN_POOL_WORK ? k : 0;
+}
+
+/* As flare_run, on the threads of `pool` (NULL, one thread, or a pool busy with another caller's
+ * list: on the calling thread alone, with the same results). */
+int64_t flare_run_pool(flare_pool *pool, const flare_cmd *cmds, int64_t n, int32_t *err) {
+    const int nth = flare_pool_threads(pool);
+    if (nth > 1 && n > 0) {
+        int64_t work = 0;
+        for (int64_t i = 0; i < n && work < MIN_POOL_WORK; ++i) {
+            const plan_t p = plan(cmds + i, nth);
+            if (p.mode == SPLIT) work += p.work;
+        }
+        if (work >= MIN_POOL_WORK) {
+            walk_t w = { cmds, n, nth, 0, 0, 0, 0, 0, 0 };
+            atomic_store(&w.claim, CLAIM(0, step_chunks(&w, 0, 0)));
+            if (flare_pool_run(pool, walk, &w)) {
+                const int64_t failed = atomic_load(&w.failed);
+                if (failed) *err = atomic_load(&w.err);
+                return failed;
+            }
+        }
+    }
+    return flare_run(cmds, n, err);
 }
 
 int32_t flare_kind_count(void) { return K_COUNT; }
