@@ -42,6 +42,9 @@ W = {
     "conv": (RNG.standard_normal((24, 8, 5)) / 4).astype(np.float32),
     "experts": (RNG.standard_normal((4, 48, D)) / 10).astype(np.float32),
     "wide": (RNG.standard_normal((1536, D)) / 10).astype(np.float32),
+    # block-quantized weights (native/quant.c): K = 256 so the k-quants fit
+    "q4_1": quant_blocks(RNG, "q4_1", 64, 256), "q8_0": quant_blocks(RNG, "q8_0", VOCAB, 256),
+    "q4_k": quant_blocks(RNG, "q4_k", 96, 256), "q6_k": quant_blocks(RNG, "q6_k", 4 * 40, 256).reshape(4, 40, 1),
 }
 
 

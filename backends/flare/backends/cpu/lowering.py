@@ -28,7 +28,7 @@ WDOT_MAX_ROWS = 16     # a [M, K] @ W^T (W stored [N, K]) streams W once up to t
 SWAP_MAX_ROWS = 64     # ... and runs as OpenBLAS (W a^T)^T up to this many
 PACKED_MAX_ROWS = 1 << 30  # a constant weight pre-packed into panels (packing.py) up to this many rows
 
-Cmd = dict  # kind, out, src (list of arrays or None), ne, os, ss, ip, fp, flags, scratch (floats needed)
+Cmd = dict  # kind, out, src (list of arrays or None), ne, os, ss, ip, fp, flags, scratch (bytes needed)
 Translator = Callable[[Tensor, np.ndarray, Sequence[np.ndarray]], "list[Cmd] | None"]
 TRANSLATORS: dict[str, Translator] = {}
 
@@ -269,13 +269,14 @@ def _qmatmul(node, out, srcs):
     a, w = srcs
     q = _quant(w)
     if (q is None or w.ndim != 2 or not node.params["transpose_b"] or not _f32(out, a)
-            or out.ndim > 4 or not out.flags.c_contiguous):
+            or out.ndim > 4 or not out.flags.c_contiguous or a.strides[-1] != 4):
         return None
     qtype, k, wrb, xrb = q
     m, n = out.shape[-2:]
     ast = bcast4(a, (*out.shape[:-2], m, k))
+    rows = int(np.prod(out.shape[:-1]))   # every activation row of every batch, quantized once
     return [cmd("qmatmul", out, [a, w], pad4(out.shape, 1), pad4(estrides(out), 0), [ast],
-                ip=(qtype, k, wrb, xrb), scratch=m * xrb + k * 4)]
+                ip=(qtype, k, wrb, xrb), scratch=rows * xrb)]
 
 
 @translator("dequantize")
@@ -466,7 +467,7 @@ def _mul_mat_id(node, out, srcs):
         xs = [0, xst[0], 0, 1] if x.ndim == 2 else [0, xst[0], xst[1], 1]
         return [cmd("mul_mat_id_q", out, [w, x, ids], [1, t, kk, out.shape[-1]], [0, *estrides(out)],
                     [[0, 0, 0, 0], xs, [0, *estrides(ids), 0]],
-                    ip=(q[0], q[1], q[2], q[3], w.shape[0], 0, w.strides[0]), scratch=q[3])]
+                    ip=(q[0], q[1], q[2], q[3], w.shape[0], 0, w.strides[0]), scratch=t * kk * q[3])]
     if not _f32(out, w, x) or w.strides[2] != 4 or x.strides[-1] != 4 or not out.flags.c_contiguous:
         return None
     e, n, k = w.shape
