@@ -125,7 +125,10 @@ class GGUFFile:
         """(Flare shape, Flare dtype) of a tensor, without touching its bytes."""
         t = self._get(name)
         dims = [int(d) for d in t.shape]          # ggml order: ne[0] first
-        dtype = flare_dtype(t.tensor_type, name)
+        try:
+            dtype = flare_dtype(t.tensor_type, name)
+        except GGUFError as exc:
+            raise GGUFError(f"{self.path}: {exc}") from None
         shape = tuple(reversed(dims))
         if dtype in QUANT_TYPES:
             shape = (*shape[:-1], shape[-1] // QUANT_TYPES[dtype].block_size)

@@ -39,7 +39,7 @@ class GGUFTokenizer:
             raise GGUFError(f"{f.path}: tokenizer.ggml.pre {pre!r} is not supported (supported: "
                             f"{', '.join(PRE_TOKENIZERS)})")
         tokens = f.metadata("tokenizer.ggml.tokens")
-        merges = f.metadata("tokenizer.ggml.merges")
+        merges = f.metadata("tokenizer.ggml.merges", [])
         types = f.metadata("tokenizer.ggml.token_type", [1] * len(tokens))
         if len(types) != len(tokens):
             raise GGUFError(f"{f.path}: tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
@@ -50,7 +50,10 @@ class GGUFTokenizer:
             if not sep:
                 raise GGUFError(f"{f.path}: tokenizer.ggml.merges[{j}] {m!r} is not two tokens")
             pairs.append((a, b))
-        tok = Tokenizer(models.BPE(vocab, pairs, fuse_unk=False, ignore_merges=False))
+        try:
+            tok = Tokenizer(models.BPE(vocab, pairs, fuse_unk=False, ignore_merges=False))
+        except Exception as exc:  # tokenizers raises a bare Exception for a merge outside the vocabulary
+            raise GGUFError(f"{f.path}: tokenizer.ggml.merges: {exc}") from None
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         if pre == "llama-bpe":   # Llama 3's regex: digits in groups of up to three
             split = pre_tokenizers.Split(Regex(LLAMA3_REGEX), behavior="isolated")
