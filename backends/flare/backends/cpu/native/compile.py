@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from flare.core.backend import SplitProgram
+from flare.core.dtypes import is_quant
 from flare.core.graph import WEIGHT
 from flare.core.ops import OPS
 
@@ -38,7 +39,7 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
                 continue
             out = device.host_view(program.binding(node))
             srcs = [device.host_view(program.binding(s)) for s in node.srcs]
-            if node.op == "matmul" and program.tuning.get("matmul") == "packed":
+            if node.op == "matmul" and program.tuning.get("matmul") == "packed" and not is_quant(node.srcs[1].dtype):
                 # a layout choice the C kernels honour: the weight stored [K, N] once, in the split
                 srcs = device._pack(node, srcs, owned)
                 cmds = translate(_Untransposed(node), out, srcs)
