@@ -174,3 +174,26 @@ def test_offload_needs_an_moe_file_and_a_cache_that_fits(tiny, tmp_path):
     path = write_tiny(tmp_path / "moe.gguf", MOE)
     with pytest.raises(ModelError, match="may need 8"):
         GgufLM.load(str(path), experts="offload", cache_mb=0.01, prefill_chunk=4, max_ctx=32)
+
+
+def test_prefetching_the_next_layers_experts_keeps_logits_identical(tmp_path):
+    """Offload with prefetch: layer i+1's guessed experts are copied on a background thread while
+    layer i computes; staging waits for that copy, so logits equal resident experts' bit for bit,
+    and some selected experts were resident only thanks to the prefetch."""
+    path = write_tiny(tmp_path / "moe.gguf", MOE)
+    out = {}
+    for mode, prefetch in (("resident", 0), ("offload", 2)):
+        with GgufLM.load(str(path), max_ctx=64, prefill_chunk=4, experts=mode, prefetch=prefetch) as lm:
+            ids = lm.model.tokenizer().chat_ids("Tell me about experts")
+            _, logits = lm.generate(ids, 6, Sampling(greedy=True), stop_at_eos=False)
+            out[mode] = (np.stack(logits), lm.stats())
+    np.testing.assert_array_equal(out["offload"][0], out["resident"][0])
+    staging = out["offload"][1]["staging"]
+    assert staging["prefetched"] > 0 and staging["prefetch_hits"] > 0, staging
+
+
+def test_prefetch_is_refused_where_it_would_race(tmp_path, tiny):
+    from flare.core.errors import ModelError
+
+    with pytest.raises(ModelError, match="prefetch needs experts=offload"):
+        GgufLM.load(str(tiny), prefetch=2)

@@ -34,7 +34,9 @@ def parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--experts", choices=["resident", "offload"], default="resident",
                    help="MoE files: experts on the device, or a bounded cache filled from the mapped file")
-    p.add_argument("--expert-cache-mb", type=float, default=None)
+    p.add_argument("--expert-cache-mb", type=float, default=None, help="offload: expert cache MiB over all layers")
+    p.add_argument("--prefetch", type=int, default=0, metavar="N",
+                   help="offload on CPU: copy each token's N likeliest next-layer experts while a layer computes")
     p.add_argument("--stats", action="store_true", help="print step and memory statistics to stderr")
     return p
 
@@ -55,6 +57,8 @@ def _check(args: argparse.Namespace) -> None:
         raise bad("--prefill-chunk", args.prefill_chunk, "a power of two")
     if args.expert_cache_mb is not None and not (math.isfinite(args.expert_cache_mb) and args.expert_cache_mb > 0):
         raise bad("--expert-cache-mb", args.expert_cache_mb, "a positive number")
+    if args.prefetch < 0:
+        raise bad("--prefetch", args.prefetch, "0 or more")
     if not 0 <= args.seed < 2**63:
         raise bad("--seed", args.seed, "an integer in 0..2^63-1")
 
@@ -88,7 +92,7 @@ def run(argv: Sequence[str], target: str | None = None, stdout: TextIO | None = 
                             seed=args.seed)
         with GgufLM.load(target, devices=devices(args.backends), max_ctx=args.max_ctx,
                          prefill_chunk=args.prefill_chunk, experts=args.experts,
-                         cache_mb=args.expert_cache_mb) as lm:
+                         cache_mb=args.expert_cache_mb, prefetch=args.prefetch) as lm:
             tok = lm.model.tokenizer()
             chat = tok.chat_template is not None and not args.no_chat
             ids = tok.chat_ids(args.prompt, args.system) if chat else tok.encode(args.prompt)

@@ -97,7 +97,7 @@ class GgufLM:
     lock keeps concurrent calls sequential but their sequences must not collide."""
 
     def __init__(self, model: GGUFModel, session: Session, *, experts: str, slots: int, owns_session: bool,
-                 trace: bool = False):
+                 prefetch: int = 0):
         self.model = model
         self.cfg = model.cfg
         self.session = session
@@ -108,7 +108,7 @@ class GgufLM:
         self.tokens_in = 0
         self.seconds = 0.0
         self.spec = GraphSpec(model.cfg, model.infos(), model.tensor, experts, slots)
-        options = {"graph_spec": self.spec, "model": model, "trace": trace}
+        options = {"graph_spec": self.spec, "model": model, "prefetch": prefetch}
         self.graph = session.prepare_model("gguf", options)
         self.stager = self.graph.callbacks.get(STAGE_EXPERTS)
         self._prepared = set(self.graph.entries) & {"prefill", "decode"}
@@ -117,10 +117,12 @@ class GgufLM:
     @classmethod
     def load(cls, target: str | os.PathLike = "smollm2", *, devices: Sequence[str] | None = None,
              session: Session | None = None, max_seqs: int = 1, max_ctx: int | None = None, prefill_chunk: int = 64,
-             experts: str = "resident", cache_mb: float | None = None, trace: bool = False) -> "GgufLM":
+             experts: str = "resident", cache_mb: float | None = None, prefetch: int = 0) -> "GgufLM":
         """Open `target` (a named model such as smollm2, or a .gguf path) and prepare it.
         experts (MoE files): "resident", or "offload" to a bounded cache of `cache_mb` MiB filled
-        from the memory-mapped file per step."""
+        from the memory-mapped file per step; `prefetch` n > 0 also copies each token's n likeliest
+        experts of the next layer on a background thread while a layer computes (CPU devices only:
+        the background writes go straight to host memory)."""
         if experts not in MODES:
             raise ModelError(f"experts must be one of {', '.join(MODES)}, not {experts!r}")
         model = GGUFModel.open(target, max_seqs=max_seqs, max_ctx=max_ctx, prefill_chunk=prefill_chunk)
@@ -132,8 +134,13 @@ class GgufLM:
                                      max(model.cfg.prefill_chunk, model.cfg.max_seqs))
         owns = session is None
         sess = session or Session(list(devices or ["cpu"]))
+        if prefetch and (experts != OFFLOAD or any(d.backend != "cpu" for d in sess.devices)):
+            if owns:
+                sess.close()
+            raise ModelError("expert prefetch needs experts=offload on CPU devices only (a background copy into "
+                             "another device's cache would race its queue)")
         try:
-            return cls(model, sess, experts=experts, slots=slots, owns_session=owns, trace=trace)
+            return cls(model, sess, experts=experts, slots=slots, owns_session=owns, prefetch=prefetch)
         except BaseException:
             if owns:
                 sess.close()
@@ -262,8 +269,12 @@ class GgufLM:
             return
         self.released = True
         try:
+            if self.stager is not None:
+                self.stager.drain()
             self.graph.release()
         finally:
+            if self.stager is not None:
+                self.stager.close()      # no background copy may outlive the caches
             if self._owns_session:
                 self.session.close()
             if self.stager is not None:

@@ -50,7 +50,7 @@ def stage_experts(options: Mapping[str, Any]):
     spec = options.get("graph_spec")
     if spec is None or spec.experts != OFFLOAD:
         return None
-    return FileExpertStager(spec.cfg, spec.load, spec.slots)
+    return FileExpertStager(spec.cfg, spec.load, spec.slots, prefetch=int(options.get("prefetch", 0)))
 
 
 def _run(default_target: str | None):
