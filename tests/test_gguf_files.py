@@ -197,3 +197,29 @@ def test_prefetch_is_refused_where_it_would_race(tmp_path, tiny):
 
     with pytest.raises(ModelError, match="prefetch needs experts=offload"):
         GgufLM.load(str(tiny), prefetch=2)
+
+
+def test_describe_and_run_by_model_name(tiny, capsys):
+    import json
+
+    from flare.core.cli import main
+
+    assert main(["describe", "gguf", "--option", f"path={tiny}", "--option", "max_ctx=32", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert set(info["entries"]) >= {"prefill", "decode"}
+    code, err = _cli(["run", "gguf", str(tiny), "--prompt", "hi", "--greedy", "--max-new-tokens", "2"], capsys)
+    assert code == 0, err
+
+
+def test_release_gives_back_every_byte(tmp_path):
+    """Weights, KV state, expert caches and arenas: the ledger's live bytes return to where they were."""
+    from flare.core.ledger import LEDGER
+
+    path = write_tiny(tmp_path / "moe.gguf", MOE)
+    before = LEDGER.live_bytes("cpu:0")
+    lm = GgufLM.load(str(path), max_ctx=32, prefill_chunk=4, experts="offload", prefetch=2)
+    lm.generate(lm.model.tokenizer().encode("leak?"), 3, Sampling(greedy=True))
+    assert LEDGER.live_bytes("cpu:0") > before
+    lm.release()
+    lm.release()                                        # idempotent
+    assert LEDGER.live_bytes("cpu:0") == before
