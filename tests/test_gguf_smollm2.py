@@ -67,6 +67,30 @@ def test_chat_tokens(smol):
     assert tok.decode(tok.encode(TEXT)) == TEXT
 
 
+# llama.cpp's expected ids for its `smollm` vocabulary test (models/ggml-vocab-smollm.gguf.out in
+# llama.cpp, MIT; SmolLM2 ships the same vocabulary): a few of its inputs, spaces, digits,
+# emoji, Cyrillic and CJK included
+LLAMA_CPP_VOCAB_TEST = [
+    ("ied 4 ½ months", [885, 216, 36, 216, 16738, 2704]),
+    ("Führer", [54, 46991, 16863]),
+    ("\n\n\n", [16506]),
+    ("   Hello", [256, 38699]),
+    (" this is 🦙.cpp", [451, 314, 15107, 116, 243, 30, 35392]),
+    ("w048 7tuijk dsdfhu", [103, 32, 36, 40, 216, 39, 24961, 47112, 21554, 3492, 15995]),
+    ("нещо на Български", [8831, 6643, 46438, 6485, 40610, 5470, 235, 156, 228, 12681, 29441, 6511, 9175, 39511, 7872]),
+    ("Hello, y'all! How are you 😁 ?我想在apple工作1314151天～",
+     [19556, 28, 329, 23, 449, 17, 1073, 359, 346, 40303, 219, 9148, 19805, 235, 177, 221, 128, 32632, 21949, 36149,
+      115, 40994, 33, 35, 33, 36, 33, 37, 33, 18614, 119, 186, 138, 248]),
+    ("333333333", [35] * 9),
+    ("Cửa Việt", [51, 25275, 251, 81, 10506, 25275, 225, 100]),
+]
+
+
+@pytest.mark.parametrize("text, ids", LLAMA_CPP_VOCAB_TEST)
+def test_tokens_equal_llama_cpps_vocab_test(smol, text, ids):
+    assert smol.tokenizer().encode(text) == ids
+
+
 def test_tokens_equal_llama_cpp(smol):
     if not LLAMA_CPP_TOKENS.is_file():
         pytest.skip(f"no llama.cpp token fixture at {LLAMA_CPP_TOKENS} (scripts/install-bench-peers.sh writes it)")
