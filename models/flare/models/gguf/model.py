@@ -112,6 +112,7 @@ class GgufLM:
         self.graph = session.prepare_model("gguf", options)
         self.stager = self.graph.callbacks.get(STAGE_EXPERTS)
         self._prepared = set(self.graph.entries) & {"prefill", "decode"}
+        model.file.drop_pages()   # the weights are on the devices now: the file's pages may go
         self.released = False
 
     @classmethod

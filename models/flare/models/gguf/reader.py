@@ -158,6 +158,16 @@ class GGUFFile:
         except KeyError:
             raise GGUFError(f"{self.path}: tensor {name} is missing") from None
 
+    def drop_pages(self) -> None:
+        """Tell the kernel the mapped pages are not needed now (MADV_DONTNEED): once weights
+        are on a device, the file's pages need not stay in this process's resident set. The
+        mapping stays valid; a later read (expert staging) faults pages in again from the file."""
+        import mmap
+
+        raw = getattr(self._reader.data, "_mmap", None) if self._reader is not None else None
+        if raw is not None and hasattr(raw, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            raw.madvise(mmap.MADV_DONTNEED)
+
     @property
     def file_bytes(self) -> int:
         return int(self._reader.data.shape[0])
