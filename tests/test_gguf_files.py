@@ -223,3 +223,20 @@ def test_release_gives_back_every_byte(tmp_path):
     lm.release()
     lm.release()                                        # idempotent
     assert LEDGER.live_bytes("cpu:0") == before
+
+
+def test_a_file_and_its_tokenizer_are_shared_between_threads(tiny):
+    """open_gguf parses a file once per process and hands every thread the same read-only object;
+    the tokenizer is built once and encodes from several threads at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flare.models.gguf.weights import GGUFModel, open_gguf
+
+    with ThreadPoolExecutor(4) as pool:
+        files = list(pool.map(lambda _: open_gguf(tiny), range(8)))
+        assert all(f is files[0] for f in files)
+        model = GGUFModel.open(str(tiny), max_ctx=16)
+        texts = [f"thread {i}: héllo" for i in range(16)]
+        got = list(pool.map(lambda t: model.tokenizer().encode(t), texts))
+    assert got == [model.tokenizer().encode(t) for t in texts]
+    assert model.tokenizer() is GGUFModel.open(str(tiny), max_ctx=32).tokenizer()

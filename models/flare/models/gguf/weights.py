@@ -110,17 +110,12 @@ class GGUFModel:
         return sum(int(self.file.tensor(n).nbytes) for n in expected_shapes(self.cfg))
 
     def tokenizer(self):
+        """The file's tokenizer (built once per file; safe to share between threads)."""
         from .tokenizer import GGUFTokenizer
 
-        return _tokenizer(self.file, GGUFTokenizer)
-
-
-_TOKENIZERS: dict[int, object] = {}
-
-
-def _tokenizer(f: GGUFFile, cls):
-    with _LOCK:
-        tok = _TOKENIZERS.get(id(f))
-        if tok is None:
-            tok = _TOKENIZERS[id(f)] = cls(f)
-        return tok
+        with _LOCK:
+            tok = getattr(self.file, "_flare_tokenizer", None)
+            if tok is None:
+                tok = GGUFTokenizer(self.file)
+                self.file._flare_tokenizer = tok  # type: ignore[attr-defined]
+            return tok
