@@ -26,7 +26,9 @@ def parser(prog: str) -> argparse.ArgumentParser:
                    help="devices in priority order, e.g. cpu or vulkan,cpu (cpu is appended as the fallback)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--max-ctx", type=int, default=None, help="KV-cache positions (default: min(1024, the file's))")
-    p.add_argument("--prefill-chunk", type=int, default=64, help="most tokens per prefill step (power of two)")
+    p.add_argument("--prefill-chunk", type=int, default=None,
+                   help="most tokens per prefill step (power of two; default 64, or 4 with --experts offload, "
+                        "where a step's tokens bound how many experts must fit in the cache at once)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding (default: sampling with --seed)")
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--top-k", type=int, default=40)
@@ -53,6 +55,8 @@ def _check(args: argparse.Namespace) -> None:
         raise bad("--top-k", args.top_k, "a positive integer")
     if not (math.isfinite(args.top_p) and 0 < args.top_p <= 1):
         raise bad("--top-p", args.top_p, "in (0, 1]")
+    if args.prefill_chunk is None:
+        args.prefill_chunk = 4 if args.experts == "offload" else 64
     if args.prefill_chunk < 1 or args.prefill_chunk & (args.prefill_chunk - 1):
         raise bad("--prefill-chunk", args.prefill_chunk, "a power of two")
     if args.expert_cache_mb is not None and not (math.isfinite(args.expert_cache_mb) and args.expert_cache_mb > 0):
