@@ -141,9 +141,9 @@ def test_tokenizer_and_chat_template_from_metadata(tiny):
 MOE = TinySpec(n_experts=16, top_k=2, qtype="q4_0", n_layers=3, d_ff=256, seed=3)
 
 
-def test_moe_graph_matches_the_reference(tmp_path):
+def test_moe_graph_matches_the_reference(backend, tmp_path):
     path = write_tiny(tmp_path / "moe.gguf", MOE)
-    with GgufLM.load(str(path), max_ctx=32, prefill_chunk=8) as lm:
+    with backend.session("cpu") as sess, GgufLM.load(str(path), session=sess, max_ctx=32, prefill_chunk=8) as lm:
         ids = lm.model.tokenizer().encode("mixture of experts")
         kl, top1 = ref.kl_top1(ref.forward(lm.cfg, lm.model.tensor, ids), lm.prefill(0, ids, all_logits=True))
         assert kl <= 1e-4 and top1 == 1.0
