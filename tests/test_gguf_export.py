@@ -87,3 +87,15 @@ def test_loader_refuses_block_bytes_that_disagree(tmp_path):
     _write_st(p, {"w": {"dtype": "U8", "shape": [2, 40], "data_offsets": [0, 80]}},
               {BLOCK_DTYPES_KEY: json.dumps({"w": "q4_1"})})
     assert safetensors_header(p, "weights")["w"]["shape"] == (2, 2)
+
+
+def test_flare_export_gguf_with_a_path_option(tiny, tmp_path, capsys):
+    from flare.core.cli import main
+
+    out = tmp_path / "cli.core"
+    code = main(["export", "gguf", "--option", f"path={tiny}", "--max-ctx", "32", "--prefill-chunk", "4",
+                 "--draft-layers", "0", "--quiet", "-o", str(out)])
+    assert code == 0, capsys.readouterr().err
+    assert load_core(out).manifest.config["target"] == str(tiny)
+    assert main(["export", "gguf", "--option", "colour=red", "-o", str(tmp_path / "x.core")]) == 2
+    assert "unknown options ['colour']" in capsys.readouterr().err
