@@ -74,16 +74,18 @@ def pow2_chunks(n: int, limit: int) -> list[int]:
 
 
 def slots_for_budget(cfg: LMConfig, infos: Any, cache_mb: float | None, max_step: int) -> int:
-    """Expert slots per layer a budget of `cache_mb` MiB (all layers) buys; ModelError when it
-    cannot hold one step's experts."""
-    from .graph import EXPERT_PARTS, expert_tensor
+    """Expert slots per layer a budget of `cache_mb` MiB (all layers) buys (default: a quarter of
+    the experts, at least one step's worth); ModelError when it cannot hold one step's experts."""
     from flare.core.dtypes import itemsize
+
+    from .graph import EXPERT_PARTS, expert_tensor
 
     per_expert = sum(int(np.prod(infos[expert_tensor(0, p)].shape[1:])) * itemsize(infos[expert_tensor(0, p)].dtype)
                      for p in EXPERT_PARTS)
     need = cfg.slots_needed(max_step)
-    slots = cfg.n_experts // 4 if cache_mb is None else int(cache_mb * MIB) // (cfg.n_layers * per_expert)
-    slots = min(max(slots, need if cache_mb is None else slots), cfg.n_experts)
+    if cache_mb is None:
+        return min(max(cfg.n_experts // 4, need), cfg.n_experts)
+    slots = min(int(cache_mb * MIB) // (cfg.n_layers * per_expert), cfg.n_experts)
     if slots < need:
         raise ModelError(f"{cfg.name}: an expert cache of {cache_mb:g} MiB holds {slots} expert(s) per layer "
                          f"({cfg.n_layers} layers x {per_expert} B); a step of {max_step} token(s) with top_k "
