@@ -136,7 +136,7 @@ def read_config(f: GGUFFile, name: str | None = None, *, max_seqs: int = 1, max_
     emb_shape, _ = f.tensor_info("token_embd.weight")
     vocab = int(key("vocab_size", emb_shape[0]))
     if f.has("tokenizer.ggml.tokens"):
-        n_tokens = len(f.metadata("tokenizer.ggml.tokens"))
+        n_tokens = f.length("tokenizer.ggml.tokens")
         if n_tokens != vocab:
             raise GGUFError(f"{f.path}: tokenizer.ggml.tokens holds {n_tokens} tokens, {arch}.vocab_size says {vocab}")
     if not 1 <= max_seqs <= 64:

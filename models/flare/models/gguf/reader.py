@@ -111,6 +111,13 @@ class GGUFFile:
         except (ValueError, IndexError, UnicodeDecodeError) as exc:
             raise GGUFError(f"{self.path}: metadata key {key} is unreadable ({exc})") from None
 
+    def length(self, key: str) -> int:
+        """Items of an array key, without decoding them (a vocabulary of 49k strings)."""
+        field = self._reader.fields.get(key)
+        if field is None:
+            raise GGUFError(f"{self.path}: metadata key {key} is missing")
+        return len(field.data)
+
     # -- tensors ----------------------------------------------------------------------
     def names(self) -> list[str]:
         return list(self._tensors)
