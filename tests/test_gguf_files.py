@@ -104,9 +104,11 @@ SPECS = {
 @pytest.mark.parametrize("qtype", list(SPECS))
 def test_graph_matches_the_numpy_reference(qtype, backend, tmp_path):
     """Every position's logits against float64 math on the gguf.quants-dequantized weights.
-    Tolerance: KL <= 1e-4 nats and equal argmax; the graph runs in float32 (CPU's NumPy path
-    dequantizes exactly; a kernel that quantizes activations to 8 bits per block, as ggml does,
-    stays far inside this on logits of this scale)."""
+    Tolerance: the issue's bound for the real model, mean KL <= 0.01 nats, and top-1 agreement
+    >= 90%. Kernels may round the activations to 8 bits per block before integer dots, as ggml
+    does (measured here: KL 2e-6..4e-4, logits off by up to 1.4 of ~55); these random tiny
+    models have near-ties a trained model does not, so one flipped argmax in ~20 tokens is
+    allowed (a wrong layout or head mapping breaks both bounds by orders of magnitude)."""
     path = write_tiny(tmp_path / f"{qtype}.gguf", SPECS[qtype])
     with backend.session("cpu") as sess:
         lm = GgufLM.load(str(path), session=sess, max_ctx=32, prefill_chunk=8)
@@ -115,7 +117,7 @@ def test_graph_matches_the_numpy_reference(qtype, backend, tmp_path):
         want = ref.forward(lm.cfg, lm.model.tensor, ids)
         kl, top1 = ref.kl_top1(want, got)
         assert got.shape == (len(ids), 259)
-        assert kl <= 1e-4 and top1 == 1.0, (kl, top1)
+        assert kl <= 0.01 and top1 >= 0.9, (kl, top1)
         lm.release()
 
 
@@ -125,7 +127,9 @@ def test_decode_with_the_kv_cache_equals_prefill(tiny):
         ids = lm.model.tokenizer().encode("cache me")
         whole = lm.prefill(1, ids, all_logits=True)
         steps = [lm.decode([0], [t], [i])[0] for i, t in enumerate(ids)]
-        np.testing.assert_allclose(np.stack(steps), whole, rtol=1e-4, atol=1e-4)
+        # same tokens, same cache rows; only the kernels' shapes differ (matvec vs matmul: another
+        # summation order, the same per-block activation rounding), so float32 rounding apart
+        np.testing.assert_allclose(np.stack(steps), whole, rtol=1e-3, atol=1e-2)
 
 
 def test_tokenizer_and_chat_template_from_metadata(tiny):
@@ -146,7 +150,7 @@ def test_moe_graph_matches_the_reference(backend, tmp_path):
     with backend.session("cpu") as sess, GgufLM.load(str(path), session=sess, max_ctx=32, prefill_chunk=8) as lm:
         ids = lm.model.tokenizer().encode("mixture of experts")
         kl, top1 = ref.kl_top1(ref.forward(lm.cfg, lm.model.tensor, ids), lm.prefill(0, ids, all_logits=True))
-        assert kl <= 1e-4 and top1 == 1.0
+        assert kl <= 0.01 and top1 >= 0.9, (kl, top1)      # bounds as in test_graph_matches_the_numpy_reference
 
 
 def test_moe_experts_staged_from_the_file_give_identical_logits(tmp_path):
