@@ -93,7 +93,8 @@ def test_tokens_equal_llama_cpps_vocab_test(smol, text, ids):
 
 def test_tokens_equal_llama_cpp(smol):
     if not LLAMA_CPP_TOKENS.is_file():
-        pytest.skip(f"no llama.cpp token fixture at {LLAMA_CPP_TOKENS} (scripts/install-bench-peers.sh writes it)")
+        pytest.skip(f"no llama.cpp token fixture at {LLAMA_CPP_TOKENS} (written by a script that runs llama.cpp's "
+                    "tokenizer; FLARE_LLAMACPP_TOKENS may point at one)")
     tok = smol.tokenizer()
     for case in json.loads(LLAMA_CPP_TOKENS.read_text())["texts"]:
         assert tok.encode(case["text"]) == case["ids"], case["text"][:40]
