@@ -128,6 +128,28 @@ def text_cases() -> list[Case]:
     ]
 
 
+def gguf_cases(d: Path) -> list[Case]:
+    """GGUF files written with gguf.GGUFWriter (flare.models.gguf.testing), then broken."""
+    from flare.models.gguf.testing import TinySpec, tensor_offset_field, write_tiny
+
+    good = write_tiny(d / "good.gguf")
+    raw = good.read_bytes()
+    (d / "truncated.gguf").write_bytes(raw[: len(raw) // 2])
+    (d / "magic.gguf").write_bytes(b"GGML" + raw[4:])
+    write_tiny(d / "arch.gguf", TinySpec(arch="mamba"))
+    write_tiny(d / "q5.gguf", types={"blk.1.attn_v.weight": "q5_0"})
+    write_tiny(d / "shape.gguf", shapes={"blk.0.attn_k.weight": (64, 64)})
+    patched = bytearray(raw)
+    at = tensor_offset_field(good, "blk.1.ffn_up.weight")
+    patched[at: at + 8] = (1 << 40).to_bytes(8, "little")
+    (d / "offset.gguf").write_bytes(bytes(patched))
+    run = ["--prompt", "hi", "--max-new-tokens", "1"]
+    return [Case(f"gguf {what}", ["run", str(d / name), *run], 2) for what, name in (
+        ("truncated", "truncated.gguf"), ("wrong magic", "magic.gguf"), ("unknown architecture", "arch.gguf"),
+        ("unsupported quantization type", "q5.gguf"), ("tensor shape disagrees with the metadata", "shape.gguf"),
+        ("tensor offset past the end", "offset.gguf"), ("missing file", "none.gguf"))]
+
+
 def env_cases() -> list[Case]:
     return [
         Case("FLARE_CPU_MEMORY_LIMIT=lots", ["run", "silero-vad"], 2, env={"FLARE_CPU_MEMORY_LIMIT": "lots"}),
@@ -310,7 +332,7 @@ def main() -> int:
         (d / "a.toml").write_text('model = "silero-vad"\n')
         (d / "b.toml").write_text('model = "silero-vad"\n')
         core = Path(args.core) if args.core else export_core(args.flare, d)
-        cases = wav_cases(d) + option_cases() + text_cases() + env_cases() + core_cases(d, core)
+        cases = wav_cases(d) + option_cases() + text_cases() + gguf_cases(d) + env_cases() + core_cases(d, core)
         if args.k:
             cases = [c for c in cases if args.k in c.kind]
         outcomes = []

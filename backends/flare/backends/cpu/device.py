@@ -12,6 +12,7 @@ from typing import Any, Callable
 import numpy as np
 
 from flare.core.backend import Binding, BufferType, Device, MemoryInfo, PreparedSplit, SplitProgram, numpy_view
+from flare.core.dtypes import is_quant
 from flare.core.errors import AllocationError
 from flare.core.graph import Tensor
 from flare.core.ledger import LEDGER
@@ -141,6 +142,8 @@ class CpuDevice(Device):
         out = self.host_view(program.binding(node))
         srcs = [self.host_view(program.binding(s)) for s in node.srcs]
         variant = program.tuning.get(node.op)
+        if any(is_quant(s.dtype) for s in node.srcs):
+            variant = None     # tuned variants are float layouts; block weights keep their own kernel
         if variant is not None and variant in VARIANTS.get(node.op, {}):
             kern = VARIANTS[node.op][variant]
             if variant == "packed" and srcs[1].dtype.names:  # block-quantized: nothing to pack

@@ -21,7 +21,7 @@ DESCRIPTION = ("Capture a model's prefill/decode/mixed programs per shape bucket
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="model name (see `flare models`; exportable: moe-lm)")
+    p.add_argument("model", help="model name (see `flare models`; exportable: moe-lm, smollm2, gguf)")
     p.add_argument("-o", "--output", required=True, metavar="NAME.core", help="core directory to write")
     p.add_argument("--tuning", choices=["quick", "audit"], default="quick",
                    help="quick: a few timings of each kernel variant; audit: every shape, more repeats")
@@ -30,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk", type=int, default=None, help="most prompt tokens per prefill step")
     p.add_argument("--max-ctx", type=int, default=None, help="most tokens of one sequence (prompt + generated)")
     p.add_argument("--backends", default="cpu", help="backends to plan and tune for, comma separated (cpu always)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="another export option of the model's adapter (VALUE read as JSON if it parses), "
+                        "e.g. flare export gguf --option path=model.gguf")
     mixed = p.add_mutually_exclusive_group()
     mixed.add_argument("--no-mixed", dest="mixed", action="store_false", default=None,
                        help="do not export mixed (prefill + decode) programs")
@@ -53,7 +56,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .exporter import export_core
 
     named = (("size", args.size), ("seed", args.seed), ("prefill_chunk", args.prefill_chunk), ("max_ctx", args.max_ctx))
-    options = {k: v for k, v in named if v is not None}
+    from flare.core.cli import _model_options
+
+    options = {**_model_options(args.option), **{k: v for k, v in named if v is not None}}
     default = None if args.mixed_default is None else args.mixed_default == "on"
     path = export_core(args.model, args.output, tuning=args.tuning, options=options,
                        backends=device_list(args.backends, "--backends"), mixed=args.mixed,

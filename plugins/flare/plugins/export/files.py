@@ -33,6 +33,29 @@ class CoreExistsError(FlareError, FileExistsError):
 
 MAX_HEADER = 100 << 20  # a safetensors header larger than this is not a header
 ST_DTYPES = {"F32": "f32", "F16": "f16", "I32": "i32", "I64": "i64"}
+# safetensors has no block-quantized dtypes: such a weight is stored as U8 [..., blocks * block bytes]
+# and this `__metadata__` entry (JSON {tensor: Flare block dtype}) says what its bytes are
+BLOCK_DTYPES_KEY = "flare_block_dtypes"
+
+
+def block_dtypes_metadata(dtypes: dict[str, str]) -> dict[str, str]:
+    """The safetensors `__metadata__` that marks these U8 tensors as Flare block dtypes."""
+    return {BLOCK_DTYPES_KEY: json.dumps(dict(sorted(dtypes.items())))}
+
+
+def _block_dtypes(meta: Any, field: str) -> dict[str, str]:
+    from flare.core.dtypes import QUANT_TYPES
+
+    if meta is None or BLOCK_DTYPES_KEY not in (meta if isinstance(meta, dict) else {}):
+        return {}
+    f = f"{field}[__metadata__][{BLOCK_DTYPES_KEY!r}]"
+    try:
+        blocks = json.loads(meta[BLOCK_DTYPES_KEY])
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise CoreFormatError(f"not JSON: {exc}", f) from None
+    if not isinstance(blocks, dict) or not all(isinstance(v, str) and v in QUANT_TYPES for v in blocks.values()):
+        raise CoreFormatError(f"must map tensor names to block dtypes ({', '.join(QUANT_TYPES)})", f)
+    return blocks
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -115,6 +138,11 @@ def safetensors_header(path: Path, field: str) -> dict[str, dict[str, Any]]:
     if not isinstance(header, dict):
         raise CoreFormatError("safetensors header is not a JSON object", field)
     data_size = size - 8 - n
+    blocks = _block_dtypes(header.get("__metadata__"), field)
+    missing = sorted(set(blocks) - set(header))
+    if missing:
+        raise CoreFormatError(f"lists block dtypes of tensors the file lacks: {missing[:3]}",
+                              f"{field}[__metadata__]")
     out: dict[str, dict[str, Any]] = {}
     for name, info in header.items():
         if name == "__metadata__":
@@ -123,6 +151,10 @@ def safetensors_header(path: Path, field: str) -> dict[str, dict[str, Any]]:
         if not isinstance(info, dict):
             raise CoreFormatError("must be an object", f)
         dtype = ST_DTYPES.get(info.get("dtype"))  # type: ignore[arg-type]
+        if name in blocks:
+            if info.get("dtype") != "U8":
+                raise CoreFormatError(f"is {blocks[name]} by __metadata__ but stored as {info.get('dtype')!r}, not U8", f)
+            dtype = blocks[name]
         shape = info.get("shape")
         offsets = info.get("data_offsets")
         if dtype is None:
@@ -133,12 +165,21 @@ def safetensors_header(path: Path, field: str) -> dict[str, dict[str, Any]]:
                 and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
             raise CoreFormatError("data_offsets must be two integers", f)
         begin, end = offsets
-        itemsize = {"f32": 4, "f16": 2, "i32": 4, "i64": 8}[dtype]
+        itemsize = {"f32": 4, "f16": 2, "i32": 4, "i64": 8}.get(dtype, 1)   # a block dtype: U8 bytes
+        if name in blocks:
+            from flare.core.dtypes import itemsize as block_bytes
+
+            if not shape or shape[-1] % block_bytes(dtype):
+                raise CoreFormatError(f"U8 shape {shape} is not whole {dtype} blocks of {block_bytes(dtype)} bytes", f)
         count = 1
         for d in shape:
             count *= d
         if not 0 <= begin <= end <= data_size or end - begin != count * itemsize:
             raise CoreFormatError(f"data_offsets {offsets} do not hold {shape} {dtype} inside {data_size} data bytes", f)
+        if name in blocks:   # the Flare shape counts blocks
+            from flare.core.dtypes import itemsize as block_bytes
+
+            shape = [*shape[:-1], shape[-1] // block_bytes(dtype)]
         out[name] = {"dtype": dtype, "shape": tuple(shape), "offset": 8 + n + begin, "nbytes": end - begin}
     return out
 

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from flare.core.backend import Device
-from flare.core.dtypes import to_numpy
+from flare.core.dtypes import is_quant, to_numpy
 from flare.core.errors import FlareError
 from flare.core.graph import WEIGHT, Graph, GraphBuilder, Tensor
 from flare.core.session import Session
@@ -71,6 +71,8 @@ def collect(graphs: Iterable[tuple[int, Graph]], device: Device) -> dict[tuple[s
     out: dict[tuple[str, int], list[Shape]] = {}
     for tokens, graph in graphs:
         for node in graph.nodes:
+            if any(is_quant(src.dtype) for src in node.srcs):
+                continue   # variants are float layouts; a quantized weight runs its type's own kernel
             if len(device.kernel_variants(node.op)) > 1 and device.supports(node):
                 shapes = out.setdefault((node.op, tokens), [])
                 s = node_shape(node)
