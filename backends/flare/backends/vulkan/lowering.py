@@ -68,15 +68,16 @@ class TensorArg:
 
     def byte_range(self) -> tuple[int, int]:
         item = self.binding.itemsize
+        base = self.elem_offset if is_quant(self.binding.dtype) else self.elem_offset * item
         if any(d == 0 for d in self.shape):
-            return self.elem_offset * item, self.elem_offset * item
-        lo = hi = self.elem_offset
+            return base, base
+        lo = hi = 0
         for d, s in zip(self.shape, self.strides):
             if s >= 0:
                 hi += (d - 1) * s
             else:
                 lo += (d - 1) * s
-        return lo * item, (hi + 1) * item
+        return base + lo * item, base + (hi + 1) * item
 
 
 @dataclass
@@ -108,6 +109,13 @@ class Unsupported(Exception):
 # -- descriptors ------------------------------------------------------------------------
 
 def elem_offset(b: Binding) -> int:
+    """The descriptor's offset word: in elements, but in *bytes* for block-quantized weights (a
+    planner's arena need not place them at a multiple of 18 or 34 bytes; quant.glsl needs an
+    even offset, as every field of every block type sits at an even byte)."""
+    if is_quant(b.dtype):
+        if b.offset % 2:
+            raise Unsupported(f"quantized weights at the odd byte offset {b.offset}")
+        return b.offset
     item = b.itemsize
     if b.offset % item:
         raise Unsupported(f"byte offset {b.offset} is not a multiple of the {b.dtype} item size")

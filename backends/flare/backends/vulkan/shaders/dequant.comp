@@ -22,17 +22,16 @@ void main() {
     if (e >= numel(to)) return;
     uint D = to.ne[3];                  // weights per output row = blocks per row * QK
     uint row = e / D, k = e % D;
-    uint blk;
+    uint bb;  // byte of the block
     if (MODE == 0u) {
-        blk = offset_of(tw, row * tw.ne[3] + k / QK);
+        bb = q_byte_at(tw, coords_of(row * tw.ne[3] + k / QK, tw));
     } else {
         int R = int(tw.ne[2]);
         int r = LOADI(ids, DT1, offset_of(ti, row));
         if (r < 0) r += R;
         r = clamp(r, 0, R - 1);
-        blk = offset_at(tw, uvec4(0u, 0u, uint(r), k / QK));
+        bb = q_byte_at(tw, uvec4(0u, 0u, uint(r), k / QK));
     }
-    uint bb = blk * QB;
     uint p = k % QK;
     vec4 v = q_dequant4(q_ints(bb, p), q_scale(bb, p / QSUB));
     uint at = to.off + e;

@@ -63,7 +63,7 @@ void main() {
     const uint lid = gl_LocalInvocationID.x;
     const uint tm0 = gl_WorkGroupID.y * BM, tn0 = gl_WorkGroupID.x * BN;
     abase = int(ta.off) + int(b0) * ta.nb[0] + int(b1) * ta.nb[1];
-    const int wbase = int(tw.off) + int(b0) * tw.nb[0] + int(b1) * tw.nb[1];
+    const int wbase = int(b0) * tw.nb[0] + int(b1) * tw.nb[1];  // blocks
     const uint CN = BN / TN;             // invocations along n
     const uint im = (lid / CN) * TM, jn = (lid % CN) * TN;
     float acc[TM * TN];
@@ -78,7 +78,7 @@ void main() {
         uint blk = k0 / QK, p0 = k0 % QK;
         for (uint q = lid; q < BN * QUADS; q += WG) {      // dequantize w: [BK][BN + 1]
             uint cn = q / QUADS, kk = (q % QUADS) * 4u;
-            uint bb = (uint(wbase + int(min(tn0 + cn, N - 1u)) * tw.nb[2]) + blk * uint(tw.nb[3])) * QB;
+            uint bb = tw.off + (uint(wbase + int(min(tn0 + cn, N - 1u)) * tw.nb[2]) + blk * uint(tw.nb[3])) * QB;
             uint p = p0 + kk;
             vec4 v = q_weights4(q_ints(bb, p), q_scale(bb, p / QSUB));
             [[unroll]] for (uint c = 0u; c < 4u; c++) Bs[(kk + c) * (BN + 1u) + cn] = v[c];

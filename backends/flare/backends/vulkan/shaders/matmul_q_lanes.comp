@@ -56,8 +56,8 @@ void main() {
     const uint m0 = gl_WorkGroupID.y * TM;
     if (n0 >= N) return;
     abase = int(ta.off) + int(b0) * ta.nb[0] + int(b1) * ta.nb[1];
-    const int wbase = int(tw.off) + int(b0) * tw.nb[0] + int(b1) * tw.nb[1];
-    uint row[TN];  // block offset of each column's weight row (clamped: columns past N are not stored)
+    const int wbase = int(b0) * tw.nb[0] + int(b1) * tw.nb[1];  // blocks
+    uint row[TN];  // block index of each column's weight row (clamped: columns past N are not stored)
     [[unroll]] for (uint j = 0u; j < TN; j++) row[j] = uint(wbase + int(min(n0 + j, N - 1u)) * tw.nb[2]);
     uint mrow[TM];
     [[unroll]] for (uint i = 0u; i < TM; i++) mrow[i] = min(m0 + i, M - 1u);
@@ -66,7 +66,7 @@ void main() {
     const uint nb = K / QK;
     for (uint blk = 0u; blk < nb; blk++) {
         uint bb[TN];
-        [[unroll]] for (uint j = 0u; j < TN; j++) bb[j] = (row[j] + blk * uint(tw.nb[3])) * QB;
+        [[unroll]] for (uint j = 0u; j < TN; j++) bb[j] = tw.off + (row[j] + blk * uint(tw.nb[3])) * QB;
         for (uint s = 0u; s < QK / QSUB; s++) {
             vec2 sc[TN];
             [[unroll]] for (uint j = 0u; j < TN; j++) sc[j] = q_scale(bb[j], s);

@@ -66,7 +66,7 @@ void main() {
     const uint i = gl_WorkGroupID.y;
     const uint j0 = gl_WorkGroupID.x * NR;
     const uint J = to.ne[3];
-    int wbase;   // block offset of w's [b0, b1] (or the expert's) matrix
+    int wbase;   // block index of w's [b0, b1] (or the expert's) matrix
     uvec4 oc;    // output coordinate of (i, j0)
     if (IDS) {
         uint kk = to.ne[2];
@@ -74,18 +74,18 @@ void main() {
         int E = int(tw.ne[1]);
         int ex = clamp(LOADI(ids, DT2, offset_at(ti, uvec4(0u, 0u, t, slot))), 0, E - 1);
         xbase = int(tx.off) + int(t) * tx.nb[1] + int(slot) * tx.nb[2];
-        wbase = int(tw.off) + ex * tw.nb[1];
+        wbase = ex * tw.nb[1];
         oc = uvec4(0u, t, slot, j0);
     } else {
         uint z = gl_WorkGroupID.z;
         uint b0 = z / to.ne[1], b1 = z % to.ne[1];
         xbase = int(tx.off) + int(b0) * tx.nb[0] + int(b1) * tx.nb[1] + int(i) * tx.nb[2];
-        wbase = int(tw.off) + int(b0) * tw.nb[0] + int(b1) * tw.nb[1];
+        wbase = int(b0) * tw.nb[0] + int(b1) * tw.nb[1];
         oc = uvec4(b0, b1, i, j0);
     }
     const uint nr = min(NR, J - j0);
     float acc[NR];
-    uint row[NR];  // block offset of each output's weight row
+    uint row[NR];  // block index of each output's weight row
     [[unroll]] for (uint r = 0u; r < NR; r++) {
         acc[r] = 0.0;
         row[r] = uint(wbase + int(min(j0 + r, J - 1u)) * tw.nb[2]);
@@ -99,7 +99,7 @@ void main() {
         uint bb[NR];
         float dq[NR];
         [[unroll]] for (uint r = 0u; r < NR; r++) {
-            bb[r] = (row[r] + blk * uint(tw.nb[3])) * QB;
+            bb[r] = tw.off + (row[r] + blk * uint(tw.nb[3])) * QB;
             sc[r] = r < nr ? q_scale(bb[r], p / QSUB) : vec2(0.0);
             dq[r] = 0.0;
         }

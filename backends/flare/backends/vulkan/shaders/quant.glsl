@@ -37,6 +37,12 @@ const uint QB = QT == QT_Q4_0 ? 18u : QT == QT_Q4_1 ? 20u : QT == QT_Q8_0 ? 34u 
 const uint QSUB = QT == QT_Q6_K ? 16u : 32u;                                 // weights per scale
 const bool Q_HAS_MIN = QT == QT_Q4_1 || QT == QT_Q4_K;                       // an offset per sub-block
 
+// A quantized tensor's descriptor gives its offset in bytes (any even byte: a planner's arena
+// need not place it at a multiple of the block size) and its strides in blocks.
+uint q_byte_at(Tensor t, uvec4 c) {
+    return t.off + uint(int(c.x) * t.nb[0] + int(c.y) * t.nb[1] + int(c.z) * t.nb[2] + int(c.w) * t.nb[3]) * QB;
+}
+
 // 16 bits at an even byte offset
 uint q_u16(uint byte) {
     uint w = qw[byte >> 2];
