@@ -20,7 +20,7 @@ def test_every_shader_has_spv_and_is_in_the_manifest():
     assert set(json.loads(shaderbuild.MANIFEST.read_text())["shaders"]) == set(names)
     for name in names:
         assert (shaderbuild.SHADER_DIR / f"{name}.spv").read_bytes()[:4] == b"\x03\x02\x23\x07"  # SPIR-V magic
-    source = "".join((shaderbuild.SHADER_DIR.parent / f).read_text() for f in ("kernels.py", "fusion.py"))
+    source = "".join((shaderbuild.SHADER_DIR.parent / f).read_text() for f in ("lowering.py", "fusion.py"))
     used = {n for n in names if f'"{n}"' in source}
     assert used == set(names), f"shaders no lowering uses: {sorted(set(names) - used)}"
 
