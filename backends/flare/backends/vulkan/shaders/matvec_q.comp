@@ -6,7 +6,8 @@
 //
 // As matvec.comp: a workgroup computes NR outputs j of one row i; its WG invocations split K,
 // here in units of UNIT weights (a multiple of 4 inside one sub-block, so a unit needs one
-// scale): neighbouring invocations take neighbouring units, so reads of a weight row are
+// scale; a whole q4_0/q4_1/q8_0 block is read as one run of words, q_legacy): neighbouring
+// invocations take neighbouring units, so reads of a weight row are
 // contiguous across the workgroup. Per unit an invocation reads the NR rows' scales once,
 // then four x values and four packed weights at a time; each row's dot with the integer
 // weights is scaled once per unit (sum(x*q)*d + sum(x)*m, as ggml's dot products do), then
@@ -38,6 +39,7 @@ layout(constant_id = 8) const uint UNIT = 32;  // weights per invocation step: a
 
 const bool X_VEC = (MODE & 1u) != 0u;
 const bool IDS = (MODE & 4u) != 0u;
+const bool LEGACY_UNIT = !Q_KQUANT && UNIT == QK;  // units are whole legacy blocks (quant.glsl q_legacy)
 
 shared float red[NR * WG];
 
@@ -91,7 +93,27 @@ void main() {
         row[r] = uint(wbase + int(min(j0 + r, J - 1u)) * tw.nb[2]);
     }
     const uint units = K / UNIT;
-    for (uint u = lid; u < units; u += WG) {
+    if (LEGACY_UNIT) {  // a whole q4_0 / q4_1 / q8_0 block per unit: read in one run of words
+        for (uint u = lid; u < units; u += WG) {
+            uint k = u * QK;
+            vec4 xv[8];
+            float sx = 0.0;
+            [[unroll]] for (uint g = 0u; g < 8u; g++) {
+                xv[g] = load_x4(k + 4u * g);
+                if (Q_HAS_MIN) sx += (xv[g].x + xv[g].y) + (xv[g].z + xv[g].w);
+            }
+            [[unroll]] for (uint r = 0u; r < NR; r++) {
+                if (r < nr) {
+                    vec2 sc;
+                    uint q[8];
+                    q_legacy(tw.off + (row[r] + u * uint(tw.nb[3])) * QB, sc, q);
+                    float dq = 0.0;
+                    [[unroll]] for (uint g = 0u; g < 8u; g++) dq += dot(xv[g], vec4(q_legacy_quad(q[q_legacy_word(g)], g)));
+                    acc[r] += Q_HAS_MIN ? dq * sc.x + sx * sc.y : dq * sc.x;
+                }
+            }
+        }
+    } else for (uint u = lid; u < units; u += WG) {
         uint k = u * UNIT;
         uint p = k % QK;
         uint blk = k / QK;

@@ -108,6 +108,43 @@ ivec4 q_ints(uint bb, uint p) {
     return ivec4((q_bytes(lo) & 0xFu) | ((q_bytes(hi) & 3u) << 4)) - 32;
 }
 
+// -- the legacy types (q4_0, q4_1, q8_0) a whole block at a time --------------------------------
+// Their scale and quant bytes fit in a few words, so a kernel that consumes a whole block reads
+// it with ceil(((bb & 3) + QB) / 4) word loads (5, 5 or 6, 9) instead of a read per field and
+// per four weights (about twice as many), then unpacks from registers.
+const uint QNW = QT == QT_Q8_0 ? 8u : 4u;                 // words of quant bytes per block
+const uint QWMAX = (QB + 5u) / 4u;                         // words covering a block at 2 mod 4
+
+// The block at byte `bb`: its scale/offset and its quant bytes q[0 .. QNW-1] as aligned words.
+void q_legacy(uint bb, out vec2 sc, out uint q[8]) {
+    uint r[10];
+    const uint nw = ((bb & 3u) + QB + 3u) >> 2;
+    [[unroll]] for (uint i = 0u; i < 10u; i++) {
+        r[i] = 0u;
+        if (i < QWMAX && i < nw) r[i] = qw[(bb >> 2) + i];
+    }
+    const bool odd = (bb & 2u) != 0u;
+    vec2 dm = unpackHalf2x16(odd ? (r[0] >> 16) | (r[1] << 16) : r[0]);  // d (and m for q4_1)
+    sc = QT == QT_Q4_1 ? dm : vec2(dm.x, 0.0);
+    [[unroll]] for (uint i = 0u; i < 8u; i++) {  // quant bytes start at byte 4 (q4_1) or 2
+        if (QT == QT_Q4_1) q[i] = odd ? (r[1u + i] >> 16) | (r[2u + i] << 16) : r[1u + i];
+        else q[i] = odd ? r[1u + i] : (r[i] >> 16) | (r[i + 1u] << 16);
+    }
+}
+
+// Which of q_legacy's words holds weights 4g..4g+3 (q4: the low nibbles for g < 4, else the high).
+uint q_legacy_word(uint g) { return QT == QT_Q8_0 ? g : g & 3u; }
+
+// The integer weights 4g..4g+3 from that word.
+ivec4 q_legacy_quad(uint w, uint g) {
+    if (QT == QT_Q8_0) {
+        return ivec4(bitfieldExtract(int(w), 0, 8), bitfieldExtract(int(w), 8, 8),
+                     bitfieldExtract(int(w), 16, 8), bitfieldExtract(int(w), 24, 8));
+    }
+    ivec4 v = ivec4(q_bytes(g < 4u ? w : w >> 4) & 0xFu);
+    return QT == QT_Q4_0 ? v - 8 : v;
+}
+
 // Four weights dequantized exactly as ggml does (see the header).
 vec4 q_dequant4(ivec4 q, vec2 s) {
     precise vec4 v = vec4(q) * s.x;
