@@ -234,3 +234,27 @@ def test_mul_mat_id(dev, dt):
                                  {"x": f32(*xs), "ids": ids})
         assert shaders == ["matvec_q"] and got.shape == (20, 2, 6)
         np.testing.assert_allclose(got, want, rtol=ACC[0], atol=ACC[1])
+
+
+def test_supports_quantized_sources_only_where_a_kernel_reads_them():
+    """supports() takes block-quantized weights in the positions the kernels read (and the core
+    allows), and leaves quantized matvec / mul_mat_id to another device where the compute stage
+    lacks subgroup arithmetic (matvec_q reduces with subgroupAdd)."""
+    (device,) = VulkanBackend.open_devices({})
+    try:
+        w = quant_blocks(RNG, "q4_1", 6, 64)
+        b = GraphBuilder()
+        x = b.input("x", (2, 64))
+        nodes = [b.matmul(x, b.weight("w", w), transpose_b=True), b.dequantize(b.weight("w", w)),
+                 b.get_rows(b.weight("w", w), b.input("i", (3,), "i32")),
+                 b.mul_mat_id(b.weight("e", w.reshape(2, 3, 2)), x, b.input("ids", (2, 1), "i32"))]
+        assert all(device.supports(n) for n in nodes)
+        info = device.info
+        try:
+            device.info = replace(info, subgroup_ops=info.subgroup_ops & ~0x4)
+            assert not device.supports(nodes[0]) and not device.supports(nodes[3])
+            assert device.supports(nodes[1]) and device.supports(nodes[2])
+        finally:
+            device.info = info
+    finally:
+        device.close()

@@ -576,6 +576,9 @@ DEQUANT_WG = 256  # dequant.comp's local size; each invocation writes four weigh
 
 
 def _dequant_dispatch(name: str, tw: TensorArg, ti: TensorArg | None, to: TensorArg, device: Any) -> Dispatch:
+    """dequant.comp: `tw`'s blocks (rows `ti` picks, for get_rows) as f32 weights into `to`."""
+    if to.binding.dtype != "f32":  # the op rules make these outputs f32; the shader writes f32 words
+        raise Unsupported(f"dequantized output of dtype {to.binding.dtype}")
     n4 = -(-_numel(to.shape) // 4)
     dts = ("f32", ti.binding.dtype if ti is not None else "", to.binding.dtype)
     return Dispatch(name, "dequant", _qspec(0 if ti is None else 1, dts, (), tw.binding.dtype), [tw, ti or tw, to], [],
