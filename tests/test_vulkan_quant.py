@@ -184,13 +184,19 @@ def test_matmul_tiles(dev, dt):
         np.testing.assert_allclose(got, want, rtol=ACC[0], atol=ACC[1])
 
 
-@pytest.mark.parametrize("dt", ["q4_1", "q6_k"])
+def mapped_only(dev) -> None:
+    """Kernels read and write device buffers the same way whatever the memory kind; cases that
+    only add pipelines (each an LLVM compile of up to half a minute on lavapipe without Mesa's
+    shader cache) run on mapped memory only."""
+    if not dev.mapped:
+        pytest.skip("no memory-kind dependence; the mapped run covers it")
+
+
+@pytest.mark.parametrize("dt", ["q6_k"])
 def test_tuned_variants(dev, dt):
     """Every matmul variant a tuning profile may name runs with quantized weights; a tile whose
-    k-step would cross a q6_k scale (t64r8k32, BK 32 > 16) falls back to t16. (Mapped memory
-    only: the variants read and write the same buffers whichever way they reach the device.)"""
-    if not dev.mapped:
-        pytest.skip("variants do not depend on the memory kind; the mapped run covers them")
+    k-step would cross a q6_k scale (t64r8k32, BK 32 > 16) falls back to t16."""
+    mapped_only(dev)
     k = k_of(dt, 2)
     w = quant_blocks(RNG, dt, 45, k)
     a = f32(40, k)
@@ -204,17 +210,21 @@ def test_tuned_variants(dev, dt):
     assert fallback == variants.MATMUL["t16"]
 
 
-@pytest.mark.parametrize("dt", TYPES)
-@pytest.mark.parametrize("rows", [2, 37])
-def test_linear(dev, dt, rows):
-    """matmul + bias, gelu, + residual fuse into one `linear` dispatch with a quantized weight."""
+LINEAR_CASES = [(2, dt, "gelu") for dt in TYPES] + [(20, "q4_0", "relu"), (20, "q4_k", "relu")]  # 20 x 23: the small tile
+
+
+@pytest.mark.parametrize("rows,dt,act", LINEAR_CASES)
+def test_linear(dev, rows, dt, act):
+    """matmul + bias, activation, + residual fuse into one `linear` dispatch with a quantized
+    weight: the matvec kernel for every type, the tiled one for a legacy type and a k-quant."""
+    mapped_only(dev)
     k = k_of(dt, 2)
     w = quant_blocks(RNG, dt, 23, k)
     inputs = {"a": f32(rows, k), "bias": f32(23), "res": f32(rows, 23)}
 
     def build(b):
         y = b.matmul(b.input("a", (rows, k)), b.weight("w", w), transpose_b=True)
-        return b.add(b.input("res", (rows, 23)), b.gelu(b.add(y, b.input("bias", (23,)))))
+        return b.add(b.input("res", (rows, 23)), b.op(act, b.add(y, b.input("bias", (23,)))))
 
     got, want, shaders = run(dev, build, inputs, fused="linear")
     assert shaders == ["matvec_q" if rows <= 4 else TILED[dev.kernel_profile]]

@@ -4,10 +4,11 @@
 //
 // The shape of matmul_lanes.comp (why: see there and the backend README): each invocation
 // computes a TM x TN block straight from the buffers, no shared memory, no barriers; WG
-// invocations side by side along n. A q4_0 / q4_1 / q8_0 block of each of the TN columns is
-// read as one run of words (quant.glsl q_legacy); for the k-quants, per sub-block of QSUB
-// weights it reads the TN columns' scales once; then per four k it loads TM vec4s of a and TN packed words of w (one or two
-// 32-bit loads each), dequantizes the TN quads in registers and does 4 TM TN FMAs.
+// invocations side by side along n. Per sub-block of QSUB weights it reads the TN columns'
+// scales once; then per four k it loads TM vec4s of a and TN packed words of w (one or two
+// 32-bit loads each), dequantizes the TN quads in registers and does 4 TM TN FMAs. (Reading
+// a q4_0/q4_1/q8_0 block whole, as matvec_q does, would unroll eight quads here: an LLVM
+// compile of about 45 s per pipeline on lavapipe, for no gain measurable on the loaded test machine.)
 // MODE bit 1 A_VEC: a contiguous along k, 4-aligned rows -> vec4 loads of a.
 // EPI (constant 8): the fused `linear` epilogue, bias in binding 4, residual in binding 5.
 #define NT 5u
@@ -65,24 +66,7 @@ void main() {
     float acc[TM * TN];
     [[unroll]] for (uint t = 0u; t < TM * TN; t++) acc[t] = 0.0;
     const uint nb = K / QK;
-    if (!Q_KQUANT) for (uint blk = 0u; blk < nb; blk++) {  // q4_0 / q4_1 / q8_0: each block read as one run of words
-        vec2 sc[TN];
-        uint qv[TN * 8u];
-        [[unroll]] for (uint j = 0u; j < TN; j++) {
-            uint q[8];
-            q_legacy(tw.off + (row[j] + blk * uint(tw.nb[3])) * QB, sc[j], q);
-            [[unroll]] for (uint i = 0u; i < QNW; i++) qv[j * 8u + i] = q[i];
-        }
-        [[unroll]] for (uint g = 0u; g < 8u; g++) {
-            uint k = blk * QK + 4u * g;
-            vec4 av[TM];
-            [[unroll]] for (uint i = 0u; i < TM; i++) av[i] = load_a4(mrow[i], k);
-            [[unroll]] for (uint j = 0u; j < TN; j++) {
-                vec4 wv = q_weights4(q_legacy_quad(qv[j * 8u + q_legacy_word(g)], g), sc[j]);
-                [[unroll]] for (uint i = 0u; i < TM; i++) acc[i * TN + j] += dot(av[i], wv);
-            }
-        }
-    } else for (uint blk = 0u; blk < nb; blk++) {
+    for (uint blk = 0u; blk < nb; blk++) {
         uint bb[TN];
         [[unroll]] for (uint j = 0u; j < TN; j++) bb[j] = tw.off + (row[j] + blk * uint(tw.nb[3])) * QB;
         for (uint s = 0u; s < QK / QSUB; s++) {
