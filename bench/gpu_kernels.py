@@ -9,15 +9,15 @@
 2. Recurrence: a prepared graph of one `lstm` node (T steps, batch 1, hidden 128: silero-
    vad's cell) as microseconds per step, best of `--repeats` after one warm-up: the
    sequential part no batching hides (one kernel, one workgroup, on a GPU backend).
-3. Quantized weights: the same one-matmul graph with w block-quantized (ggml's q4_0 ...
-   q6_k, random blocks with sane scales), for decode (M = 1) and prefill (M = 128) shapes
-   of SmolLM2-135M's 576-wide projections (K rounded up to whole blocks); GFLOPS = 2 M K N / seconds, best of `--repeats`.
-   Vulkan runs the dequantizing kernels (matvec_q.comp; matmul_q_lanes.comp or matmul_q.comp
-   by kernel profile).
-4. End to end: `flare run <model> --backend B --json` in a fresh process per backend,
+3. End to end: `flare run <model> --backend B --json` in a fresh process per backend,
    reporting the `elapsed_s` the CLI measures (compute on a prepared model, not
    process start-up): MiniLM-L6 on its shipped sentences and silero-vad offline on
    its shipped sample. Best of `--e2e-repeats` processes.
+4. Quantized weights: the same one-matmul graph with w block-quantized (ggml's q4_0 ...
+   q6_k, random blocks with sane scales), for decode (M = 1) and prefill (M = 128) shapes
+   of SmolLM2-135M's 576-wide projections (K rounded up to whole blocks); GFLOPS = 2 M K N /
+   seconds, best of `--repeats`. Vulkan runs the dequantizing kernels (matvec_q.comp;
+   matmul_q_lanes.comp or matmul_q.comp by kernel profile).
 
 Backends are a parameter (`--backends cpu,vulkan,cuda`); one that is not usable here
 is reported as such and skipped. Ratios are to the first backend.
