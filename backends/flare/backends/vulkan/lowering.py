@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from flare.core.backend import Binding, SplitProgram
+from flare.core.dtypes import is_quant
 from flare.core.graph import Tensor, contiguous_strides
 
 from . import variants
@@ -28,6 +29,10 @@ DT = {"f32": 0, "f16": 1, "i32": 2, "i64": 3}
 FLOAT_IN = ("f32", "f16", "i32")  # dtypes a float-computing shader may read
 INDEX = ("i32", "i64")
 ANY = ("f32", "f16", "i32", "i64")
+# ggml's block types -> quant.glsl's QT (specialization constant 9 of the quantized-weight shaders)
+QT = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q6_k": 4}
+QUANT = tuple(QT)
+QSUB = {"q6_k": 16}  # weights per scale (sub-block), 32 for the others
 VIEW_OPS = ("reshape", "permute", "transpose", "slice")
 UNARY = {"relu": 11, "gelu": 12, "silu": 13, "sigmoid": 14, "tanh": 15, "exp": 16, "sqrt": 17, "neg": 18, "sqr": 19}
 BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3}
@@ -63,15 +68,16 @@ class TensorArg:
 
     def byte_range(self) -> tuple[int, int]:
         item = self.binding.itemsize
+        base = self.elem_offset if is_quant(self.binding.dtype) else self.elem_offset * item
         if any(d == 0 for d in self.shape):
-            return self.elem_offset * item, self.elem_offset * item
-        lo = hi = self.elem_offset
+            return base, base
+        lo = hi = 0
         for d, s in zip(self.shape, self.strides):
             if s >= 0:
                 hi += (d - 1) * s
             else:
                 lo += (d - 1) * s
-        return lo * item, (hi + 1) * item
+        return base + lo * item, base + (hi + 1) * item
 
 
 @dataclass
@@ -103,6 +109,13 @@ class Unsupported(Exception):
 # -- descriptors ------------------------------------------------------------------------
 
 def elem_offset(b: Binding) -> int:
+    """The descriptor's offset word: in elements, but in *bytes* for block-quantized weights (a
+    planner's arena need not place them at a multiple of 18 or 34 bytes; quant.glsl needs an
+    even offset, as every field of every block type sits at an even byte)."""
+    if is_quant(b.dtype):
+        if b.offset % 2:
+            raise Unsupported(f"quantized weights at the odd byte offset {b.offset}")
+        return b.offset
     item = b.itemsize
     if b.offset % item:
         raise Unsupported(f"byte offset {b.offset} is not a multiple of the {b.dtype} item size")
@@ -469,34 +482,114 @@ def _matmul_dispatches(node, a: Binding, b: Binding, out: Binding, program, devi
     M, N = oshape[-2], oshape[-1]
     K = a.shape[-1]
     ta = _batched(a, batch, M, K, a.strides[-2], a.strides[-1])
-    if node.params.get("transpose_b", False):  # b is [..., N, K]
+    if is_quant(b.dtype):  # [..., N, nb] blocks along k (the core allows only transpose_b)
+        tb = _batched(b, batch, N, b.shape[-1], b.strides[-2], b.strides[-1])
+    elif node.params.get("transpose_b", False):  # b is [..., N, K]
         tb = _batched(b, batch, K, N, b.strides[-1], b.strides[-2])
     else:
         tb = _batched(b, batch, K, N, b.strides[-2], b.strides[-1])
     ostrides = contiguous_strides(batch + (M, N))
     to = arg(out, batch + (M, N), ostrides)
-    epi = NO_EPILOGUE
-    if fused is not None:
-        code, bias, res = fused
-        epi = Epilogue(code, None if bias is None else arg(bias, batch + (M, N), (0, 0, 0, bias.strides[0])),
-                       None if res is None else broadcast_to(res, batch + (M, N)))
+    epi = _epilogue(fused, batch, M, N)
     stacked_rows = batch[0] * batch[1] * M
     stacked_epi = epi.stacked(stacked_rows)
     if stacked_epi is not None and _stacks_rows(ta, tb) and -(-stacked_rows // 16) <= device.info.max_workgroup_count[1]:
         # a linear layer over a batch: one [B*M, K] x [K, N] product fills tiles better
         rows = stacked_rows
         ta = TensorArg(ta.binding, (1, 1, rows, K), (0, 0) + ta.strides[2:], ta.elem_offset)
-        tb = TensorArg(tb.binding, (1, 1, K, N), (0, 0) + tb.strides[2:], tb.elem_offset)
+        tb = TensorArg(tb.binding, (1, 1) + tb.shape[2:], (0, 0) + tb.strides[2:], tb.elem_offset)
         to = TensorArg(to.binding, (1, 1, rows, N), (0, 0, N, 1), to.elem_offset)
         batch, M = (1, 1), rows
         ostrides = (0, 0, N, 1)
         epi = stacked_epi
+    if is_quant(b.dtype):  # b is [..., N, nb] blocks (transpose_b): the dequantizing kernels
+        if M <= MATVEC_MAX_ROWS:
+            return [_matvec_q(node.name, ta, tb, to, None, program, device, "matmul", epi)]
+        return [_tiled_q(node.name, ta, tb, to, program, device, "matmul", epi)]
     if M <= MATVEC_MAX_ROWS and M <= N:   # few rows of a: rows of b^T as y
         return [_matvec(node.name, ta, _rows_view(tb, 3, 2), to, None, program, device, "matmul", epi)]
     if N <= MATVEC_MAX_ROWS:              # few columns of b: swap, out^T[n, m] = b^T[n, :] . a[m, :]
         to_t = arg(out, batch + (N, M), ostrides[:2] + (ostrides[3], ostrides[2]))
         return [_matvec(node.name, _rows_view(tb, 3, 2), ta, to_t, None, program, device, "matmul", epi.swapped())]
     return [_tiled(node.name, ta, tb, to, program, device, "matmul", epi=epi)]
+
+
+def _epilogue(fused: tuple[int, Binding | None, Binding | None] | None, batch: tuple[int, ...], M: int,
+              N: int) -> Epilogue:
+    """linear's epilogue on the [B0, B1, M, N] output coordinates (NO_EPILOGUE for a plain matmul)."""
+    if fused is None:
+        return NO_EPILOGUE
+    code, bias, res = fused
+    return Epilogue(code, None if bias is None else arg(bias, batch + (M, N), (0, 0, 0, bias.strides[0])),
+                    None if res is None else broadcast_to(res, batch + (M, N)))
+
+
+# -- block-quantized weights (quant.glsl) -----------------------------------------------------
+
+def _qspec(mode: int, dtypes: tuple[str, str, str], consts: tuple[int, ...], qtype: str,
+           extra: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """Specialization constants of a quantized-weight shader: 0 MODE, 1 the activations' dtype,
+    2 and 3 the indices' (dequant.comp reads 2, matvec_q.comp 3), 4 the output's, 5..8 the
+    shader's own (`consts`), 9 QT (quant.glsl: the block type of the weights), 10.. `extra`."""
+    x_dt, i_dt, o_dt = dtypes
+    head = (mode, DT[x_dt], DT[i_dt] if i_dt else 0, DT[i_dt] if i_dt else 0, DT[o_dt])
+    return head + tuple(consts) + (0,) * (4 - len(consts)) + (QT[qtype],) + tuple(extra)
+
+
+def _matvec_q(name: str, x: TensorArg, w: TensorArg, out: TensorArg, ids: TensorArg | None, program: SplitProgram,
+              device: Any, op: str, epi: Epilogue = NO_EPILOGUE) -> Dispatch:
+    """matvec_q.comp: out[b, i, j] = x[b, i, :] . dequant(w[b, j, :]) (w = experts[ids[i]] with ids)."""
+    rows = variants.pick(op, program.tuning, device, family="matvec")
+    qt = w.binding.dtype
+    mode = (1 if _vec_ok(x, 3) else 0) | (4 if ids is not None else 0)
+    I = x.shape[1] * x.shape[2] if ids is not None else x.shape[2]
+    J = out.shape[3]
+    batch = 1 if ids is not None else out.shape[0] * out.shape[1]
+    groups = (-(-J // rows.nr), I, batch)
+    _check_grid(groups, device)
+    unit = variants.quant_unit(device, QSUB.get(qt, 32))
+    dts = (x.binding.dtype, ids.binding.dtype if ids is not None else "", out.binding.dtype)
+    bias, res = epi.args(x)
+    return Dispatch(name, "matvec_q", _qspec(mode, dts, (rows.wg, rows.nr, epi.code, unit), qt),
+                    [x, w, ids or bias, out, res], [], groups, writes=[3])
+
+
+def _tiled_q(name: str, ta: TensorArg, tw: TensorArg, to: TensorArg, program: SplitProgram, device: Any, op: str,
+             epi: Epilogue) -> Dispatch:
+    """matmul_q_lanes.comp (a lane block) or matmul_q.comp (a shared-memory tile, the weights
+    dequantized into it), as the tuning or the device profile picks."""
+    M, N, batch = ta.shape[2], to.shape[3], to.shape[0] * to.shape[1]
+    qt = tw.binding.dtype
+    mode = 1 if _vec_ok(ta, 3) else 0
+    v = variants.pick_quant(op, program.tuning, device, (M, N), QSUB.get(qt, 32))
+    dts = (ta.binding.dtype, "", to.binding.dtype)
+    bias, res = epi.args(ta)
+    if isinstance(v, variants.Lanes):
+        groups = (-(-N // (v.wg * v.tn)), -(-M // v.tm), batch)
+        shader, spec = "matmul_q_lanes", _qspec(mode, dts, (v.wg, v.tm, v.tn, epi.code), qt)
+    else:
+        groups = (-(-N // v.bn), -(-M // v.bm), batch)
+        shader, spec = "matmul_q", _qspec(mode, dts, (v.wg, v.bm, v.bn, v.bk), qt, (v.tm, v.tn, epi.code))
+    _check_grid(groups, device)
+    return Dispatch(name, shader, spec, [ta, tw, to, bias, res], [], groups, writes=[2])
+
+
+DEQUANT_WG = 256  # dequant.comp's local size; each invocation writes four weights
+
+
+def _dequant_dispatch(name: str, tw: TensorArg, ti: TensorArg | None, to: TensorArg, device: Any) -> Dispatch:
+    """dequant.comp: `tw`'s blocks (rows `ti` picks, for get_rows) as f32 weights into `to`."""
+    if to.binding.dtype != "f32":  # the op rules make these outputs f32; the shader writes f32 words
+        raise Unsupported(f"dequantized output of dtype {to.binding.dtype}")
+    n4 = -(-_numel(to.shape) // 4)
+    dts = ("f32", ti.binding.dtype if ti is not None else "", to.binding.dtype)
+    return Dispatch(name, "dequant", _qspec(0 if ti is None else 1, dts, (), tw.binding.dtype), [tw, ti or tw, to], [],
+                    grid(-(-n4 // DEQUANT_WG), device), writes=[2])
+
+
+@lowering("dequantize")
+def _dequantize(node, program, device):
+    return [_dequant_dispatch(node.name, arg4(_b(program, node.srcs[0])), None, arg4(_b(program, node)), device)]
 
 
 @lowering("layer_norm", "rms_norm", "softmax", "norm_affine")
@@ -562,6 +655,8 @@ def _top_k(node, program, device):
 def _get_rows(node, program, device):
     table, idx = (_b(program, s) for s in node.srcs)
     out = _b(program, node)
+    if is_quant(table.dtype):
+        return [_dequant_dispatch(node.name, arg4(table), arg(idx), arg4(out), device)]
     return [Dispatch(node.name, "get_rows", _spec(0, table.dtype, idx.dtype, out.dtype), [arg(table), arg(idx), arg(out)],
                      [], elementwise_grid(_numel(out.shape), device), writes=[2])]
 
@@ -645,11 +740,13 @@ def _mul_mat_id(node, program, device):
     w, x, ids = (_b(program, s) for s in node.srcs)
     out = _b(program, node)
     T, k, N = out.shape
-    K = w.shape[-1]
+    K = x.shape[-1]
     if len(x.shape) == 2:
         tx = arg(x, (1, T, k, K), (0, x.strides[0], 0, x.strides[1]))
     else:
         tx = arg(x, (1, T, k, K), (0,) + tuple(x.strides))
+    if is_quant(w.dtype):  # quantized experts: decode-sized, one (token, slot) pair per workgroup row
+        return [_matvec_q(node.name, tx, arg4(w), arg4(out), arg4(ids), program, device, "mul_mat_id")]
     if T * k >= MMID_TILED_MIN_PAIRS:  # many routed rows: experts' weights staged once per tile of rows
         try:
             return [_tiled(node.name, arg4(w), tx, arg4(out), program, device, "mul_mat_id", ids=arg4(ids))]
@@ -663,15 +760,17 @@ def _mul_mat_id(node, program, device):
 # op -> allowed dtypes per source position (the last entry repeats for extra sources)
 SRC_DTYPES: dict[str, tuple[tuple[str, ...], ...]] = {
     **{op: (FLOAT_IN,) for op in (*BINARY, "scale", *UNARY, "layer_norm", "rms_norm", "softmax",
-                                  *REDUCE, "top_k", "matmul")},
+                                  *REDUCE, "top_k")},
+    "matmul": (FLOAT_IN, FLOAT_IN + QUANT),  # quantized b: transpose_b only (the core refuses the rest)
     **{op: (ANY,) for op in (*VIEW_OPS, "contiguous", "cast", "concat", "pad", "copy_into")},
-    "get_rows": (("f32", "f16"), INDEX),
+    "get_rows": (("f32", "f16", *QUANT), INDEX),
+    "dequantize": (QUANT,),
     "gather": (FLOAT_IN, INDEX),
     "rope": (FLOAT_IN, INDEX),
     "conv1d": (FLOAT_IN,),
-    "mul_mat_id": (("f32", "f16"), ("f32", "f16"), INDEX),
+    "mul_mat_id": (("f32", "f16", *QUANT), ("f32", "f16"), INDEX),
     "set_rows": (ANY, INDEX, ANY),
-    "linear": (FLOAT_IN, FLOAT_IN, ("f32",)),  # bias and residual: f32 (flare.core.ops.fused)
+    "linear": (FLOAT_IN, FLOAT_IN + QUANT, ("f32",)),  # bias and residual: f32 (flare.core.ops.fused)
     "norm_affine": (FLOAT_IN, ("f32",)),
     "attention": (FLOAT_IN, FLOAT_IN, FLOAT_IN, ("f32", "f16")),
     "lstm": (("f32",),),

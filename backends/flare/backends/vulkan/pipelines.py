@@ -32,6 +32,7 @@ SHADERS: dict[str, int] = {
     "eltwise": 3, "eltwise_chain": 6, "copy": 3, "matmul": 5, "matmul_generic": 5, "matvec": 5, "rownorm": 4, "reduce": 2,
     "get_rows": 3, "set_rows": 3, "gather": 3, "rope": 3, "conv1d": 3, "top_k": 2, "mul_mat_id": 4, "attention": 5,
     "lstm": 5, "matmul_lanes": 5,
+    "dequant": 3, "matvec_q": 5, "matmul_q": 5, "matmul_q_lanes": 5,  # block-quantized weights (quant.glsl)
 }
 
 

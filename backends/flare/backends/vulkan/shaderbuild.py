@@ -18,7 +18,9 @@ from pathlib import Path
 
 SHADER_DIR = Path(__file__).resolve().parent / "shaders"
 MANIFEST = SHADER_DIR / "manifest.json"
-INCLUDES = ("common.glsl", "wg_reduce.glsl")
+INCLUDES = ("common.glsl", "wg_reduce.glsl")  # hashed for every shader
+# hashed only for the shaders that #include them (so adding one leaves the other hashes valid)
+OPTIONAL_INCLUDES = ("quant.glsl",)
 GLSLC_FLAGS = ("-O", "--target-env=vulkan1.1")
 
 
@@ -36,9 +38,11 @@ def shader_names() -> list[str]:
 
 
 def source_hash(name: str) -> str:
-    """sha256 over the shader's .comp and the shared includes (what its .spv is built from)."""
+    """sha256 over the shader's .comp, the shared includes and the optional ones it includes (what its .spv is built from)."""
     h = hashlib.sha256()
-    for part in (f"{name}.comp", *INCLUDES):
+    source = (SHADER_DIR / f"{name}.comp").read_text()
+    optional = tuple(inc for inc in OPTIONAL_INCLUDES if f'#include "{inc}"' in source)
+    for part in (f"{name}.comp", *INCLUDES, *optional):
         h.update(part.encode() + b"\0" + (SHADER_DIR / part).read_bytes() + b"\0")
     return h.hexdigest()
 

@@ -154,6 +154,26 @@ def pick_tile(device: Any, shape: tuple[int, int]) -> Tile:
     return tile if fits(tile, device.info) else MATMUL["t16"]
 
 
+def pick_quant(op: str, tuning: Mapping[str, str], device: Any, shape: tuple[int, int], qsub: int) -> Tile | Lanes:
+    """The matmul variant for quantized weights (matmul_q.comp for a Tile, matmul_q_lanes.comp for
+    Lanes): as `pick`, but a tile's k-step must stay inside one scale's sub-block of `qsub`
+    weights (it dequantizes BK weights of a column with one scale), else the `t16` tile."""
+    v = pick(op, tuning, device, shape=shape)
+    if isinstance(v, Tile) and (qsub % v.bk or not fits(v, device.info)):
+        v = MATMUL["t16"]
+    return v
+
+
+# weights per invocation step of matvec_q.comp: a whole sub-block on CPU drivers (one scale read
+# per sub-block and row; lavapipe pays per load), 8 on GPUs (more invocations share a row of K)
+QUANT_UNIT_GPU = 8
+
+
+def quant_unit(device: Any, qsub: int) -> int:
+    """UNIT of matvec_q.comp for a block type with `qsub` weights per scale."""
+    return qsub if device.kernel_profile == "cpu" else min(QUANT_UNIT_GPU, qsub)
+
+
 def names(op: str) -> tuple[str, ...]:
     """The variant names a tuning profile may give for `op` on Vulkan."""
     return tuple(TABLES.get(op, {}))
