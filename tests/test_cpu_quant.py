@@ -1,6 +1,7 @@
 """The native CPU executor's block-quantized kernels (native/quant.c) on every instruction set.
 
-quant.c picks its dot products at run time (portable C, AVX2, AVX-512 VNNI); the
+quant.c picks its dot products at run time (and products of up to QUANT_FLOAT_MAX_ROWS
+activation rows take float activations instead of 8-bit ones) (portable C, AVX2, AVX-512 VNNI); the
 conformance suite only sees the best one this CPU has. Here every quantized case
 runs under each ISA the CPU offers, against the gguf.quants reference (QUANT_DOT,
 see quant_cases.py), and the integer-exact parts are checked directly: the
@@ -36,8 +37,12 @@ def isa(request):
     NATIVE.lib.flare_quant_isa(0)
 
 
+@pytest.mark.parametrize("activations", ["int8", "float"])
 @pytest.mark.parametrize("case", QUANT_CASE_IDS, ids=[c.id for c in QUANT_CASE_IDS])
-def test_quantized_case_on_each_isa(isa, case):
+def test_quantized_case_on_each_isa(isa, case, activations, monkeypatch):
+    """Both activation paths (8-bit integer dots; float, which decode-sized products take by
+    default), forced for every shape."""
+    monkeypatch.setenv("FLARE_CPU_QUANT_ACTIVATIONS", activations)
     inputs, want = case_expected(case)
     with Session(["cpu"]) as sess:
         pg = sess.prepare({"full": case_entry(case)}, {"full": {k: v.shape for k, v in inputs.items()}})

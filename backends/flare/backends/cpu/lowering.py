@@ -265,6 +265,25 @@ def _quant(w: np.ndarray) -> tuple[int, int, int, int] | None:
     return t.ggml_type, k, w.strides[-2] if w.ndim > 1 else w.nbytes, act
 
 
+# Which activations quantized products take: "int8" rounds them to 8 bits per block for integer
+# dot products (ggml's scheme, the default: fastest, ~0.4% noise per output, see
+# quant_cases.QUANT_DOT); "float" dequantizes each weight row and multiplies in float (no rounding
+# of its own: the dequantized-weights reference exactly, but today 6x slower at decode).
+# FLARE_CPU_QUANT_ACTIVATIONS chooses (read when a split is compiled); figures in
+# backends/flare/backends/cpu/README.md.
+QUANT_ACTIVATIONS = ("int8", "float")
+
+
+def quant_activations(setting: str | None) -> str:
+    import os
+    value = (setting or os.environ.get("FLARE_CPU_QUANT_ACTIVATIONS") or "int8").strip().lower()
+    return value if value in QUANT_ACTIVATIONS else "int8"
+
+
+def _float_activations(k: int) -> bool:
+    return quant_activations(None) == "float" and k <= 65536
+
+
 def _qmatmul(node, out, srcs):
     a, w = srcs
     q = _quant(w)
@@ -275,8 +294,9 @@ def _qmatmul(node, out, srcs):
     m, n = out.shape[-2:]
     ast = bcast4(a, (*out.shape[:-2], m, k))
     rows = int(np.prod(out.shape[:-1]))   # every activation row of every batch, quantized once
+    fp = _float_activations(k)
     return [cmd("qmatmul", out, [a, w], pad4(out.shape, 1), pad4(estrides(out), 0), [ast],
-                ip=(qtype, k, wrb, xrb), scratch=rows * xrb)]
+                ip=(qtype, k, wrb, xrb, int(fp)), scratch=0 if fp else rows * xrb)]
 
 
 @translator("dequantize")
@@ -463,11 +483,12 @@ def _mul_mat_id(node, out, srcs):
         if q is None or not _f32(out, x) or x.strides[-1] != 4 or not out.flags.c_contiguous:
             return None
         t, kk = ids.shape
+        fp = _float_activations(q[1])
         xst = estrides(x)
         xs = [0, xst[0], 0, 1] if x.ndim == 2 else [0, xst[0], xst[1], 1]
         return [cmd("mul_mat_id_q", out, [w, x, ids], [1, t, kk, out.shape[-1]], [0, *estrides(out)],
                     [[0, 0, 0, 0], xs, [0, *estrides(ids), 0]],
-                    ip=(q[0], q[1], q[2], q[3], w.shape[0], 0, w.strides[0]), scratch=t * kk * q[3])]
+                    ip=(q[0], q[1], q[2], q[3], w.shape[0], int(fp), w.strides[0]), scratch=0 if fp else t * kk * q[3])]
     if not _f32(out, w, x) or w.strides[2] != 4 or x.strides[-1] != 4 or not out.flags.c_contiguous:
         return None
     e, n, k = w.shape

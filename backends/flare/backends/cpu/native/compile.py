@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from flare.core.backend import SplitProgram
-from flare.core.dtypes import is_quant
 from flare.core.graph import WEIGHT
 from flare.core.ops import OPS
 

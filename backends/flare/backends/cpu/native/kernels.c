@@ -957,7 +957,9 @@ static void k_lstm(const flare_cmd *c) {
 
 /* ---- block-quantized weights (quant.h) ----------------------------------------------------
  * ip[0] is the weight's ggml type, ip[1] K (weights per row), ip[2] bytes per weight row,
- * ip[3] bytes per quantized activation row. The products run in two phases: the activation
+ * ip[3] bytes per quantized activation row (qmatmul: ip[4], mul_mat_id_q: ip[5] = float activations:
+ * each weight row dequantized, then float multiply-adds, for the few rows of a decode step). The
+ * integer products run in two phases: the activation
  * rows are quantized into the scratch (phase 0, split by rows), then the weight rows meet them
  * (phase 1, split by weight rows). Every output element is one dot product computed whole by
  * one chunk, so results do not depend on the thread count. */
@@ -969,6 +971,14 @@ static int qmatmul_phase(const flare_cmd *c, int ph, int64_t b, int64_t e) {
     const int32_t type = (int32_t)c->ip[0];
     const int64_t B1 = c->ne[1], M = c->ne[2], K = c->ip[1], wrb = c->ip[2], xrb = c->ip[3];
     char *xq = (char *)c->scratch;
+    if (c->ip[4]) {   /* float activations (ip[4]): nothing to quantize; phase 1 only */
+        if (ph == 0) return 0;
+        float wrow[K];
+        for (int64_t i0 = 0; i0 < c->ne[0]; ++i0) for (int64_t i1 = 0; i1 < B1; ++i1)
+            flare_qmatmul_rows_f32(type, c->src[1], wrb, K, (const float *)c->src[0] + i0 * c->ss[0][0] + i1 * c->ss[0][1],
+                                   c->ss[0][2], M, wrow, (float *)c->out + i0 * c->os[0] + i1 * c->os[1], c->os[2], b, e);
+        return 0;
+    }
     if (ph == 0) {
         for (int64_t r = b; r < e; ++r) {
             const int64_t i0 = r / (B1 * M), i1 = r / M % B1, m = r % M;
@@ -1016,21 +1026,28 @@ static int k_get_rows_q(const flare_cmd *c, int64_t ob, int64_t oe) {
 static int mul_mat_id_q_phase(const flare_cmd *c, int ph, int64_t b, int64_t e) {
     const int32_t type = (int32_t)c->ip[0];
     const int64_t kk = c->ne[2], N = c->ne[3], K = c->ip[1], wrb = c->ip[2], xrb = c->ip[3], E = c->ip[4];
+    const int fp = (int)c->ip[5];   /* float activations */
     const int32_t *ids = (const int32_t *)c->src[2];
     char *xq = (char *)c->scratch;
     if (ph == 0) {
         for (int64_t q = b; q < e; ++q) {
             const int32_t x = ids[q / kk * c->ss[2][1] + q % kk * c->ss[2][2]];
             if (x < 0 || x >= E) return ERR_INDEX;
-            flare_qact_quantize_row(type, (const float *)c->src[1] + q / kk * c->ss[1][1] + q % kk * c->ss[1][2],
-                                    xq + q * xrb, K);
+            if (!fp)
+                flare_qact_quantize_row(type, (const float *)c->src[1] + q / kk * c->ss[1][1] + q % kk * c->ss[1][2],
+                                        xq + q * xrb, K);
         }
         return 0;
     }
+    float wrow[fp ? K : 1];
     for (int64_t q = 0; q < c->ne[1] * kk; ++q) {
         const int32_t x = ids[q / kk * c->ss[2][1] + q % kk * c->ss[2][2]];
-        flare_qmatmul_rows(type, (const char *)c->src[0] + x * c->ip[6], wrb, K, xq + q * xrb, xrb, 1,
-                           (float *)c->out + q * N, N, b, e);
+        const char *w = (const char *)c->src[0] + x * c->ip[6];
+        if (fp)
+            flare_qmatmul_rows_f32(type, w, wrb, K, (const float *)c->src[1] + q / kk * c->ss[1][1] + q % kk * c->ss[1][2],
+                                   K, 1, wrow, (float *)c->out + q * N, N, b, e);
+        else
+            flare_qmatmul_rows(type, w, wrb, K, xq + q * xrb, xrb, 1, (float *)c->out + q * N, N, b, e);
     }
     return 0;
 }

@@ -8,7 +8,7 @@
 
 /* Dequantization must equal ggml's bit for bit: no fused multiply-add contraction here. */
 #pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
+#pragma GCC optimize("O3", "fp-contract=off", "tree-vectorize")
 
 #define QK 32
 #define QK_K 256
@@ -319,6 +319,34 @@ static vec_dot_t vec_dot_for(int32_t type) {
     case FLARE_Q4_K: return dot_q4_k_c; case FLARE_Q6_K: return dot_q6_k_c;
     }
     return 0;
+}
+
+/* Float activations: each weight row is dequantized (bit for bit as above) into a buffer of
+ * `k` floats and meets every activation row in float multiply-adds. No activation rounding,
+ * so no QUANT_DOT error; for a few rows (decode) the weights stream from memory either way
+ * and this costs about what the integer path does. Auto-vectorized for AVX2/AVX-512 at load. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+__attribute__((target_clones("default", "avx2", "avx512f")))
+#endif
+static float fdot(const float *a, const float *b, int64_t k) {
+    float acc[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16)
+        for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
+    float s = 0.0f;
+    for (; i < k; ++i) s += a[i] * b[i];
+    for (int j = 0; j < 16; ++j) s += acc[j];
+    return s;
+}
+
+void flare_qmatmul_rows_f32(int32_t type, const void *w, int64_t w_row_bytes, int64_t k,
+                            const float *x, int64_t ldx, int64_t m, float *wrow,
+                            float *out, int64_t ldo, int64_t r0, int64_t r1) {
+    const char *wb = (const char *)w;
+    for (int64_t r = r0; r < r1; ++r) {
+        flare_dequantize_row(type, wb + r * w_row_bytes, wrow, k);
+        for (int64_t j = 0; j < m; ++j) out[j * ldo + r] = fdot(wrow, x + j * ldx, k);
+    }
 }
 
 void flare_qmatmul_rows(int32_t type, const void *w, int64_t w_row_bytes, int64_t k,

@@ -30,6 +30,11 @@ void flare_qact_quantize_row(int32_t type, const float *x, void *xq, int64_t k);
 void flare_qmatmul_rows(int32_t type, const void *w, int64_t w_row_bytes, int64_t k,
                         const void *xq, int64_t xq_row_bytes, int64_t m,
                         float *out, int64_t ldo, int64_t r0, int64_t r1);
+/* The same product with float activations (x rows ldx floats apart, unit stride), no rounding of
+ * x: each weight row is dequantized into `wrow` (k floats of scratch, one per thread) first. */
+void flare_qmatmul_rows_f32(int32_t type, const void *w, int64_t w_row_bytes, int64_t k,
+                            const float *x, int64_t ldx, int64_t m, float *wrow,
+                            float *out, int64_t ldo, int64_t r0, int64_t r1);
 /* One row of k weights to floats, bit for bit as ggml (and gguf.quants) dequantize. */
 void flare_dequantize_row(int32_t type, const void *w, float *y, int64_t k);
 /* Which dot-product code runs: want 0 = the best this CPU has, 1 = portable C, 2 = AVX2,
