@@ -46,6 +46,7 @@ class GgufWorkload(Workload):
     tolerance = 1e-3
     default_requests = 2
     entries_separable = False
+    threads_supported = True
     options = {
         "target": Option(str, "smollm2", "a named GGUF model (smollm2) or a .gguf path", shapes_requests=True),
         "prompt_tokens": Option(int, 128, "prompt tokens per request", minimum=1, shapes_requests=True),

@@ -92,6 +92,13 @@ def flare_bench_workloads() -> list:
 
 
 @hookimpl(optionalhook=True)
+def flare_bench_peers() -> list:
+    from .llamacpp import LLAMACPP
+
+    return [LLAMACPP]
+
+
+@hookimpl(optionalhook=True)
 def flare_export_adapters() -> list:
     from flare.plugins.export.adapters import AdapterSpec
 
