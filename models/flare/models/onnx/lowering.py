@@ -50,12 +50,13 @@ def attributes(node: Any) -> dict[str, Any]:
 
 def fold(tr: Any, node: Any, ins: list) -> list:
     """Evaluate a node of constants on the host with onnx.reference (the file's own semantics)."""
+    from onnx.reference import ReferenceEvaluator
     from onnx.reference.ops import load_op
 
     try:
         cls = load_op(node.domain, node.op_type, tr.opset if node.domain in ("", "ai.onnx") else None)
         run_params = {"log": lambda *a: None, "opsets": {"": tr.opset}, "verbose": 0, "new_ops": None,
-                      "existing_functions": {}, "evaluator_cls": None}
+                      "existing_functions": {}, "evaluator_cls": ReferenceEvaluator}
         op = cls(node, run_params)
         res = op.run(*[None if v is None else v.const for v in ins])
     except OnnxError:
@@ -922,3 +923,10 @@ def _host(tr, node, ins):
 
 for _op in ("NonZero", "Unique", "Compress"):
     HOST_STEPS[_op] = _host
+
+
+@lowers("If")
+def _if(tr, node, ins, attrs):
+    """The branch the condition picks, inlined (the condition is read on the host when computed)."""
+    cond = bool(np.asarray(tr.c(ins[0])).reshape(-1)[0])
+    return tr.run_branch(attrs["then_branch" if cond else "else_branch"])

@@ -67,6 +67,17 @@ def check_supported(model: OnnxModel) -> None:
         raise UnsupportedOpError(f"{model.path}: unsupported ONNX op(s): {listed}")
 
 
+def expand(model: OnnxModel) -> OnnxModel:
+    """The model with function ops the lowering table lacks inlined (see functions.py)."""
+    from .functions import expand_functions
+    from .lowering import HOST_STEPS, LOWERINGS
+
+    proto = expand_functions(model.proto, model.opset, set(LOWERINGS) | set(HOST_STEPS))
+    if proto is model.proto:
+        return model
+    return OnnxModel(proto, model.path, model.opset, model.initializers)
+
+
 class Segment:
     """One traced Flare graph: its tensors in order, outputs, and the feeds of its inputs."""
 
@@ -95,6 +106,16 @@ class Segment:
         return build
 
 
+def _names_read(node: Any) -> set[str]:
+    """Every value a node reads, including those its subgraphs (If branches) read from outside."""
+    names = {n for n in node.input if n}
+    for a in node.attribute:
+        for g in list(a.g and [a.g] or []) + list(a.graphs):
+            for inner in g.node:
+                names |= _names_read(inner)
+    return names
+
+
 def _structure_key(tensors: list[Tensor], outputs: Mapping[str, Tensor], digests: Mapping[str, str]) -> str:
     h = hashlib.blake2b(digest_size=20)
     index = {t.id: i for i, t in enumerate(tensors)}
@@ -114,6 +135,7 @@ class OnnxRunner:
     """An imported model on a Session: `run(inputs) -> outputs` (ONNX names, shapes, dtypes)."""
 
     def __init__(self, model: OnnxModel, session: Any, *, cache_size: int = CACHE_SIZE):
+        model = expand(model)
         check_supported(model)
         self.model = model
         self.session = session
@@ -193,7 +215,7 @@ class Tracer:
         self.nodes = nodes
         self.last_use: dict[str, int] = {}
         for i, node in enumerate(nodes):
-            for name in node.input:
+            for name in _names_read(node):
                 self.last_use[name] = i
         for name in self.model.output_names:
             self.last_use[name] = len(nodes) + 1
@@ -216,7 +238,7 @@ class Tracer:
         """Run the current segment; its live values (and `extra`) become host arrays."""
         wanted = {v.name: v for v in extra if v.tensor is not None}
         for name, v in self.live_tensors.items():
-            if v.tensor is not None and self.last_use.get(name, -1) > self.position:
+            if v.tensor is not None and self.last_use.get(name, -1) >= self.position:
                 wanted[name] = v
         if wanted:
             outputs = {}
@@ -283,42 +305,10 @@ class Tracer:
 
     # -- the walk ----------------------------------------------------------------
     def run(self) -> dict[str, np.ndarray]:
-        from .lowering import HOST_STEPS, LOWERINGS, attributes, fold
-
         self.runner.last_segments = []
         for i, node in enumerate(self.nodes):
             self.position = i
-            ins = [self.env[n] if n else None for n in node.input]
-            label = node.name or f"#{i} ({node.op_type})"
-            try:
-                if node.op_type not in NO_FOLD and all(v is None or (v.const is not None and not v.runtime) for v in ins) \
-                        and node.op_type not in HOST_STEPS:
-                    outs = fold(self, node, ins)
-                    self.runner.stats["folded"] += 1
-                elif node.op_type in HOST_STEPS:
-                    outs = HOST_STEPS[node.op_type](self, node, ins)
-                else:
-                    fn = LOWERINGS.get(node.op_type)
-                    if fn is None or node.domain not in DEFAULT_DOMAINS:
-                        raise UnsupportedOpError(f"unsupported ONNX op {node.op_type}")
-                    outs = fn(self, node, ins, attributes(node))
-            except (OnnxError,) as exc:
-                raise type(exc)(f"{self.model.path}: node {label!r} ({node.op_type}): {exc}") from None
-            except Exception as exc:
-                from flare.core.errors import FlareError
-                if isinstance(exc, FlareError):
-                    raise OnnxError(f"{self.model.path}: node {label!r} ({node.op_type}): {exc}") from None
-                raise
-            if len(outs) < len([o for o in node.output if o]):
-                raise OnnxError(f"{self.model.path}: node {label!r} ({node.op_type}): produced {len(outs)} outputs, "
-                                f"the node names {len(node.output)}")
-            for name, v in zip(node.output, outs):
-                if not name or v is None:
-                    continue
-                v.name = name
-                self.env[name] = v
-                if v.tensor is not None:
-                    self.live_tensors[name] = v
+            self.step(node, node.name or f"#{i} ({node.op_type})")
         self.position = len(self.nodes)
         final = [self.env[n] for n in self.model.output_names]
         if any(v.tensor is not None for v in final):
@@ -326,3 +316,54 @@ class Tracer:
             self._close_segment(tuple(v for v in final))
         return {n: np.asarray(self.env[n].const).reshape(self.env[n].shape).astype(self.env[n].dtype, copy=False)
                 for n in self.model.output_names}
+
+    def step(self, node: Any, label: str) -> None:
+        """Fold, lower or host-run one node and bind its outputs (also for the nodes of an If branch)."""
+        from .lowering import HOST_STEPS, LOWERINGS, attributes, fold
+
+        ins = [self.env[n] if n else None for n in node.input]
+        try:
+            if node.op_type not in NO_FOLD and node.op_type not in HOST_STEPS and node.op_type != "If" \
+                    and all(v is None or (v.const is not None and not v.runtime) for v in ins):
+                outs = fold(self, node, ins)
+                self.runner.stats["folded"] += 1
+            elif node.op_type in HOST_STEPS:
+                outs = HOST_STEPS[node.op_type](self, node, ins)
+            else:
+                fn = LOWERINGS.get(node.op_type)
+                if fn is None or node.domain not in DEFAULT_DOMAINS:
+                    raise UnsupportedOpError(f"unsupported ONNX op {node.op_type}")
+                outs = fn(self, node, ins, attributes(node))
+        except OnnxError as exc:
+            raise type(exc)(f"{self.model.path}: node {label!r} ({node.op_type}): {exc}") from None
+        except Exception as exc:
+            from flare.core.errors import FlareError
+            if isinstance(exc, FlareError):
+                raise OnnxError(f"{self.model.path}: node {label!r} ({node.op_type}): {exc}") from None
+            raise
+        if len(outs) < len([o for o in node.output if o]):
+            raise OnnxError(f"{self.model.path}: node {label!r} ({node.op_type}): produced {len(outs)} outputs, "
+                            f"the node names {len(node.output)}")
+        for name, v in zip(node.output, outs):
+            if not name or v is None:
+                continue
+            v.name = name
+            self.env[name] = v
+            self.last_use.setdefault(name, self.position)  # a branch's inner values live while its If runs
+            if v.tensor is not None:
+                self.live_tensors[name] = v
+
+    def run_branch(self, graph: Any) -> list[Val]:
+        """The nodes of an If branch, in this trace (outer values visible), and its outputs."""
+        from .loader import read_tensor
+
+        for t in graph.initializer:
+            arr = read_tensor(t, None, self.model.path)
+            self.env[t.name] = Val(t.name, tuple(arr.shape), arr.dtype, const=arr, fixed=False)
+        for j, node in enumerate(graph.node):
+            self.step(node, f"{graph.name}/{node.name or j}")
+        out = []
+        for o in graph.output:
+            v = self.env[o.name]
+            out.append(Val("", v.shape, v.dtype, const=v.const, tensor=v.tensor, runtime=v.runtime, fixed=v.fixed))
+        return out
