@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import OnnxError
-from .values import BOOL, Val
+from .values import BOOL, MAX_RANK, Val, flare_shape
 
 F32 = np.dtype(np.float32)
 I64 = np.dtype(np.int64)
@@ -25,6 +25,8 @@ I32 = np.dtype(np.int32)
 INTS = (I32, I64)
 Lowering = Callable[..., list]
 LOWERINGS: dict[str, Lowering] = {}
+# ops that take *wide* values (rank > 4, held contiguously in a merged Flare shape: values.flare_shape)
+WIDE_OK = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Identity", "Shape", "Size", "Dropout"}
 HOST_STEPS: dict[str, Callable[..., list]] = {}
 
 
@@ -524,7 +526,7 @@ def _range(tr, node, ins, attrs):
 def _reshape_to(tr, x: Val, shape: tuple[int, ...]) -> list:
     if x.is_const and not x.runtime:
         return [cval(np.asarray(x.const).reshape(shape))]
-    return [tr.val(tr.op("reshape", tr.t(x), shape=list(shape) or [1]), shape, x.dtype)]
+    return [tr.val(tr.op("reshape", tr.t(x), shape=list(flare_shape(shape))), shape, x.dtype)]
 
 
 @lowers("Reshape")
@@ -686,8 +688,33 @@ def _expand(tr, node, ins, attrs):
     x = ins[0]
     shape = tuple(np.broadcast_shapes(x.shape, tuple(_ints(tr, ins[1]))))
     t = tr.t(x)
-    fshape = list(shape) or [1]
-    return [tr.val(tr.op("expand", t, shape=fshape), shape, x.dtype)]
+    if len(shape) <= MAX_RANK:
+        if len(x.shape) > MAX_RANK:
+            raise OnnxError(f"expand of a rank-{len(x.shape)} value to rank {len(shape)}")
+        return [tr.val(tr.op("expand", t, shape=list(shape) or [1]), shape, x.dtype)]
+    src_m, out_m = merged_broadcast((1,) * (len(shape) - len(x.shape)) + tuple(x.shape), shape)
+    if len(out_m) > MAX_RANK:
+        raise OnnxError(f"expand {x.shape} -> {shape} needs rank {len(out_m)} even with axes merged")
+    t = tr.op("reshape", t, shape=list(src_m))
+    return [tr.val(tr.op("expand", t, shape=list(out_m)), shape, x.dtype)]
+
+
+def merged_broadcast(src: tuple[int, ...], out: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Merge neighbouring axes that broadcast alike (both kept, or both repeated) so a wide
+    broadcast fits in fewer axes; size-1 output axes merge with anything."""
+    groups: list[list[int]] = []  # [src size, out size, status]
+    for s, o in zip(src, out):
+        if o == 1:
+            continue
+        status = "k" if s == o else "b"
+        if groups and groups[-1][2] == status:
+            groups[-1][0] *= s
+            groups[-1][1] *= o
+        else:
+            groups.append([s, o, status])
+    if not groups:
+        return (1,), (1,)
+    return tuple(g[0] for g in groups), tuple(g[1] for g in groups)
 
 
 @lowers("Tile")
@@ -930,3 +957,8 @@ def _if(tr, node, ins, attrs):
     """The branch the condition picks, inlined (the condition is read on the host when computed)."""
     cond = bool(np.asarray(tr.c(ins[0])).reshape(-1)[0])
     return tr.run_branch(attrs["then_branch" if cond else "else_branch"])
+
+
+# elementwise ops: they take wide values whose operands share one shape (runner._same_shape_elementwise)
+ELEMENTWISE = set(_ARITH) | set(_COMPARE) | set(_UNARY) | {"Pow", "Mod", "Where", "Not", "IsNaN", "Cast", "CastLike",
+                                                            "Clip", "Min", "Max", "Sum", "Mean"}

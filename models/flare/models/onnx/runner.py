@@ -31,7 +31,7 @@ from flare.core.graph import INPUT, WEIGHT, GraphBuilder, Tensor
 
 from .errors import OnnxError, UnsupportedOpError
 from .loader import DEFAULT_DOMAINS, OnnxModel
-from .values import BOOL, Val, flare_dtype, flare_shape, from_flare_array, to_flare_array
+from .values import BOOL, Val, flare_dtype, flare_shape, from_flare_array, is_wide, to_flare_array
 
 ENTRY = "main"
 CACHE_SIZE = 16
@@ -104,6 +104,17 @@ class Segment:
             for name, t in outputs.items():
                 b.output(name, made[t.id])
         return build
+
+
+def _same_shape_elementwise(op_type: str, ins: list) -> bool:
+    """An elementwise op whose operands are one wide shape, or single elements: safe on merged shapes."""
+    from .lowering import ELEMENTWISE
+
+    if op_type not in ELEMENTWISE:
+        return False
+    shapes = {v.shape for v in ins if v is not None and int(np.prod(v.shape, dtype=np.int64)) != 1}
+    return len(shapes) <= 1 and all(v is None or len(v.shape) == max(len(s) for s in shapes) or
+                                    int(np.prod(v.shape, dtype=np.int64)) == 1 for v in ins)
 
 
 def _names_read(node: Any) -> set[str]:
@@ -319,10 +330,15 @@ class Tracer:
 
     def step(self, node: Any, label: str) -> None:
         """Fold, lower or host-run one node and bind its outputs (also for the nodes of an If branch)."""
-        from .lowering import HOST_STEPS, LOWERINGS, attributes, fold
+        from .lowering import HOST_STEPS, LOWERINGS, WIDE_OK, attributes, fold
 
         ins = [self.env[n] if n else None for n in node.input]
         try:
+            if node.op_type not in WIDE_OK and any(v is not None and is_wide(v.shape) and not v.is_const for v in ins) \
+                    and not _same_shape_elementwise(node.op_type, ins):
+                wide = next(v for v in ins if v is not None and is_wide(v.shape))
+                raise OnnxError(f"input {wide.name!r} has rank {len(wide.shape)}; Flare tensors have rank <= 4 "
+                                f"and only reshape-like ops and Expand take wider values")
             if node.op_type not in NO_FOLD and node.op_type not in HOST_STEPS and node.op_type != "If" \
                     and all(v is None or (v.const is not None and not v.runtime) for v in ins):
                 outs = fold(self, node, ins)

@@ -42,9 +42,24 @@ class Val:
         return self.const is not None
 
 
+MAX_RANK = 4
+
+
 def flare_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The Flare shape that holds an ONNX shape: scalars become (1,)."""
-    return tuple(shape) if len(shape) else (1,)
+    """The Flare shape that holds an ONNX shape: scalars become (1,); a *wide* shape
+    (rank > 4) is held contiguously with its size-1 axes dropped and, if still
+    too many, its leading axes merged (only reshape-like ops and Expand take
+    wide values; see lowering.WIDE_OK)."""
+    if len(shape) <= MAX_RANK:
+        return tuple(shape) if len(shape) else (1,)
+    dims = [d for d in shape if d != 1] or [1]
+    while len(dims) > MAX_RANK:
+        dims[:2] = [dims[0] * dims[1]]
+    return tuple(dims)
+
+
+def is_wide(shape: tuple[int, ...]) -> bool:
+    return len(shape) > MAX_RANK
 
 
 def flare_dtype(dtype: np.dtype, where: str) -> str:
