@@ -391,11 +391,14 @@ def _softmax(tr, node, ins, attrs):
     x = _need(ins[0], "input")
     rank = len(x.shape)
     t = tr.t(x)
-    if node.op_type == "Hardmax":
-        raise OnnxError("Hardmax is not supported")
     log = node.op_type == "LogSoftmax"
 
     def soft(u):
+        if node.op_type == "Hardmax":  # one-hot of the first maximum over the last axis
+            n = u.shape[-1]
+            idx = tr.op("arg_max", u, axis=-1, keepdims=True)
+            iota = tr.t(cval(np.arange(n, dtype=np.int32)))
+            return tr.op("cast", tr.op("equal", idx, iota), dtype="f32")
         s = tr.op("softmax", u)
         return tr.op("log", s) if log else s
 
@@ -909,8 +912,6 @@ def _norm_tail(tr, x, flat_shape, norm_op, eps, shape_after):
 @lowers("LayerNormalization", "RMSNormalization")
 def _layer_norm(tr, node, ins, attrs):
     x = _need(ins[0], "X")
-    if len(node.output) > 1 and any(node.output[1:]):
-        raise OnnxError("the Mean / InvStdDev outputs are not supported")
     rank = len(x.shape)
     axis = _axis(attrs.get("axis", -1), rank)
     inner = int(np.prod(x.shape[axis:], dtype=np.int64))
@@ -921,7 +922,15 @@ def _layer_norm(tr, node, ins, attrs):
     out = tr.op("mul", out, tr.t(ins[1]))
     if len(ins) > 2 and ins[2] is not None:
         out = tr.op("add", out, tr.t(ins[2]))
-    return [tr.val(out, x.shape, F32)]
+    result = [tr.val(out, x.shape, F32)]
+    if len(node.output) > 1 and any(node.output[1:]):  # the statistics, over the normalized axes
+        stat_shape = tuple(x.shape[:axis]) + (1,) * (rank - axis)
+        flat = tr.op("reshape", tr.t(x), shape=[outer, inner])
+        mean = tr.op("mean", flat, axis=-1, keepdims=True)
+        var = tr.op("mean", tr.op("sqr", tr.op("sub", flat, mean)), axis=-1, keepdims=True)
+        inv = tr.op("reciprocal", tr.op("sqrt", tr.op("scale", var, scale=1.0, bias=eps)))
+        result += [tr.val(mean, stat_shape, F32), tr.val(inv, stat_shape, F32)]
+    return result
 
 
 @lowers("InstanceNormalization")
@@ -962,3 +971,88 @@ def _if(tr, node, ins, attrs):
 # elementwise ops: they take wide values whose operands share one shape (runner._same_shape_elementwise)
 ELEMENTWISE = set(_ARITH) | set(_COMPARE) | set(_UNARY) | {"Pow", "Mod", "Where", "Not", "IsNaN", "Cast", "CastLike",
                                                             "Clip", "Min", "Max", "Sum", "Mean"}
+
+
+@lowers("OneHot")
+def _one_hot(tr, node, ins, attrs):
+    idx, depth_v, values = ins
+    depth = int(np.asarray(tr.c(depth_v)).reshape(-1)[0])
+    rank = len(idx.shape) + 1
+    axis = _axis(attrs.get("axis", -1), rank)
+    t = tr.t(idx)
+    if idx.dtype == F32:
+        t = tr.op("cast", t, dtype="i64")
+    elif idx.dtype == I32:
+        t = tr.op("cast", t, dtype="i64")
+    # negative indices count from the end (ONNX): i + depth where i < 0
+    wrapped = tr.op("where", tr.op("less", t, _full(tr, 0, np.int64)), tr.op("int_add", t, _full(tr, depth, np.int64)), t)
+    shape = list(idx.shape)
+    shape.insert(axis, 1)
+    col = tr.op("reshape", wrapped, shape=list(flare_shape(tuple(shape))))
+    iota_shape = [1] * rank
+    iota_shape[axis] = depth
+    iota = tr.t(cval(np.arange(depth, dtype=np.int64).reshape(iota_shape)))
+    hit = tr.op("equal", col, iota)
+    off_on = np.asarray(tr.c(values)).reshape(-1)
+    vd = values.dtype
+    out = tr.op("where", hit, _full(tr, off_on[1], vd), _full(tr, off_on[0], vd))
+    out_shape = tuple(idx.shape[:axis]) + (depth,) + tuple(idx.shape[axis:])
+    return [tr.val(out, out_shape, vd)]
+
+
+@lowers("IsInf")
+def _isinf(tr, node, ins, attrs):
+    x = _need(ins[0], "X")
+    t = tr.t(x)
+    pos = tr.op("equal", t, _full(tr, np.inf, np.float32))
+    neg = tr.op("equal", t, _full(tr, -np.inf, np.float32))
+    if not attrs.get("detect_positive", 1):
+        out = neg
+    elif not attrs.get("detect_negative", 1):
+        out = pos
+    else:
+        out = tr.op("logical_or", pos, neg)
+    return [tr.val(out, x.shape, BOOL)]
+
+
+@lowers("LpNormalization")
+def _lp_norm(tr, node, ins, attrs):
+    x = _need(ins[0], "input")
+    axis = _axis(attrs.get("axis", -1), len(x.shape))
+    p = int(attrs.get("p", 2))
+    t = tr.t(x)
+    if p == 1:
+        norm = tr.op("sum", tr.op("abs", t), axis=axis, keepdims=True)
+    else:
+        norm = tr.op("sqrt", tr.op("sum", tr.op("sqr", t), axis=axis, keepdims=True))
+    zero = _full(tr, 0.0, np.float32)
+    safe = tr.op("where", tr.op("equal", norm, zero), _full(tr, 1.0, np.float32), norm)
+    return [tr.val(tr.op("div", t, safe), x.shape, F32)]
+
+
+@lowers("LpPool", "GlobalLpPool")
+def _lp_pool(tr, node, ins, attrs):
+    x = _need(ins[0], "X")
+    p = float(attrs.get("p", 2))
+    nd = len(x.shape) - 2
+    if node.op_type == "GlobalLpPool":
+        t = tr.op("pow", tr.op("abs", tr.t(x)), _full(tr, p, np.float32))
+        t, shape = _reduce_chain(tr, t, x.shape, list(range(2, len(x.shape))), True, "sum")
+        return [tr.val(tr.op("pow", t, _full(tr, 1.0 / p, np.float32)), shape, F32)]
+    kernel = list(attrs["kernel_shape"])
+    strides = list(attrs.get("strides", [1] * nd))
+    dil = list(attrs.get("dilations", [1] * nd))
+    pads = _spatial_pads(attrs, x.shape[2:], kernel, strides, dil)
+    pp = [[0, 0], [pads[0], pads[1]]] if nd == 1 else [[pads[0], pads[2]], [pads[1], pads[3]]]
+    powed = tr.op("pow", tr.op("abs", _as_2d(tr, x)), _full(tr, p, np.float32))
+    avg = tr.op("avg_pool2d", powed, kernel=_pairs(kernel, nd, 1), strides=_pairs(strides, nd, 1),
+                dilations=_pairs(dil, nd, 1), pads=pp, ceil_mode=bool(attrs.get("ceil_mode", 0)),
+                count_include_pad=True)
+    total = tr.op("scale", avg, scale=float(np.prod(kernel)))
+    out = tr.op("pow", total, _full(tr, 1.0 / p, np.float32))
+    shape = tuple(out.shape) if nd == 2 else (out.shape[0], out.shape[1], out.shape[3])
+    return [tr.val(out, shape, F32)]
+
+
+for _op in ("NonMaxSuppression",):  # its output length is the number of boxes kept: data-dependent
+    HOST_STEPS[_op] = _host
