@@ -1056,3 +1056,61 @@ def _lp_pool(tr, node, ins, attrs):
 
 for _op in ("NonMaxSuppression",):  # its output length is the number of boxes kept: data-dependent
     HOST_STEPS[_op] = _host
+
+
+@lowers("Resize")
+def _resize(tr, node, ins, attrs):
+    """Resize as one constant matrix per resized axis (every ONNX mode is separable and linear:
+    nearest, linear, cubic, antialias), each matrix made by onnx's reference Resize on an
+    identity, plus the constant extrapolation term of tf_crop_and_resize."""
+    from onnx import helper
+
+    x = _need(ins[0], "X")
+    rank = len(x.shape)
+
+    def given(i):
+        if len(ins) > i and ins[i] is not None and int(np.prod(ins[i].shape, dtype=np.int64)) > 0:
+            return np.asarray(tr.c(ins[i]))
+        return None
+
+    roi, scales, sizes = given(1), given(2), given(3)
+    axes = [_axis(a, rank) for a in attrs.get("axes", range(rank))]
+    full = fold(tr, node, [cval(np.zeros(x.shape, np.float32))] + [None if v is None else cval(tr.c(v)) for v in ins[1:]])
+    out_shape = full[0].shape
+    keep = {k: v for k, v in attrs.items() if k not in ("axes", "keep_aspect_ratio_policy")}
+    t = tr.t(x)
+    shape = list(x.shape)
+    for j, a in enumerate(axes):
+        n, m = x.shape[a], out_shape[a]
+        if scales is not None:
+            s = float(scales[j])
+        elif attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+            s = float(m) / n
+            ratios = [float(sizes[k]) / x.shape[ax] for k, ax in enumerate(axes)]
+            s = min(ratios) if attrs["keep_aspect_ratio_policy"] == "not_larger" else max(ratios)
+        else:
+            s = None
+        roi2 = None if roi is None else np.array([0, roi[j], 1, roi[j + len(axes)]], np.float32)
+        names = ["X", "roi" if roi2 is not None else "", "scales" if s is not None else "", "" if s is not None else "sizes"]
+        probe = helper.make_node("Resize", names, ["Y"], **keep)
+        feeds = [None if roi2 is None else cval(roi2),
+                 None if s is None else cval(np.array([1.0, s], np.float32)),
+                 None if s is not None else cval(np.array([n, m], np.int64))]
+        eye = fold(tr, probe, [cval(np.eye(n, dtype=np.float32))] + feeds)[0].const
+        base = fold(tr, probe, [cval(np.zeros((1, n), np.float32))] + feeds)[0].const
+        if eye.shape[1] != m:
+            raise OnnxError(f"resize of axis {a}: {eye.shape[1]} outputs where the whole op gives {m}")
+        mat = (eye.astype(np.float64) - base.astype(np.float64)).T.astype(np.float32)  # [m, n]
+        if m == n and np.array_equal(mat, np.eye(n, dtype=np.float32)) and not base.any():
+            continue
+        perm = list(range(rank))
+        perm[a], perm[-1] = perm[-1], perm[a]
+        moved = tr.op("permute", t, axes=perm) if a != rank - 1 else t
+        moved = tr.op("matmul", moved, tr.t(cval(mat)), transpose_b=True)
+        if base.any():
+            moved = tr.op("add", moved, tr.t(cval(base.reshape(-1).astype(np.float32))))
+        t = tr.op("permute", moved, axes=perm) if a != rank - 1 else moved
+        shape[a] = m
+    if t is tr.t(x):
+        t = tr.op("contiguous", t)
+    return [tr.val(tr.op("contiguous", t) if t.view_of is not None else t, tuple(shape), F32)]
