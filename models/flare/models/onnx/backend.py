@@ -9,8 +9,9 @@ one backend class share one Session, closed by `close()`.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 from onnx.backend.base import Backend, BackendRep
@@ -41,38 +42,56 @@ class FlareRep(BackendRep):
 
 
 class FlareBackend(Backend):
-    """Flare as an ONNX backend on the devices of `DEVICES` (a session shared by its reps)."""
+    """Flare as an ONNX backend on the Flare devices of `DEVICES`.
+
+    Reps share one Session per device list (opening Vulkan is slow; the suite
+    prepares ~2,000 models); `using(devices)` switches the devices of later
+    `prepare` calls (the pytest matrix does, per backend), `close()` releases
+    every rep's graphs and then the sessions. Not for concurrent use: the suite
+    is sequential."""
 
     DEVICES: tuple[str, ...] = ("cpu",)
-    _session: Any = None
+    KEEP_REPS = 4  # reps whose prepared graphs stay alive; older ones are released
+    _sessions: dict = {}
     _reps: list = []
     _lock = threading.Lock()
 
     @classmethod
     def for_devices(cls, devices: Sequence[str]) -> type["FlareBackend"]:
-        """A backend class bound to these Flare devices, with a session of its own."""
-        return type(f"FlareBackend_{'_'.join(devices)}", (cls,), {"DEVICES": tuple(devices), "_session": None,
+        """A backend class bound to these Flare devices, with sessions of its own."""
+        return type(f"FlareBackend_{'_'.join(devices)}", (cls,), {"DEVICES": tuple(devices), "_sessions": {},
                                                                   "_reps": [], "_lock": threading.Lock()})
+
+    @classmethod
+    @contextlib.contextmanager
+    def using(cls, devices: Sequence[str]) -> Iterator[None]:
+        old = cls.DEVICES
+        cls.DEVICES = tuple(devices)
+        try:
+            yield
+        finally:
+            cls.DEVICES = old
 
     @classmethod
     def session(cls):
         with cls._lock:
-            if cls._session is None:
+            sess = cls._sessions.get(cls.DEVICES)
+            if sess is None:
                 from flare.core.session import Session
 
-                cls._session = Session(list(cls.DEVICES))
-            return cls._session
+                sess = cls._sessions[cls.DEVICES] = Session(list(cls.DEVICES))
+            return sess
 
     @classmethod
     def close(cls) -> None:
-        """Release every rep's graphs, then the session."""
+        """Release every rep's graphs, then the sessions."""
         with cls._lock:
             for rep in cls._reps:
                 rep.release()
             cls._reps = []
-            if cls._session is not None:
-                cls._session.close()
-                cls._session = None
+            for sess in cls._sessions.values():
+                sess.close()
+            cls._sessions = {}
 
     @classmethod
     def is_compatible(cls, model: Any, device: str = "CPU", **kwargs: Any) -> bool:
@@ -88,9 +107,8 @@ class FlareBackend(Backend):
         runner = OnnxRunner(onnx_model, cls.session(), cache_size=2)
         rep = FlareRep(runner)
         with cls._lock:
-            # keep only the last few reps' graphs alive: the suite prepares ~2000 models
             cls._reps.append(rep)
-            while len(cls._reps) > 4:
+            while len(cls._reps) > cls.KEEP_REPS:
                 cls._reps.pop(0).release()
         return rep
 
