@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import OnnxError
-from .values import BOOL, MAX_RANK, Val, flare_shape
+from .values import BOOL, MAX_RANK, Val, flare_shape, is_wide
 
 F32 = np.dtype(np.float32)
 I64 = np.dtype(np.int64)
@@ -26,7 +26,8 @@ INTS = (I32, I64)
 Lowering = Callable[..., list]
 LOWERINGS: dict[str, Lowering] = {}
 # ops that take *wide* values (rank > 4, held contiguously in a merged Flare shape: values.flare_shape)
-WIDE_OK = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Identity", "Shape", "Size", "Dropout"}
+WIDE_OK = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Identity", "Shape", "Size", "Dropout",
+           "BatchNormalization"}
 HOST_STEPS: dict[str, Callable[..., list]] = {}
 
 
@@ -257,10 +258,21 @@ def _activation(tr, node, ins, attrs):
     elif kind == "LeakyRelu":
         out = _where_pos(tr, t, t, tr.op("scale", t, scale=float(attrs.get("alpha", 0.01))), strict=False)
     elif kind == "PRelu":
-        slope = tr.t(_need(ins[1], "slope"))
+        sv = _need(ins[1], "slope")
+        slope = tr.t(sv)
+        try:
+            out_shape = _bshape(x, sv)
+        except OnnxError:  # a per-channel [C] slope over [N, C, ...] (as PyTorch exports it)
+            if len(sv.shape) != 1 or len(x.shape) < 2 or sv.shape[0] != x.shape[1]:
+                raise
+            slope = tr.op("reshape", slope, shape=[sv.shape[0]] + [1] * (len(flare_shape(x.shape)) - 2))
+            out_shape = x.shape
+        if is_wide(x.shape):
+            raise OnnxError(f"PRelu of a rank-{len(x.shape)} input")
         out = _where_pos(tr, t, t, tr.op("mul", t, slope), strict=False)
-        out = tr.op("expand", out, shape=list(_bshape(x, ins[1]) or (1,)))
-        return [tr.val(out, _bshape(x, ins[1]), F32)]
+        if tuple(out.shape) != flare_shape(out_shape):
+            out = tr.op("expand", out, shape=list(flare_shape(out_shape)))
+        return [tr.val(out, out_shape, F32)]
     elif kind in ("HardSigmoid", "HardSwish"):
         alpha = float(attrs.get("alpha", 0.2)) if kind == "HardSigmoid" else 1.0 / 6.0
         beta = float(attrs.get("beta", 0.5)) if kind == "HardSigmoid" else 0.5
@@ -743,8 +755,8 @@ def _pad(tr, node, ins, attrs):
         if len(ins) > 2 and ins[2] is not None and ins[2].shape != (0,):
             value = float(np.asarray(tr.c(ins[2])).reshape(-1)[0])
         axes = _ints(tr, ins[3]) if len(ins) > 3 and ins[3] is not None else list(range(rank))
-    if mode not in ("constant", "reflect"):
-        raise OnnxError(f"pad mode {mode!r} is not supported (constant, reflect)")
+    if mode not in ("constant", "reflect", "edge"):
+        raise OnnxError(f"pad mode {mode!r} is not supported (constant, reflect, edge)")
     axes = [_axis(a, rank) for a in axes]
     n = len(axes)
     pairs = [[0, 0] for _ in range(rank)]
@@ -756,7 +768,24 @@ def _pad(tr, node, ins, attrs):
         if lo < 0 or hi < 0:
             t, shape[a] = _slice_axis(tr, t, shape, a, max(0, -lo), shape[a] - max(0, -hi), 1)
             pairs[a] = [max(lo, 0), max(hi, 0)]
-    if any(lo or hi for lo, hi in pairs):
+    if mode == "edge":  # the edge row repeated: an expanded slice on each side
+        for a, (lo, hi) in enumerate(pairs):
+            parts = []
+            for width, at in ((lo, 0), (hi, shape[a] - 1)):
+                if width:
+                    edge = tr.op("slice", t, axis=a, start=at, stop=at + 1)
+                    target = list(flare_shape(tuple(shape)))
+                    target[a] = width
+                    parts.append(tr.op("expand", edge, shape=target))
+            if parts:
+                pieces = ([parts[0]] if lo else []) + [t] + ([parts[-1]] if hi else [])
+                t = pieces[0]
+                for p in pieces[1:]:
+                    t = tr.op("concat", t, p, axis=a)
+                shape[a] += lo + hi
+        if t is tr.t(x):
+            t = tr.op("contiguous", t)
+    elif any(lo or hi for lo, hi in pairs):
         t = tr.op("pad", t, pads=pairs, mode=mode, value=value)
         shape = [d + lo + hi for d, (lo, hi) in zip(shape, pairs)]
     else:
@@ -889,18 +918,18 @@ def _batch_norm(tr, node, ins, attrs):
     eps = float(attrs.get("epsilon", 1e-5))
     if attrs.get("training_mode", 0):
         raise OnnxError("training_mode=1 is not supported (inference only)")
-    rank = len(x.shape)
+    n, c = x.shape[0], x.shape[1]
+    rest = int(np.prod(x.shape[2:], dtype=np.int64))
+    t = tr.op("reshape", tr.t(x), shape=[n, c, rest])  # any rank (wide ones too) as [N, C, rest]
     if all(v.is_const and not v.runtime for v in (scale, bias, mean, var)):
         a = (scale.const.astype(np.float64) / np.sqrt(var.const.astype(np.float64) + eps))
         b = bias.const.astype(np.float64) - mean.const.astype(np.float64) * a
-        shape = [x.shape[1]] + [1] * (rank - 2)
-        out = tr.op("add", tr.op("mul", tr.t(x), tr.t(cval(a.astype(np.float32).reshape(shape)))),
-                    tr.t(cval(b.astype(np.float32).reshape(shape))))
+        out = tr.op("add", tr.op("mul", t, tr.t(cval(a.astype(np.float32).reshape(c, 1)))),
+                    tr.t(cval(b.astype(np.float32).reshape(c, 1))))
     else:
-        inv = tr.op("reciprocal", tr.op("sqrt", tr.op("scale", _channel_vec(tr, var, rank), scale=1.0, bias=eps)))
-        a = tr.op("mul", inv, _channel_vec(tr, scale, rank))
-        out = tr.op("add", tr.op("mul", tr.op("sub", tr.t(x), _channel_vec(tr, mean, rank)), a),
-                    _channel_vec(tr, bias, rank))
+        inv = tr.op("reciprocal", tr.op("sqrt", tr.op("scale", _channel_vec(tr, var, 3), scale=1.0, bias=eps)))
+        a = tr.op("mul", inv, _channel_vec(tr, scale, 3))
+        out = tr.op("add", tr.op("mul", tr.op("sub", t, _channel_vec(tr, mean, 3)), a), _channel_vec(tr, bias, 3))
     return [tr.val(out, x.shape, F32)]
 
 
@@ -1114,3 +1143,74 @@ def _resize(tr, node, ins, attrs):
     if t is tr.t(x):
         t = tr.op("contiguous", t)
     return [tr.val(tr.op("contiguous", t) if t.view_of is not None else t, tuple(shape), F32)]
+
+
+def _zero_upsample(tr, t, axis: int, size: int, stride: int):
+    """Insert stride-1 zeros between the elements of one axis: a constant 0/1 matrix on that axis."""
+    if stride == 1:
+        return t, size
+    out = (size - 1) * stride + 1
+    mat = np.zeros((out, size), np.float32)
+    mat[np.arange(size) * stride, np.arange(size)] = 1.0
+    rank = len(t.shape)
+    perm = list(range(rank))
+    perm[axis], perm[-1] = perm[-1], perm[axis]
+    moved = tr.op("permute", t, axes=perm) if axis != rank - 1 else t
+    moved = tr.op("matmul", moved, tr.t(cval(mat)), transpose_b=True)
+    return (tr.op("permute", moved, axes=perm) if axis != rank - 1 else moved), out
+
+
+@lowers("ConvTranspose")
+def _conv_transpose(tr, node, ins, attrs):
+    """The transposed convolution as a plain one: zeros between the input's elements (stride),
+    full padding less the given pads, and the kernel flipped with in/out channels swapped per group."""
+    x, w = _need(ins[0], "X"), _need(ins[1], "W")
+    nd = len(x.shape) - 2
+    if nd not in (1, 2):
+        raise OnnxError(f"{nd}-D ConvTranspose (1-D and 2-D are supported)")
+    g = int(attrs.get("group", 1))
+    kernel = list(w.shape[2:])
+    strides = list(attrs.get("strides", [1] * nd))
+    dil = list(attrs.get("dilations", [1] * nd))
+    out_pad = list(attrs.get("output_padding", [0] * nd))
+    in_hw = list(x.shape[2:])
+    pads = list(attrs.get("pads", [0] * (2 * nd)))
+    auto = attrs.get("auto_pad", "NOTSET")
+    if "output_shape" in attrs or auto in ("SAME_UPPER", "SAME_LOWER"):
+        want = list(attrs["output_shape"])[-nd:] if "output_shape" in attrs else [i * s for i, s in zip(in_hw, strides)]
+        for i in range(nd):
+            total = strides[i] * (in_hw[i] - 1) + out_pad[i] + (kernel[i] - 1) * dil[i] + 1 - want[i]
+            total = max(total, 0)
+            if auto == "SAME_UPPER" or (auto != "SAME_LOWER" and "output_shape" in attrs):
+                pads[i], pads[i + nd] = total // 2, total - total // 2
+            else:
+                pads[i], pads[i + nd] = total - total // 2, total // 2
+    elif auto == "VALID":
+        pads = [0] * (2 * nd)
+    cin, cout_g = w.shape[0], w.shape[1]
+    wk = np.asarray(tr.c(w), np.float32)  # a kernel given as an input is read back: a host step
+    wk = wk.reshape(g, cin // g, cout_g, *kernel).swapaxes(1, 2).reshape(g * cout_g, cin // g, *kernel)
+    wk = np.ascontiguousarray(np.flip(wk, axis=tuple(range(2, 2 + nd))))
+    if nd == 1:
+        wk = wk.reshape(wk.shape[0], wk.shape[1], 1, wk.shape[2])
+    t = _as_2d(tr, x)
+    axes = [3] if nd == 1 else [2, 3]
+    sizes = []
+    for i, a in enumerate(axes):
+        t, n = _zero_upsample(tr, t, a, in_hw[i], strides[i])
+        sizes.append(n)
+    conv_pads = []
+    for i, a in enumerate(axes):
+        full = dil[i] * (kernel[i] - 1)
+        lo, hi = full - pads[i], full - pads[i + nd] + out_pad[i]
+        if lo < 0 or hi < 0:  # more padding than the kernel reaches: crop instead
+            t = tr.op("slice", t, axis=a, start=max(0, -lo), stop=sizes[i] - max(0, -hi))
+            sizes[i] -= max(0, -lo) + max(0, -hi)
+            lo, hi = max(lo, 0), max(hi, 0)
+        conv_pads.append([lo, hi])
+    pp = [[0, 0], conv_pads[0]] if nd == 1 else conv_pads
+    out = tr.op("conv2d", t, tr.t(cval(wk)), strides=[1, 1], dilations=_pairs(dil, nd, 1), pads=pp, groups=g)
+    if len(ins) > 2 and ins[2] is not None:
+        out = tr.op("add", out, tr.op("reshape", tr.t(ins[2]), shape=[ins[2].shape[0], 1, 1]))
+    shape = tuple(out.shape) if nd == 2 else (out.shape[0], out.shape[1], out.shape[3])
+    return [tr.val(out, shape, F32)]
