@@ -1214,3 +1214,75 @@ def _conv_transpose(tr, node, ins, attrs):
         out = tr.op("add", out, tr.op("reshape", tr.t(ins[2]), shape=[ins[2].shape[0], 1, 1]))
     shape = tuple(out.shape) if nd == 2 else (out.shape[0], out.shape[1], out.shape[3])
     return [tr.val(out, shape, F32)]
+
+
+_LSTM_GATES = [0, 2, 3, 1]  # ONNX blocks i, o, f, c -> Flare's (PyTorch's) i, f, g(c), o
+
+
+@lowers("LSTM")
+def _lstm(tr, node, ins, attrs):
+    """ONNX LSTM onto Flare's `lstm` recurrence: gates reordered, the input projection (plus
+    both biases) one matmul, reverse directions on a flipped sequence. Default activations,
+    no peepholes, no clip, full-length sequences."""
+    x, w, r = (_need(v, n) for v, n in zip(ins[:3], ("X", "W", "R")))
+
+    def opt(i):
+        return ins[i] if len(ins) > i and ins[i] is not None else None
+
+    b, seq_lens, h0, c0, peep = opt(3), opt(4), opt(5), opt(6), opt(7)
+    if attrs.get("activations") not in (None, [b"Sigmoid", b"Tanh", b"Tanh"], ["Sigmoid", "Tanh", "Tanh"]):
+        raise OnnxError(f"LSTM activations {attrs['activations']} (only the defaults)")
+    if "clip" in attrs or attrs.get("input_forget", 0):
+        raise OnnxError("LSTM clip / input_forget are not supported")
+    if peep is not None and np.any(tr.c(peep)):
+        raise OnnxError("LSTM peepholes are not supported")
+    layout = int(attrs.get("layout", 0))
+    t = tr.t(x)
+    if layout:
+        t = tr.op("contiguous", tr.op("permute", t, axes=[1, 0, 2]))
+    steps, batch = (x.shape[1], x.shape[0]) if layout else (x.shape[0], x.shape[1])
+    if seq_lens is not None and np.any(np.asarray(tr.c(seq_lens)) != steps):
+        raise OnnxError("LSTM sequence_lens shorter than the sequence are not supported")
+    direction = attrs.get("direction", "forward")
+    dirs = 2 if direction == "bidirectional" else 1
+    hidden = r.shape[-1]
+    wv, rv = np.asarray(tr.c(w), np.float32), np.asarray(tr.c(r), np.float32)
+    bv = np.asarray(tr.c(b), np.float32) if b is not None else np.zeros((dirs, 8 * hidden), np.float32)
+
+    def gates(m):
+        return np.concatenate([m[k * hidden:(k + 1) * hidden] for k in _LSTM_GATES], axis=0)
+
+    def state(v, d):
+        if v is None:
+            return tr.t(cval(np.zeros((batch, hidden), np.float32)))
+        s = tr.t(v)
+        if layout:
+            s = tr.op("contiguous", tr.op("permute", s, axes=[1, 0, 2]))
+        return tr.op("contiguous", tr.op("reshape", tr.op("slice", s, axis=0, start=d, stop=d + 1),
+                                         shape=[batch, hidden]))
+
+    ys, hs, cs = [], [], []
+    for d in range(dirs):
+        reverse = direction == "reverse" or d == 1
+        seq = tr.op("flip", t, axis=0) if reverse else t
+        proj = tr.op("matmul", seq, tr.t(cval(gates(wv[d]))), transpose_b=True)
+        proj = tr.op("add", proj, tr.t(cval(gates(bv[d, :4 * hidden]) + gates(bv[d, 4 * hidden:]))))
+        out = tr.op("lstm", proj, tr.t(cval(gates(rv[d]))), state(h0, d), state(c0, d))  # [T, B, 2H]
+        y = tr.op("slice", out, axis=2, start=0, stop=hidden)
+        last_h = tr.op("slice", y, axis=0, start=steps - 1, stop=steps)
+        last_c = tr.op("slice", tr.op("slice", out, axis=2, start=hidden, stop=2 * hidden), axis=0,
+                       start=steps - 1, stop=steps)
+        if reverse:
+            y = tr.op("flip", y, axis=0)
+        ys.append(tr.op("reshape", tr.op("contiguous", y), shape=[steps, 1, batch, hidden]))
+        hs.append(tr.op("contiguous", last_h))
+        cs.append(tr.op("contiguous", last_c))
+    y = ys[0] if dirs == 1 else tr.op("concat", ys[0], ys[1], axis=1)
+    yh = hs[0] if dirs == 1 else tr.op("concat", hs[0], hs[1], axis=0)
+    yc = cs[0] if dirs == 1 else tr.op("concat", cs[0], cs[1], axis=0)
+    if layout:
+        return [tr.val(tr.op("contiguous", tr.op("permute", y, axes=[2, 0, 1, 3])), (batch, steps, dirs, hidden), F32),
+                tr.val(tr.op("contiguous", tr.op("permute", yh, axes=[1, 0, 2])), (batch, dirs, hidden), F32),
+                tr.val(tr.op("contiguous", tr.op("permute", yc, axes=[1, 0, 2])), (batch, dirs, hidden), F32)]
+    return [tr.val(y, (steps, dirs, batch, hidden), F32), tr.val(yh, (dirs, batch, hidden), F32),
+            tr.val(yc, (dirs, batch, hidden), F32)]
