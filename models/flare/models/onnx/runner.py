@@ -152,6 +152,7 @@ class OnnxRunner:
         self.session = session
         self.cache_size = cache_size
         self._plans: OrderedDict[str, Any] = OrderedDict()
+        self._folded: dict[tuple, list[Val]] = {}  # (op, inputs, outputs) -> outputs, for nodes of file constants only
         self._lock = threading.Lock()
         self.stats = {"segments_run": 0, "prepared": 0, "host_steps": 0, "folded": 0}
         self.last_segments: list[dict[str, Any]] = []
@@ -341,7 +342,7 @@ class Tracer:
                                 f"and only reshape-like ops and Expand take wider values")
             if node.op_type not in NO_FOLD and node.op_type not in HOST_STEPS and node.op_type != "If" \
                     and all(v is None or (v.const is not None and not v.runtime) for v in ins):
-                outs = fold(self, node, ins)
+                outs = self._fold_cached(node, ins, fold)
                 self.runner.stats["folded"] += 1
             elif node.op_type in HOST_STEPS:
                 outs = HOST_STEPS[node.op_type](self, node, ins)
@@ -369,13 +370,27 @@ class Tracer:
             if v.tensor is not None:
                 self.live_tensors[name] = v
 
+    def _fold_cached(self, node: Any, ins: list, fold: Any) -> list[Val]:
+        """Fold a node; one whose inputs all come from the file is folded once per runner."""
+        fixed = all(v is None or v.fixed for v in ins)
+        cache = self.runner._folded
+        key = (node.op_type, tuple(node.input), tuple(node.output))  # names are unique (SSA), proto ids are not
+        if fixed and key in cache:
+            return [Val("", v.shape, v.dtype, const=v.const, fixed=True) for v in cache[key]]
+        outs = fold(self, node, ins)
+        if fixed:
+            for v in outs:
+                v.fixed = True
+            cache[key] = [Val("", v.shape, v.dtype, const=v.const, fixed=True) for v in outs]
+        return outs
+
     def run_branch(self, graph: Any) -> list[Val]:
         """The nodes of an If branch, in this trace (outer values visible), and its outputs."""
         from .loader import read_tensor
 
         for t in graph.initializer:
             arr = read_tensor(t, None, self.model.path)
-            self.env[t.name] = Val(t.name, tuple(arr.shape), arr.dtype, const=arr, fixed=False)
+            self.env[t.name] = Val(t.name, tuple(arr.shape), arr.dtype, const=arr, fixed=True)
         for j, node in enumerate(graph.node):
             self.step(node, f"{graph.name}/{node.name or j}")
         out = []
