@@ -255,7 +255,13 @@ def _lstm_cell_tail(b, r, i):
     return b.mul(og, b.tanh(b.add(b.mul(fg, c), b.mul(ig, gg))))
 
 
-CASES = _cases()
+def _with_extra_cases() -> list[Case]:
+    from .cases_extra import onnx_op_cases  # late: it builds on the helpers above
+
+    return _cases() + onnx_op_cases()
+
+
+CASES = _with_extra_cases()
 
 
 def _fused_cases() -> list[Case]:
