@@ -31,3 +31,18 @@ KERNELS.update(
     flip=lambda out, x, p: np.copyto(out, np.flip(x[0], p["axis"])),
     tile=lambda out, x, p: np.copyto(out, np.tile(x[0], tuple(p["repeats"]))),
 )
+
+
+def _gather_nd(out, x, p):
+    from flare.core.ops.indexing import gather_nd_ref
+
+    out[...] = gather_nd_ref(x, p).reshape(out.shape)
+
+
+def _scatter_nd(out, x, p):
+    from flare.core.ops.indexing import scatter_nd_ref
+
+    out[...] = scatter_nd_ref(x, p)
+
+
+KERNELS.update(gather_nd=_gather_nd, scatter_nd=_scatter_nd)

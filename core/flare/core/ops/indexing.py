@@ -87,3 +87,77 @@ def _tile_infer(node, srcs, params):
 
 
 register(OpDef("tile", (1, 1), _tile_infer, lambda x, p: np.tile(x[0], tuple(p["repeats"])), required=("repeats",)))
+
+
+# -- gather_nd / scatter_nd (ONNX GatherND / ScatterND) ----------------------------------
+PARAMS.setdefault("batch_dims", (lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 3,
+                                 "an integer in 0..3"))
+
+
+def _gather_nd_infer(node, srcs, params):
+    x, idx = srcs
+    need_dtype(node, "gather_nd", idx, ("i32", "i64"))
+    b = params["batch_dims"]
+    k = idx.shape[-1]
+    if b + k > len(x.shape) or tuple(x.shape[:b]) != tuple(idx.shape[:b]):
+        raise ShapeError(f"gather_nd: indices {idx.shape} (batch_dims={b}) do not fit data {x.shape}", node)
+    shape = (*idx.shape[:-1], *x.shape[b + k:])
+    return shape or (1,), x.dtype
+
+
+def _nd_rows(data: np.ndarray, idx: np.ndarray, b: int):
+    """(data, index tuples) per batch entry, negatives wrapped and checked."""
+    nb = int(np.prod(data.shape[:b], dtype=np.int64)) if b else 1
+    d = data.reshape((nb, *data.shape[b:]))
+    k = idx.shape[-1]
+    ix = idx.reshape(nb, -1, k)
+    dims = np.array(d.shape[1:1 + k])
+    ix = np.where(ix < 0, ix + dims, ix)
+    if ix.size and ((ix < 0).any() or (ix >= dims).any()):
+        raise IndexError(f"gather_nd/scatter_nd: an index outside the data's shape {data.shape}")
+    return d, ix.astype(np.intp)
+
+
+def gather_nd_ref(x, p):
+    data, idx = x
+    b = p["batch_dims"]
+    d, ix = _nd_rows(data, idx, b)
+    rows = [d[i][tuple(ix[i].T)] for i in range(d.shape[0])]
+    shape = (*idx.shape[:-1], *data.shape[b + idx.shape[-1]:])
+    return np.stack(rows).reshape(shape or (1,))
+
+
+register(OpDef("gather_nd", (2, 2), _gather_nd_infer, gather_nd_ref, defaults={"batch_dims": 0},
+               doc="ONNX GatherND: slices of data at index tuples"))
+
+
+def _scatter_nd_infer(node, srcs, params):
+    x, idx, upd = srcs
+    need_dtype(node, "scatter_nd", idx, ("i32", "i64"))
+    if upd.dtype != x.dtype:
+        raise ShapeError(f"scatter_nd: updates {upd.dtype} into data {x.dtype}", node)
+    k = idx.shape[-1]
+    want = (*idx.shape[:-1], *x.shape[k:])
+    if k > len(x.shape) or tuple(upd.shape) != (want or (1,)):
+        raise ShapeError(f"scatter_nd: updates {upd.shape} must be {want} for indices {idx.shape} into {x.shape}", node)
+    if params["mode"] not in ("none", "add", "mul", "max", "min"):
+        raise ShapeError(f"scatter_nd reduction {params['mode']!r} (none, add, mul, max, min)", node)
+    return x.shape, x.dtype
+
+
+def scatter_nd_ref(x, p):
+    data, idx, upd = x
+    out = np.array(data, copy=True)
+    _, ix = _nd_rows(data, idx, 0)
+    ix = ix[0]
+    k = idx.shape[-1]
+    upd = upd.reshape((-1, *data.shape[k:]))
+    fn = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}.get(p["mode"])
+    for row, u in zip(ix, upd):  # in order: later updates of one index win (ONNX leaves it undefined)
+        at = tuple(row)
+        out[at] = u if fn is None else fn(out[at], u)
+    return out
+
+
+register(OpDef("scatter_nd", (3, 3), _scatter_nd_infer, scatter_nd_ref, defaults={"mode": "none"},
+               doc="ONNX ScatterND: a copy of data with slices at index tuples replaced (or reduced)"))

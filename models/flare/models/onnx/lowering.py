@@ -27,7 +27,7 @@ Lowering = Callable[..., list]
 LOWERINGS: dict[str, Lowering] = {}
 # ops that take *wide* values (rank > 4, held contiguously in a merged Flare shape: values.flare_shape)
 WIDE_OK = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Identity", "Shape", "Size", "Dropout",
-           "BatchNormalization"}
+           "BatchNormalization", "GatherND", "ScatterND"}  # the last two take wide *index* tensors
 HOST_STEPS: dict[str, Callable[..., list]] = {}
 
 
@@ -459,6 +459,16 @@ def _reduce(tr, node, ins, attrs):
     if axes == []:
         return _identity(tr, node, ins, attrs)
     if x.dtype != F32 and kind not in ("ReduceMin", "ReduceProd"):
+        if kind == "ReduceSum" and x.dtype in INTS:  # exact integer sums: the last element of a cumsum
+            t = tr.t(x)
+            rank = len(x.shape)
+            red = sorted({_axis(a, rank) for a in (range(rank) if axes is None else axes)})
+            for a in red:
+                n = x.shape[a]
+                t = tr.op("slice", tr.op("cumsum", t, axis=a), axis=a, start=n - 1, stop=n)
+            shape = tuple(1 if i in red else d for i, d in enumerate(x.shape)) if keep else \
+                tuple(d for i, d in enumerate(x.shape) if i not in red)
+            return [tr.val(tr.op("contiguous", t), shape, x.dtype)]
         if kind == "ReduceMax" and x.dtype in INTS:
             t = tr.op("int_sub", _full(tr, 0, x.dtype), tr.t(x))
             t, shape = _reduce_chain(tr, t, x.shape, axes, keep, "min")
@@ -647,6 +657,12 @@ def _slice(tr, node, ins, attrs):
     t = tr.t(x)
     shape = list(x.shape)
     big = 1 << 62
+    lengths = {}
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = _axis(a, rank)
+        lengths[a] = len(range(*slice(max(min(s, big), -big), max(min(e, big), -big), st).indices(shape[a])))
+    if 0 in lengths.values():  # an empty result: a constant with no data (no Flare tensor has zero size)
+        return [cval(np.zeros([lengths.get(i, d) for i, d in enumerate(shape)], dtype=x.dtype))]
     for s, e, a, st in zip(starts, ends, axes, steps):
         a = _axis(a, rank)
         s = max(min(s, big), -big)
@@ -1286,3 +1302,47 @@ def _lstm(tr, node, ins, attrs):
                 tr.val(tr.op("contiguous", tr.op("permute", yc, axes=[1, 0, 2])), (batch, dirs, hidden), F32)]
     return [tr.val(y, (steps, dirs, batch, hidden), F32), tr.val(yh, (dirs, batch, hidden), F32),
             tr.val(yc, (dirs, batch, hidden), F32)]
+
+
+@lowers("GatherND")
+def _gather_nd(tr, node, ins, attrs):
+    x, idx = ins
+    b = int(attrs.get("batch_dims", 0))
+    k = idx.shape[-1]
+    shape = (*idx.shape[:-1], *x.shape[b + k:])
+    ti = tr.t(idx)
+    if b == 0:  # index tuples as rows [m, k]: wide index tensors fit too
+        ti = tr.op("reshape", ti, shape=[int(np.prod(idx.shape[:-1], dtype=np.int64)), k])
+    return [tr.val(tr.op("gather_nd", tr.t(x), ti, batch_dims=b), shape, x.dtype)]
+
+
+@lowers("ScatterND")
+def _scatter_nd(tr, node, ins, attrs):
+    x, idx, upd = ins
+    mode = attrs.get("reduction", "none")
+    k = idx.shape[-1]
+    m = int(np.prod(idx.shape[:-1], dtype=np.int64))
+    ti = tr.op("reshape", tr.t(idx), shape=[m, k])  # index tuples as rows: wide index tensors fit too
+    tu = tr.op("reshape", tr.t(upd), shape=list(flare_shape((m, *x.shape[k:]))))
+    return [tr.val(tr.op("scatter_nd", tr.t(x), ti, tu, mode=mode), x.shape, x.dtype)]
+
+
+def _random_like(tr, node, ins):
+    """RandomNormalLike / RandomUniformLike: drawn on the host (seeded by the node's `seed` when it has one)."""
+    attrs = attributes(node)
+    x = ins[0]
+    from .values import np_dtype_of
+
+    dtype = np_dtype_of(attrs["dtype"], "dtype") if "dtype" in attrs else x.dtype
+    rng = np.random.default_rng(int(attrs["seed"]) if "seed" in attrs else None)
+    if node.op_type == "RandomNormalLike":
+        arr = rng.normal(attrs.get("mean", 0.0), attrs.get("scale", 1.0), x.shape)
+    else:
+        arr = rng.uniform(attrs.get("low", 0.0), attrs.get("high", 1.0), x.shape)
+    v = cval(arr.astype(dtype))
+    v.runtime = True  # a fresh draw per call: an input of the next segment, never a cached weight
+    return [v]
+
+
+HOST_STEPS["RandomNormalLike"] = _random_like
+HOST_STEPS["RandomUniformLike"] = _random_like
