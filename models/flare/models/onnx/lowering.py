@@ -1162,18 +1162,23 @@ def _resize(tr, node, ins, attrs):
 
 
 def _zero_upsample(tr, t, axis: int, size: int, stride: int):
-    """Insert stride-1 zeros between the elements of one axis: a constant 0/1 matrix on that axis."""
+    """Insert stride-1 zeros between the elements of one axis: move it last, pad a new unit axis
+    with zeros to `stride`, flatten the two, and cut the trailing zeros."""
     if stride == 1:
         return t, size
-    out = (size - 1) * stride + 1
-    mat = np.zeros((out, size), np.float32)
-    mat[np.arange(size) * stride, np.arange(size)] = 1.0
-    rank = len(t.shape)
+    shape = list(t.shape)
+    rank = len(shape)
     perm = list(range(rank))
     perm[axis], perm[-1] = perm[-1], perm[axis]
-    moved = tr.op("permute", t, axes=perm) if axis != rank - 1 else t
-    moved = tr.op("matmul", moved, tr.t(cval(mat)), transpose_b=True)
-    return (tr.op("permute", moved, axes=perm) if axis != rank - 1 else moved), out
+    moved = tr.op("contiguous", tr.op("permute", t, axes=perm)) if axis != rank - 1 else t
+    moved_shape = [shape[p] for p in perm]
+    rows = int(np.prod(moved_shape[:-1], dtype=np.int64))
+    u = tr.op("reshape", moved, shape=[rows, size, 1])
+    u = tr.op("pad", u, pads=[[0, 0], [0, 0], [0, stride - 1]])
+    out = (size - 1) * stride + 1
+    u = tr.op("slice", tr.op("reshape", u, shape=[rows, size * stride]), axis=1, start=0, stop=out)
+    u = tr.op("reshape", tr.op("contiguous", u), shape=moved_shape[:-1] + [out])
+    return (tr.op("permute", u, axes=perm) if axis != rank - 1 else u), out
 
 
 @lowers("ConvTranspose")
