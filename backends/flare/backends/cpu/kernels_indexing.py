@@ -46,3 +46,12 @@ def _scatter_nd(out, x, p):
 
 
 KERNELS.update(gather_nd=_gather_nd, scatter_nd=_scatter_nd)
+
+
+def _scatter_elements(out, x, p):
+    from flare.core.ops.indexing import scatter_elements_ref
+
+    out[...] = scatter_elements_ref(x, p)
+
+
+KERNELS["scatter_elements"] = _scatter_elements

@@ -130,3 +130,12 @@ def _cumsum(out, x, p):
 
 KERNELS.update(min=_reduce(np.min), prod=_reduce(np.prod), argmin=_arg(np.argmin), arg_max=_arg(np.argmax),
                cumsum=_cumsum)
+
+
+def _cumprod(out, x, p):
+    from flare.core.ops.math_ops import cumprod_ref
+
+    out[...] = cumprod_ref(x, p)  # float64 products, one rounding: the reference is the kernel
+
+
+KERNELS["cumprod"] = _cumprod

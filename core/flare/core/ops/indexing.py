@@ -161,3 +161,35 @@ def scatter_nd_ref(x, p):
 
 register(OpDef("scatter_nd", (3, 3), _scatter_nd_infer, scatter_nd_ref, defaults={"mode": "none"},
                doc="ONNX ScatterND: a copy of data with slices at index tuples replaced (or reduced)"))
+
+
+def _scatter_elements_infer(node, srcs, params):
+    x, idx, upd = srcs
+    need_dtype(node, "scatter_elements", idx, ("i32", "i64"))
+    norm_axis(node, "scatter_elements", params["axis"], len(x.shape))
+    if len(idx.shape) != len(x.shape) or tuple(upd.shape) != tuple(idx.shape) or upd.dtype != x.dtype:
+        raise ShapeError(f"scatter_elements: indices {idx.shape} and updates {upd.shape} {upd.dtype} must match "
+                         f"each other and the rank of data {x.shape} {x.dtype}", node)
+    if params["mode"] not in ("none", "add", "mul", "max", "min"):
+        raise ShapeError(f"scatter_elements reduction {params['mode']!r} (none, add, mul, max, min)", node)
+    return x.shape, x.dtype
+
+
+def scatter_elements_ref(x, p):
+    data, idx, upd = x
+    axis = p["axis"] % data.ndim
+    out = np.array(data, copy=True)
+    where = list(np.indices(idx.shape, sparse=True))
+    where[axis] = checked_indices(idx, data.shape[axis], "scatter_elements")
+    where = tuple(np.broadcast_arrays(*where))
+    fn = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}.get(p["mode"])
+    if fn is None:
+        out[where] = upd  # repeated indices: the last update wins, as NumPy assigns in order
+    else:
+        fn.at(out, where, upd)
+    return out
+
+
+register(OpDef("scatter_elements", (3, 3), _scatter_elements_infer, scatter_elements_ref,
+               defaults={"mode": "none"}, required=("axis",),
+               doc="ONNX ScatterElements: a copy of data with updates written along `axis` at indices"))

@@ -246,3 +246,19 @@ register(OpDef("cumsum", (1, 1), _cumsum_infer, cumsum_ref, defaults={"exclusive
                required=("axis",)))
 
 __all__ = ["UNARY_MATH", "COMPARISONS", "LOGICAL", "INT_ARITH", "int_div", "cumsum_ref", "to_numpy", "_is_int"]
+
+
+def cumprod_ref(x, p):
+    v = x[0]
+    axis = p["axis"] % v.ndim
+    work = np.flip(v, axis) if p["reverse"] else v
+    acc = np.cumprod(work.astype(np.float64) if v.dtype == np.float32 else work, axis=axis)
+    if p["exclusive"]:  # shifted by one: 1 first, then the products before each element
+        acc = np.concatenate([np.ones_like(np.take(acc, [0], axis=axis)), np.delete(acc, -1, axis=axis)], axis=axis)
+    if p["reverse"]:
+        acc = np.flip(acc, axis)
+    return acc.astype(v.dtype)
+
+
+register(OpDef("cumprod", (1, 1), _cumsum_infer, cumprod_ref, defaults={"exclusive": False, "reverse": False},
+               required=("axis",)))

@@ -1351,3 +1351,20 @@ def _random_like(tr, node, ins):
 
 HOST_STEPS["RandomNormalLike"] = _random_like
 HOST_STEPS["RandomUniformLike"] = _random_like
+
+
+@lowers("ScatterElements", "Scatter")
+def _scatter_elements(tr, node, ins, attrs):
+    x, idx, upd = ins
+    axis = _axis(attrs.get("axis", 0), len(x.shape))
+    out = tr.op("scatter_elements", tr.t(x), tr.t(idx), tr.t(upd), axis=axis, mode=attrs.get("reduction", "none"))
+    return [tr.val(out, x.shape, x.dtype)]
+
+
+@lowers("CumProd")
+def _cumprod(tr, node, ins, attrs):
+    x = ins[0]
+    axis = _axis(_ints(tr, ins[1])[0], len(x.shape))
+    out = tr.op("cumprod", tr.t(x), axis=axis, exclusive=bool(attrs.get("exclusive", 0)),
+                reverse=bool(attrs.get("reverse", 0)))
+    return [tr.val(out, x.shape, x.dtype)]

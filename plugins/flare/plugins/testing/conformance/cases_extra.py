@@ -63,6 +63,16 @@ def onnx_op_cases() -> list[Case]:
         "arg_max", _in(b, i, "x", np.round(f32(r, 3, 5, 4))), axis=2, keepdims=True, select_last=True)))
     cases.append(simple("cumsum", "cumsum", ACCUM, lambda b, r, i: b.op(
         "cumsum", _in(b, i, "x", f32(r, 3, 6)), axis=1, exclusive=True, reverse=True)))
+    cases.append(simple("cumprod", "cumprod", ACCUM, lambda b, r, i: b.op(
+        "cumprod", _in(b, i, "x", f32(r, 3, 6, lo=0.5, hi=1.5)), axis=1, exclusive=True)))
+    cases.append(simple("scatter_elements", "scatter_elements", EXACT, lambda b, r, i: b.op(
+        "scatter_elements", _in(b, i, "x", f32(r, 4, 5)), _in(b, i, "idx", np.array([[1, -1], [0, 2], [4, 3], [2, 2]])),
+        _in(b, i, "u", f32(r, 4, 2)), axis=1, mode="add")))
+    cases.append(simple("gather_nd", "gather_nd", EXACT, lambda b, r, i: b.op(
+        "gather_nd", _in(b, i, "x", f32(r, 4, 5, 3)), _in(b, i, "idx", np.array([[0, 1], [3, -1], [2, 2]])))))
+    cases.append(simple("scatter_nd", "scatter_nd", EXACT, lambda b, r, i: b.op(
+        "scatter_nd", _in(b, i, "x", f32(r, 4, 5)), _in(b, i, "idx", np.array([[0], [3]])),
+        _in(b, i, "u", f32(r, 2, 5)))))
     cases.append(simple("take", "take", EXACT, lambda b, r, i: b.op(
         "take", _in(b, i, "x", f32(r, 4, 5, 3)), _in(b, i, "idx", np.array([[0, -1], [2, 4]], np.int64)), axis=1)))
     cases.append(simple("take_along_axis", "take_along_axis", EXACT, lambda b, r, i: b.op(
