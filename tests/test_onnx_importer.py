@@ -199,3 +199,17 @@ def test_input_errors_name_the_input(tmp_path, capsys):
     assert "'x'" in _error_line(capsys, ["run", path])  # symbolic batch: must be given
     np.save(tmp_path / "bad.npy", np.zeros((2, 6), np.float64))
     assert "float64" in _error_line(capsys, ["run", path, "--input", f"x={tmp_path / 'bad.npy'}"])
+
+
+def test_bench_workload_compares_flare_with_onnxruntime(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    save(mlp_model(), tmp_path / "mlp.onnx")
+    (tmp_path / "in.json").write_text('{"x": ' + str(RNG.standard_normal((4, 6)).round(3).tolist()) + "}")
+    for name, extra in (("a", 'peer = "onnxruntime"\n'), ("b", 'backends = ["cpu"]\n')):
+        (tmp_path / f"{name}.toml").write_text(f'name = "{name}"\nmodel = "onnx"\n{extra}\n[options]\n'
+                                               f'file = "mlp.onnx"\ninputs = "in.json"\n')
+    code = cli.main(["bench", str(tmp_path / "a.toml"), str(tmp_path / "b.toml"), "--blocks", "1", "--requests", "2",
+                     "--warmup", "0", "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "outputs within tolerance" in " ".join(out.split())

@@ -54,3 +54,17 @@ def flare_describe_target(target: str) -> Callable[[Any], int] | None:
     from .cli import describe_file
 
     return lambda args: describe_file(target, args)
+
+
+@hookimpl(optionalhook=True)   # declared by the bench plugin, which may be absent
+def flare_bench_workloads() -> list:
+    from .bench import OnnxWorkload
+
+    return [OnnxWorkload]
+
+
+@hookimpl(optionalhook=True)
+def flare_bench_peers() -> list:
+    from .bench import PEERS
+
+    return PEERS

@@ -204,6 +204,25 @@ class OnnxRunner:
     def prepared_graphs(self) -> list[Any]:
         return list(self._plans.values())
 
+    def describe(self) -> dict[str, Any]:
+        """PreparedGraph.describe() of every cached segment, merged (entries `segment<i>`,
+        persistent and workspace bytes summed per device)."""
+        out: dict[str, Any] = {"name": f"onnx:{self.model.path}", "entries": {}, "persistent_bytes": {},
+                               "workspace_bytes": {}}
+        for i, pg in enumerate(self._plans.values()):
+            info = pg.describe()
+            for entry in info["entries"].values():
+                out["entries"][f"segment{i}"] = entry
+            for key in ("persistent_bytes", "workspace_bytes"):
+                for dev, n in info.get(key, {}).items():
+                    out[key][dev] = out[key].get(dev, 0) + n
+        return out
+
+    @property
+    def pg(self) -> "OnnxRunner":
+        """What the bench harness reads plans from (`.pg.describe()`): the runner itself."""
+        return self
+
     def release(self) -> None:
         """Release every cached prepared graph (idempotent)."""
         with self._lock:
