@@ -213,3 +213,35 @@ def test_bench_workload_compares_flare_with_onnxruntime(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "outputs within tolerance" in " ".join(out.split())
+
+
+def test_release_returns_every_buffer_and_threads_take_turns(tmp_path):
+    """Released runners leave nothing on the ledger; one runner shared by threads gives each
+    caller the sequential result (its lock serialises traces; the Session is shared)."""
+    import threading
+
+    from flare.core.ledger import LEDGER
+    from flare.core.session import Session
+
+    path = save(mlp_model(), tmp_path / "mlp.onnx")
+    xs = [RNG.standard_normal((b, 6)).astype(np.float32) for b in (2, 3, 2, 5, 3, 2)]
+    with Session(["cpu"]) as sess:
+        before = LEDGER.snapshot().count("cpu:0")
+        runner = OnnxRunner(load_model(path), sess)
+        want = [runner.run({"x": x})["y"] for x in xs]
+        got: dict[int, np.ndarray] = {}
+
+        def work(i):
+            got[i] = runner.run({"x": xs[i]})["y"]
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i, w in enumerate(want):
+            np.testing.assert_array_equal(got[i], w)
+        assert LEDGER.snapshot().count("cpu:0") > before
+        runner.release()
+        runner.release()  # idempotent
+        assert LEDGER.snapshot().count("cpu:0") == before
