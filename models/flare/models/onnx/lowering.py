@@ -27,7 +27,9 @@ Lowering = Callable[..., list]
 LOWERINGS: dict[str, Lowering] = {}
 # ops that take *wide* values (rank > 4, held contiguously in a merged Flare shape: values.flare_shape)
 WIDE_OK = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Identity", "Shape", "Size", "Dropout",
-           "BatchNormalization", "GatherND", "ScatterND"}  # the last two take wide *index* tensors
+           "BatchNormalization", "GatherND", "ScatterND",  # these two take wide *index* tensors
+           "Concat", "GatherElements", "Slice", *("ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceL1 "
+                                                   "ReduceL2 ReduceSumSquare ReduceLogSum ReduceLogSumExp").split()}
 HOST_STEPS: dict[str, Callable[..., list]] = {}
 
 
@@ -458,6 +460,22 @@ def _reduce(tr, node, ins, attrs):
     kind = node.op_type
     if axes == []:
         return _identity(tr, node, ins, attrs)
+    if is_wide(x.shape):  # rank > 4: only reductions over every axis, of the flattened values
+        rank = len(x.shape)
+        if axes is not None and sorted({_axis(a, rank) for a in axes}) != list(range(rank)):
+            raise OnnxError(f"reduction over some axes of a rank-{rank} value")
+        flat = Val(x.name, (int(np.prod(x.shape, dtype=np.int64)),), x.dtype,
+                   tensor=tr.op("reshape", tr.t(x), shape=[int(np.prod(x.shape, dtype=np.int64))]))
+        out = _reduce(tr, node, [flat, None], {**attrs, "axes": [0], "keepdims": 0})[0]
+        shape = (1,) * rank if keep else ()
+        return [tr.val(out.tensor, shape, out.dtype) if out.tensor is not None else cval(np.asarray(out.const).reshape(shape))]
+    if x.dtype == BOOL and kind in ("ReduceMax", "ReduceMin"):  # any / all over i32 0/1
+        t, shape = _reduce_chain(tr, tr.t(x), x.shape, axes, keep, "min")
+        if kind == "ReduceMax":
+            neg = tr.op("int_sub", _full(tr, 1, np.int32), tr.t(x))
+            t, shape = _reduce_chain(tr, neg, x.shape, axes, keep, "min")
+            t = tr.op("int_sub", _full(tr, 1, np.int32), t)
+        return [tr.val(t, shape, BOOL)]
     if x.dtype != F32 and kind not in ("ReduceMin", "ReduceProd"):
         if kind == "ReduceSum" and x.dtype in INTS:  # exact integer sums: the last element of a cumsum
             t = tr.t(x)
@@ -614,8 +632,19 @@ def _concat(tr, node, ins, attrs):
     if not vals:
         vals = [ins[0]]
     axis = _axis(attrs["axis"], len(vals[0].shape))
-    out = tr.t(vals[0])
     shape = list(vals[0].shape)
+    if is_wide(tuple(shape)):  # rank > 4: every input as [before, axis, after], joined on the middle axis
+        before = int(np.prod(shape[:axis], dtype=np.int64))
+        after = int(np.prod(shape[axis + 1:], dtype=np.int64))
+        parts = [tr.op("reshape", tr.t(v), shape=[before, v.shape[axis], after]) for v in vals]
+        out = parts[0]
+        for part in parts[1:]:
+            out = tr.op("concat", out, part, axis=1)
+        shape[axis] = sum(v.shape[axis] for v in vals)
+        if len(parts) == 1:
+            out = tr.op("contiguous", out)
+        return [tr.val(out, tuple(shape), vals[0].dtype)]
+    out = tr.t(vals[0])
     for v in vals[1:]:
         out = tr.op("concat", out, tr.t(v), axis=axis)
         shape[axis] += v.shape[axis]
@@ -663,11 +692,18 @@ def _slice(tr, node, ins, attrs):
         lengths[a] = len(range(*slice(max(min(s, big), -big), max(min(e, big), -big), st).indices(shape[a])))
     if 0 in lengths.values():  # an empty result: a constant with no data (no Flare tensor has zero size)
         return [cval(np.zeros([lengths.get(i, d) for i, d in enumerate(shape)], dtype=x.dtype))]
+    wide = is_wide(tuple(shape))
     for s, e, a, st in zip(starts, ends, axes, steps):
         a = _axis(a, rank)
         s = max(min(s, big), -big)
         e = max(min(e, big), -big)
-        t, shape[a] = _slice_axis(tr, t, shape, a, s, e, st)
+        if wide:  # rank > 4: slice the middle axis of [before, axis, after]
+            before = int(np.prod(shape[:a], dtype=np.int64))
+            after = int(np.prod(shape[a + 1:], dtype=np.int64))
+            t = tr.op("reshape", t, shape=[before, shape[a], after])
+            t, shape[a] = _slice_axis(tr, t, [before, shape[a], after], 1, s, e, st)
+        else:
+            t, shape[a] = _slice_axis(tr, t, shape, a, s, e, st)
     if t is tr.t(x):
         t = tr.op("contiguous", t)
     return [tr.val(t, tuple(shape), x.dtype)]
@@ -687,6 +723,9 @@ def _split(tr, node, ins, attrs):
     for size in sizes:
         shape = list(x.shape)
         shape[axis] = size
+        if size == 0:  # an empty piece: a constant with no data (no Flare tensor has zero size)
+            outs.append(cval(np.zeros(shape, dtype=x.dtype)))
+            continue
         t = tr.op("contiguous", tr.op("slice", tr.t(x), axis=axis, start=at, stop=at + size))
         outs.append(tr.val(t, tuple(shape), x.dtype))
         at += size
@@ -711,6 +750,15 @@ def _gather(tr, node, ins, attrs):
 def _gather_elements(tr, node, ins, attrs):
     x, idx = ins
     axis = _axis(attrs.get("axis", 0), len(x.shape))
+    if is_wide(x.shape) or is_wide(idx.shape):  # rank > 4: both as [before, axis, after] when the rest agrees
+        if x.shape[:axis] != idx.shape[:axis] or x.shape[axis + 1:] != idx.shape[axis + 1:]:
+            raise OnnxError(f"GatherElements of rank {len(x.shape)}: data {x.shape} and indices {idx.shape} "
+                            f"must agree off the axis")
+        before = int(np.prod(x.shape[:axis], dtype=np.int64))
+        after = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+        tx = tr.op("reshape", tr.t(x), shape=[before, x.shape[axis], after])
+        ti = tr.op("reshape", tr.t(idx), shape=[before, idx.shape[axis], after])
+        return [tr.val(tr.op("take_along_axis", tx, ti, axis=1), idx.shape, x.dtype)]
     return [tr.val(tr.op("take_along_axis", tr.t(x), tr.t(idx), axis=axis), idx.shape, x.dtype)]
 
 
