@@ -28,7 +28,7 @@ LOWERINGS: dict[str, Lowering] = {}
 # ops that take *wide* values (rank > 4, held contiguously in a merged Flare shape: values.flare_shape)
 WIDE_OK = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Identity", "Shape", "Size", "Dropout",
            "BatchNormalization", "GatherND", "ScatterND",  # these two take wide *index* tensors
-           "Concat", "GatherElements", "Slice", *("ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceL1 "
+           "Concat", "GatherElements", "Slice", "Transpose", *("ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceL1 "
                                                    "ReduceL2 ReduceSumSquare ReduceLogSum ReduceLogSumExp").split()}
 HOST_STEPS: dict[str, Callable[..., list]] = {}
 
@@ -622,8 +622,32 @@ def _transpose(tr, node, ins, attrs):
     perm = list(attrs.get("perm", range(rank - 1, -1, -1)))
     if rank <= 1:
         return _identity(tr, node, ins, attrs)
+    out_shape = tuple(x.shape[p] for p in perm)
+    if is_wide(x.shape):
+        src, merged_perm = merged_permutation(x.shape, perm)
+        if len(src) > MAX_RANK:
+            raise OnnxError(f"transpose {perm} of {x.shape} needs rank {len(src)} even with axes merged")
+        t = tr.op("reshape", tr.t(x), shape=list(src))
+        return [tr.val(tr.op("contiguous", tr.op("permute", t, axes=merged_perm)), out_shape, x.dtype)]
     out = tr.op("permute", tr.t(x), axes=perm)
-    return [tr.val(out, tuple(x.shape[p] for p in perm), x.dtype)]
+    return [tr.val(out, out_shape, x.dtype)]
+
+
+def merged_permutation(shape, perm) -> tuple[tuple[int, ...], list[int]]:
+    """A wide transpose in fewer axes: size-1 axes dropped, and source axes that stay
+    neighbours, in order, in the output merged. Returns (merged source shape, its permutation)."""
+    keep = [p for p in perm if shape[p] != 1]
+    groups: list[list[int]] = []
+    for p in keep:
+        if groups and groups[-1][-1] + 1 == p or (groups and all(shape[q] == 1 for q in range(groups[-1][-1] + 1, p))
+                                                  and groups[-1][-1] < p):
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    order = sorted(range(len(groups)), key=lambda g: groups[g][0])  # groups in source order
+    src = tuple(int(np.prod([shape[a] for a in groups[g]], dtype=np.int64)) for g in order)
+    position = {g: i for i, g in enumerate(order)}
+    return src or (1,), [position[g] for g in range(len(groups))] or [0]
 
 
 @lowers("Concat")
