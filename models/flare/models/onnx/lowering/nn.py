@@ -250,3 +250,44 @@ def _conv_transpose(tr, node, ins, attrs):
         out = tr.op("add", out, tr.op("reshape", tr.t(ins[2]), shape=[ins[2].shape[0], 1, 1]))
     shape = tuple(out.shape) if nd == 2 else (out.shape[0], out.shape[1], out.shape[3])
     return [tr.val(out, shape, F32)]
+
+
+@lowers("DFT")
+def _dft(tr, node, ins, attrs):
+    """DFT as one constant real matrix on the flattened [n, re/im] signal: the op is linear, so the
+    matrix is onnx's reference DFT applied to every unit impulse (onesided, inverse and
+    dft_length included exactly as the standard defines them)."""
+    from onnx import helper
+
+    x = _need(ins[0], "input")
+    rank = len(x.shape)
+    if tr.opset >= 20:
+        axis = int(np.asarray(tr.c(ins[2])).reshape(-1)[0]) if len(ins) > 2 and ins[2] is not None else -2
+    else:
+        axis = int(attrs.get("axis", 1))
+    axis = _axis(axis, rank)
+    if axis == rank - 1:
+        raise OnnxError("DFT over the last (real/imaginary) axis")
+    n, c = x.shape[axis], x.shape[-1]
+    length = ins[1] if len(ins) > 1 and ins[1] is not None and ins[1].shape != (0,) else None
+    basis = np.eye(n * c, dtype=np.float32).reshape(n * c, n, c)
+    keep = {k: v for k, v in attrs.items() if k in ("inverse", "onesided")}
+    feeds = [cval(basis), None if length is None else cval(np.asarray(tr.c(length)))]
+    if tr.opset >= 20:
+        probe = helper.make_node("DFT", ["x", "len" if length is not None else "", "axis"], ["y"], **keep)
+        feeds.append(cval(np.array(1, np.int64)))
+    else:
+        probe = helper.make_node("DFT", ["x", "len" if length is not None else ""], ["y"], axis=1, **keep)
+    out = np.asarray(fold(tr, probe, feeds)[0].const, np.float32)     # [n*c, n_out, 2 (or 1: a real result)]
+    n_out, parts = out.shape[1], out.shape[2]
+    mat = out.reshape(n * c, n_out * parts)
+    perm = [i for i in range(rank) if i not in (axis, rank - 1)] + [axis, rank - 1]
+    moved_shape = [x.shape[i] for i in perm[:-2]]
+    rows = int(np.prod(moved_shape, dtype=np.int64))
+    t = tr.op("reshape", tr.op("contiguous", tr.op("permute", tr.t(x), axes=perm)), shape=[rows, n * c])
+    t = tr.op("matmul", t, tr.t(cval(mat)))
+    t = tr.op("reshape", t, shape=moved_shape + [n_out, parts])
+    inverse = [perm.index(i) for i in range(rank)]
+    shape = list(x.shape)
+    shape[axis], shape[-1] = n_out, parts
+    return [tr.val(tr.op("contiguous", tr.op("permute", t, axes=inverse)), tuple(shape), F32)]
