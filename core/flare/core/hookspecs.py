@@ -74,6 +74,16 @@ def flare_run_target(target: str) -> Any:
     """
 
 
+@hookspec(firstresult=True)
+def flare_describe_target(target: str) -> Any:
+    """Claim `flare describe TARGET` for a target that is not a model name.
+
+    Return a callable `describe(args) -> exit code` (args: the parsed `describe`
+    arguments: `backends`, `option`, `json`) when this plugin describes `target`
+    (the ONNX importer claims `*.onnx` files), else None. The first non-None answer wins.
+    """
+
+
 @hookspec(historic=True)
 def flare_addhooks(pluginmanager: Any) -> None:
     """Add hook specifications of an application plugin.

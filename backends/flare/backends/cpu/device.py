@@ -21,6 +21,7 @@ from flare.core.ops.fused import FUSED_OPS
 
 from . import native as native_mod
 from .kernels import KERNELS, VARIANTS
+from . import kernels_indexing, kernels_math, kernels_spatial  # noqa: F401  (register the kernels of the ONNX-driven ops)
 from .native.compile import compile_native
 from .native.packing import PackCache
 from .native.threads import ThreadPool, physical_cores

@@ -256,9 +256,14 @@ def _lstm_cell_tail(b, r, i):
     return b.mul(og, b.tanh(b.add(b.mul(fg, c), b.mul(ig, gg))))
 
 
-CASES = _cases()
-from .quant_cases import quant_cases  # noqa: E402
-CASES += quant_cases()
+def _with_extra_cases() -> list[Case]:
+    from .cases_extra import onnx_op_cases  # late: they build on the helpers above
+    from .quant_cases import quant_cases
+
+    return _cases() + onnx_op_cases() + quant_cases()
+
+
+CASES = _with_extra_cases()
 
 
 def _fused_cases() -> list[Case]:

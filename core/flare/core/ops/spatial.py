@@ -1,0 +1,147 @@
+"""2-D convolution and pooling over [B, C, H, W] (NCHW, as ONNX and PyTorch).
+
+`conv2d` is the 2-D sibling of `conv1d` with groups, per-axis strides,
+dilations and explicit (before, after) zero padding; bias is a separate `add`.
+`max_pool2d` / `avg_pool2d` take a kernel, strides, dilations, pads and
+`ceil_mode` (the last window may overhang the end when it starts inside the
+input or its left padding, the PyTorch/ONNX rule); padded cells never win a
+max, and `avg_pool2d` counts them only with `count_include_pad`.
+1-D convolutions and pools of imported graphs run as these with H = 1.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import ShapeError
+from .registry import PARAMS, OpDef, need_dtype, need_rank, register
+
+_pair = (lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(d, int) and 1 <= d <= 1 << 16 for d in v))
+PARAMS.setdefault("strides", (_pair, "two integers in 1..65536"))
+PARAMS.setdefault("dilations", (_pair, "two integers in 1..65536"))
+PARAMS.setdefault("kernel", (_pair, "two integers in 1..65536"))
+PARAMS.setdefault("groups", (lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 16,
+                             "an integer in 1..65536"))
+PARAMS.setdefault("ceil_mode", (lambda v: isinstance(v, bool), "true or false"))
+PARAMS.setdefault("count_include_pad", (lambda v: isinstance(v, bool), "true or false"))
+
+
+def out_size(n: int, k: int, s: int, d: int, lo: int, hi: int, ceil_mode: bool = False) -> int:
+    """Output length of one spatial axis (the ONNX/PyTorch formula, ceil_mode included)."""
+    span = n + lo + hi - d * (k - 1) - 1
+    if span < 0:
+        return 0
+    if not ceil_mode:
+        return span // s + 1
+    out = math.ceil(span / s) + 1
+    if (out - 1) * s >= n + lo:  # the last window would start in the right padding
+        out -= 1
+    return out
+
+
+def _pads(node, op, params):
+    pads = params["pads"]
+    if len(pads) != 2:
+        raise ShapeError(f"{op}: pads needs two (before, after) pairs (H, W), got {pads}", node)
+    return pads
+
+
+def _conv2d_infer(node, srcs, params):
+    x, w = srcs
+    for t in (x, w):
+        need_dtype(node, "conv2d", t, ("f32",))
+        need_rank(node, "conv2d", t, (4,))
+    g = params["groups"]
+    if x.shape[1] % g or w.shape[0] % g or w.shape[1] * g != x.shape[1]:
+        raise ShapeError(f"conv2d: input {x.shape} and weight {w.shape} do not fit groups={g}", node)
+    (pt, pb), (pl, pr) = _pads(node, "conv2d", params)
+    ho = out_size(x.shape[2], w.shape[2], params["strides"][0], params["dilations"][0], pt, pb)
+    wo = out_size(x.shape[3], w.shape[3], params["strides"][1], params["dilations"][1], pl, pr)
+    if ho < 1 or wo < 1:
+        raise ShapeError(f"conv2d: kernel {w.shape[2:]} does not fit input {x.shape[2:]} with pads {params['pads']}", node)
+    return (x.shape[0], w.shape[0], ho, wo), "f32"
+
+
+def windows(x: np.ndarray, kernel, strides, dilations, out_hw) -> np.ndarray:
+    """[B, C, Ho, Wo, kh, kw] strided view of an already padded x (no copy)."""
+    b, c, _, _ = x.shape
+    sb, sc, sh, sw = x.strides
+    (kh, kw), (st_h, st_w), (dh, dw) = kernel, strides, dilations
+    return np.lib.stride_tricks.as_strided(
+        x, (b, c, out_hw[0], out_hw[1], kh, kw), (sb, sc, sh * st_h, sw * st_w, sh * dh, sw * dw), writeable=False)
+
+
+def conv2d_ref(x, p):
+    v, w = x[0].astype(np.float64), x[1].astype(np.float64)
+    (pt, pb), (pl, pr) = p["pads"]
+    v = np.pad(v, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    ho = out_size(x[0].shape[2], w.shape[2], p["strides"][0], p["dilations"][0], pt, pb)
+    wo = out_size(x[0].shape[3], w.shape[3], p["strides"][1], p["dilations"][1], pl, pr)
+    win = windows(v, w.shape[2:], p["strides"], p["dilations"], (ho, wo))
+    g = p["groups"]
+    cg, og = w.shape[1], w.shape[0] // g
+    outs = [np.einsum("bchwij,ocij->bohw", win[:, i * cg:(i + 1) * cg], w[i * og:(i + 1) * og]) for i in range(g)]
+    return np.concatenate(outs, axis=1).astype(np.float32)
+
+
+register(OpDef("conv2d", (2, 2), _conv2d_infer, conv2d_ref,
+               defaults={"strides": (1, 1), "dilations": (1, 1), "pads": ((0, 0), (0, 0)), "groups": 1}))
+
+
+def _pool_infer(op):
+    def infer(node, srcs, params):
+        x = srcs[0]
+        need_dtype(node, op, x, ("f32",))
+        need_rank(node, op, x, (4,))
+        (pt, pb), (pl, pr) = _pads(node, op, params)
+        k, s, d = params["kernel"], params["strides"], params["dilations"]
+        if max(pt, pb) >= k[0] * d[0] and k[0] > 1 or max(pl, pr) >= k[1] * d[1] and k[1] > 1:
+            raise ShapeError(f"{op}: pads {params['pads']} must be smaller than the kernel {k}", node)
+        ho = out_size(x.shape[2], k[0], s[0], d[0], pt, pb, params["ceil_mode"])
+        wo = out_size(x.shape[3], k[1], s[1], d[1], pl, pr, params["ceil_mode"])
+        if ho < 1 or wo < 1:
+            raise ShapeError(f"{op}: kernel {k} does not fit input {x.shape[2:]}", node)
+        return (x.shape[0], x.shape[1], ho, wo), "f32"
+    return infer
+
+
+def pool_geometry(shape, p):
+    """Output size and the extra right/bottom padding ceil_mode needs."""
+    (pt, pb), (pl, pr) = p["pads"]
+    k, s, d = p["kernel"], p["strides"], p["dilations"]
+    ho = out_size(shape[2], k[0], s[0], d[0], pt, pb, p["ceil_mode"])
+    wo = out_size(shape[3], k[1], s[1], d[1], pl, pr, p["ceil_mode"])
+    need_h = (ho - 1) * s[0] + d[0] * (k[0] - 1) + 1
+    need_w = (wo - 1) * s[1] + d[1] * (k[1] - 1) + 1
+    extra_b = max(0, need_h - (shape[2] + pt + pb))
+    extra_r = max(0, need_w - (shape[3] + pl + pr))
+    return ho, wo, ((0, 0), (0, 0), (pt, pb + extra_b), (pl, pr + extra_r)), ((0, 0), (0, 0), (0, extra_b), (0, extra_r))
+
+
+def max_pool2d_ref(x, p):
+    ho, wo, pads, _ = pool_geometry(x[0].shape, p)
+    v = np.pad(x[0].astype(np.float64), pads, constant_values=-np.inf)
+    return windows(v, p["kernel"], p["strides"], p["dilations"], (ho, wo)).max(axis=(4, 5)).astype(np.float32)
+
+
+def avg_pool2d_ref(x, p):
+    ho, wo, pads, extra = pool_geometry(x[0].shape, p)
+    v = np.pad(x[0].astype(np.float64), pads)
+    total = windows(v, p["kernel"], p["strides"], p["dilations"], (ho, wo)).sum(axis=(4, 5))
+    ones = np.ones((1, 1, *x[0].shape[2:]))
+    if p["count_include_pad"]:  # the explicit pads count, the ceil_mode overhang does not
+        (pt, pb), (pl, pr) = p["pads"]
+        ones = np.pad(ones, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=1.0)
+        ones = np.pad(ones, extra)
+    else:
+        ones = np.pad(ones, pads)
+    count = windows(ones, p["kernel"], p["strides"], p["dilations"], (ho, wo)).sum(axis=(4, 5))
+    return (total / count).astype(np.float32)
+
+
+_POOL_DEFAULTS = {"strides": (1, 1), "dilations": (1, 1), "pads": ((0, 0), (0, 0)), "ceil_mode": False}
+register(OpDef("max_pool2d", (1, 1), _pool_infer("max_pool2d"), max_pool2d_ref, defaults=_POOL_DEFAULTS,
+               required=("kernel",)))
+register(OpDef("avg_pool2d", (1, 1), _pool_infer("avg_pool2d"), avg_pool2d_ref,
+               defaults={**_POOL_DEFAULTS, "count_include_pad": False}, required=("kernel",)))

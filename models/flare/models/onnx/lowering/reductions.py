@@ -1,0 +1,210 @@
+"""MatMul, Gemm, Softmax family, reductions, ArgMax/ArgMin, CumSum/CumProd, LpNormalization, TopK."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import OnnxError
+from ..values import BOOL, Val, is_wide
+from .base import F32, I64, INTS, _axis, _full, _identity, _ints, _last_axis_apply, _need, _reduce_chain, cval, lowers
+
+
+# -- matrix products ------------------------------------------------------------------
+@lowers("MatMul")
+def _matmul(tr, node, ins, attrs):
+    a, b = _need(ins[0], "A"), _need(ins[1], "B")
+    ta, tb = tr.t(a), tr.t(b)
+    a_shape, b_shape = a.shape, b.shape
+    if len(a_shape) == 1:
+        ta = tr.op("reshape", ta, shape=[1, a_shape[0]])
+        a_shape = (1, a_shape[0])
+    if len(b_shape) == 1:
+        tb = tr.op("reshape", tb, shape=[b_shape[0], 1])
+        b_shape = (b_shape[0], 1)
+    out_shape = (*np.broadcast_shapes(a_shape[:-2], b_shape[:-2]), a_shape[-2], b_shape[-1])
+    if len(a.shape) == 1:
+        out_shape = out_shape[:-2] + out_shape[-1:]
+    if len(b.shape) == 1:
+        out_shape = out_shape[:-1]
+    return [tr.val(tr.op("matmul", ta, tb), out_shape, F32)]
+
+
+@lowers("Gemm")
+def _gemm(tr, node, ins, attrs):
+    a, b = _need(ins[0], "A"), _need(ins[1], "B")
+    ta = tr.t(a)
+    if attrs.get("transA", 0):
+        ta = tr.op("transpose", ta)
+    out = tr.op("matmul", ta, tr.t(b), transpose_b=bool(attrs.get("transB", 0)))
+    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    if alpha != 1.0:
+        out = tr.op("scale", out, scale=alpha)
+    if len(ins) > 2 and ins[2] is not None and beta != 0.0:
+        c = tr.t(ins[2])
+        if beta != 1.0:
+            c = tr.op("scale", c, scale=beta)
+        out = tr.op("add", out, c)
+    return [tr.val(out, tuple(out.shape), F32)]
+
+
+@lowers("Softmax", "LogSoftmax", "Hardmax")
+def _softmax(tr, node, ins, attrs):
+    x = _need(ins[0], "input")
+    rank = len(x.shape)
+    t = tr.t(x)
+    log = node.op_type == "LogSoftmax"
+
+    def soft(u):
+        if node.op_type == "Hardmax":  # one-hot of the first maximum over the last axis
+            n = u.shape[-1]
+            idx = tr.op("arg_max", u, axis=-1, keepdims=True)
+            iota = tr.t(cval(np.arange(n, dtype=np.int32)))
+            return tr.op("cast", tr.op("equal", idx, iota), dtype="f32")
+        s = tr.op("softmax", u)
+        return tr.op("log", s) if log else s
+
+    if tr.opset < 13:
+        axis = _axis(attrs.get("axis", 1), rank)
+        outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+        flat = tr.op("reshape", t, shape=[outer, int(np.prod(x.shape[axis:], dtype=np.int64))])
+        return [tr.val(soft(flat), x.shape, F32)]
+    axis = _axis(attrs.get("axis", -1), rank)
+    return [tr.val(tr.op("contiguous", _last_axis_apply(tr, t, rank, axis, soft)), x.shape, F32)]
+
+
+def _reduce_axes(tr, node, ins, attrs) -> tuple[list[int] | None, bool]:
+    """Axes (None: all) and keepdims, from the attribute or (newer opsets) the second input."""
+    axes = attrs.get("axes")
+    if len(ins) > 1 and ins[1] is not None:
+        axes = _ints(tr, ins[1])
+    keep = bool(attrs.get("keepdims", 1))
+    if not axes:
+        if attrs.get("noop_with_empty_axes", 0):
+            return [], keep
+        return None, keep
+    return list(axes), keep
+
+
+_REDUCE = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min", "ReduceProd": "prod",
+           "ReduceL1": "sum", "ReduceL2": "sum", "ReduceSumSquare": "sum", "ReduceLogSum": "sum",
+           "ReduceLogSumExp": "sum"}
+
+
+@lowers(*_REDUCE)
+def _reduce(tr, node, ins, attrs):
+    x = ins[0]
+    axes, keep = _reduce_axes(tr, node, ins, attrs)
+    kind = node.op_type
+    if axes == []:
+        return _identity(tr, node, ins, attrs)
+    if is_wide(x.shape):  # rank > 4: only reductions over every axis, of the flattened values
+        rank = len(x.shape)
+        if axes is not None and sorted({_axis(a, rank) for a in axes}) != list(range(rank)):
+            raise OnnxError(f"reduction over some axes of a rank-{rank} value")
+        flat = Val(x.name, (int(np.prod(x.shape, dtype=np.int64)),), x.dtype,
+                   tensor=tr.op("reshape", tr.t(x), shape=[int(np.prod(x.shape, dtype=np.int64))]))
+        out = _reduce(tr, node, [flat, None], {**attrs, "axes": [0], "keepdims": 0})[0]
+        shape = (1,) * rank if keep else ()
+        return [tr.val(out.tensor, shape, out.dtype) if out.tensor is not None else cval(np.asarray(out.const).reshape(shape))]
+    if x.dtype == BOOL and kind in ("ReduceMax", "ReduceMin"):  # any / all over i32 0/1
+        t, shape = _reduce_chain(tr, tr.t(x), x.shape, axes, keep, "min")
+        if kind == "ReduceMax":
+            neg = tr.op("int_sub", _full(tr, 1, np.int32), tr.t(x))
+            t, shape = _reduce_chain(tr, neg, x.shape, axes, keep, "min")
+            t = tr.op("int_sub", _full(tr, 1, np.int32), t)
+        return [tr.val(t, shape, BOOL)]
+    if x.dtype != F32 and kind not in ("ReduceMin", "ReduceProd"):
+        if kind == "ReduceSum" and x.dtype in INTS:  # exact integer sums: the last element of a cumsum
+            t = tr.t(x)
+            rank = len(x.shape)
+            red = sorted({_axis(a, rank) for a in (range(rank) if axes is None else axes)})
+            for a in red:
+                n = x.shape[a]
+                t = tr.op("slice", tr.op("cumsum", t, axis=a), axis=a, start=n - 1, stop=n)
+            shape = tuple(1 if i in red else d for i, d in enumerate(x.shape)) if keep else \
+                tuple(d for i, d in enumerate(x.shape) if i not in red)
+            return [tr.val(tr.op("contiguous", t), shape, x.dtype)]
+        if kind == "ReduceMax" and x.dtype in INTS:
+            t = tr.op("int_sub", _full(tr, 0, x.dtype), tr.t(x))
+            t, shape = _reduce_chain(tr, t, x.shape, axes, keep, "min")
+            return [tr.val(tr.op("int_sub", _full(tr, 0, x.dtype), t), shape, x.dtype)]
+        _need(x, "data")
+    t = tr.t(x)
+    if kind == "ReduceL1":
+        t = tr.op("abs", t)
+    elif kind in ("ReduceL2", "ReduceSumSquare"):
+        t = tr.op("sqr", t)
+    elif kind == "ReduceLogSumExp":
+        t = tr.op("exp", t)
+    t, shape = _reduce_chain(tr, t, x.shape, axes, keep, _REDUCE[kind])
+    if kind == "ReduceL2":
+        t = tr.op("sqrt", t)
+    elif kind in ("ReduceLogSum", "ReduceLogSumExp"):
+        t = tr.op("log", t)
+    return [tr.val(t, shape, x.dtype)]
+
+
+@lowers("ArgMax", "ArgMin")
+def _arg(tr, node, ins, attrs):
+    x = ins[0]
+    rank = len(x.shape)
+    axis = _axis(attrs.get("axis", 0), rank)
+    keep = bool(attrs.get("keepdims", 1))
+    op = "arg_max" if node.op_type == "ArgMax" else "argmin"
+    out = tr.op(op, tr.t(x), axis=axis, keepdims=True, select_last=bool(attrs.get("select_last_index", 0)))
+    shape = tuple(1 if i == axis else d for i, d in enumerate(x.shape)) if keep else \
+        tuple(d for i, d in enumerate(x.shape) if i != axis)
+    return [tr.val(tr.op("cast", out, dtype="i64"), shape, I64)]
+
+
+@lowers("CumSum")
+def _cumsum(tr, node, ins, attrs):
+    x = ins[0]
+    axis = _axis(_ints(tr, ins[1])[0], len(x.shape))
+    out = tr.op("cumsum", tr.t(x), axis=axis, exclusive=bool(attrs.get("exclusive", 0)),
+                reverse=bool(attrs.get("reverse", 0)))
+    return [tr.val(out, x.shape, x.dtype)]
+
+
+@lowers("TopK")
+def _topk(tr, node, ins, attrs):
+    x = _need(ins[0], "X")
+    k = _ints(tr, ins[1])[0] if tr.opset >= 10 else int(attrs["k"])
+    rank = len(x.shape)
+    axis = _axis(attrs.get("axis", -1), rank)
+    t = tr.t(x)
+    if axis != rank - 1:
+        perm = list(range(rank))
+        perm[axis], perm[-1] = perm[-1], perm[axis]
+        t = tr.op("contiguous", tr.op("permute", t, axes=perm))
+    src = t if attrs.get("largest", 1) else tr.op("neg", t)
+    idx = tr.op("top_k", src, k=k)
+    vals = tr.op("take_along_axis", t, idx, axis=-1)
+    if axis != rank - 1:
+        vals = tr.op("permute", vals, axes=perm)
+        idx = tr.op("permute", idx, axes=perm)
+    shape = tuple(k if i == axis else d for i, d in enumerate(x.shape))
+    return [tr.val(tr.op("contiguous", vals), shape, F32), tr.val(tr.op("cast", idx, dtype="i64"), shape, I64)]
+
+
+@lowers("LpNormalization")
+def _lp_norm(tr, node, ins, attrs):
+    x = _need(ins[0], "input")
+    axis = _axis(attrs.get("axis", -1), len(x.shape))
+    p = int(attrs.get("p", 2))
+    t = tr.t(x)
+    if p == 1:
+        norm = tr.op("sum", tr.op("abs", t), axis=axis, keepdims=True)
+    else:
+        norm = tr.op("sqrt", tr.op("sum", tr.op("sqr", t), axis=axis, keepdims=True))
+    zero = _full(tr, 0.0, np.float32)
+    safe = tr.op("where", tr.op("equal", norm, zero), _full(tr, 1.0, np.float32), norm)
+    return [tr.val(tr.op("div", t, safe), x.shape, F32)]
+
+
+@lowers("CumProd")
+def _cumprod(tr, node, ins, attrs):
+    x = ins[0]
+    axis = _axis(_ints(tr, ins[1])[0], len(x.shape))
+    out = tr.op("cumprod", tr.t(x), axis=axis, exclusive=bool(attrs.get("exclusive", 0)),
+                reverse=bool(attrs.get("reverse", 0)))
+    return [tr.val(out, x.shape, x.dtype)]

@@ -1,0 +1,367 @@
+"""Shape and layout ONNX ops: Shape, Reshape family, Transpose, Concat, Slice, Split, gathers and
+scatters, Expand, Tile, Pad, Trilu, OneHot (wide values go through [before, axis, after] views)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import OnnxError
+from ..values import BOOL, MAX_RANK, flare_shape, is_wide
+from .base import (F32, I32, _axis, _full, _identity, _indices, _ints, _reshape_to, _slice_axis, cval, lowers,
+    merged_broadcast, merged_permutation)
+
+
+# -- shapes and layout ----------------------------------------------------------------
+@lowers("Shape")
+def _shape(tr, node, ins, attrs):
+    shape = list(ins[0].shape)
+    start, end = attrs.get("start", 0), attrs.get("end", None)
+    return [cval(np.array(shape[slice(start, end)], dtype=np.int64))]
+
+
+@lowers("Size")
+def _size(tr, node, ins, attrs):
+    return [cval(np.array(int(np.prod(ins[0].shape, dtype=np.int64)), dtype=np.int64))]
+
+
+@lowers("EyeLike")
+def _eyelike(tr, node, ins, attrs):
+    from ..values import np_dtype_of
+
+    dtype = np_dtype_of(attrs["dtype"], "EyeLike.dtype") if "dtype" in attrs else ins[0].dtype
+    n, m = ins[0].shape
+    return [cval(np.eye(n, m, k=int(attrs.get("k", 0)), dtype=dtype))]
+
+
+@lowers("ConstantOfShape")
+def _constant_of_shape(tr, node, ins, attrs):
+    from onnx import numpy_helper
+
+    shape = _ints(tr, ins[0])
+    value = numpy_helper.to_array(attrs["value"]) if "value" in attrs else np.zeros(1, np.float32)
+    return [cval(np.full(shape, value.reshape(-1)[0], dtype=value.dtype))]
+
+
+@lowers("Range")
+def _range(tr, node, ins, attrs):
+    start, limit, delta = (np.asarray(tr.c(v)).reshape(()) for v in ins)
+    return [cval(np.arange(start, limit, delta, dtype=ins[0].dtype))]
+
+
+@lowers("Reshape")
+def _reshape(tr, node, ins, attrs):
+    x = ins[0]
+    target = _ints(tr, ins[1]) if len(ins) > 1 else list(attrs["shape"])
+    if not attrs.get("allowzero", 0):
+        target = [x.shape[i] if d == 0 else d for i, d in enumerate(target)]
+    if -1 in target:
+        known = int(np.prod([d for d in target if d != -1], dtype=np.int64))
+        total = int(np.prod(x.shape, dtype=np.int64))
+        target[target.index(-1)] = total // known if known else 0
+    return _reshape_to(tr, x, tuple(target))
+
+
+@lowers("Flatten")
+def _flatten(tr, node, ins, attrs):
+    x = ins[0]
+    axis = attrs.get("axis", 1)
+    axis = axis % len(x.shape) if axis < 0 else axis
+    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+    return _reshape_to(tr, x, (outer, int(np.prod(x.shape[axis:], dtype=np.int64))))
+
+
+@lowers("Squeeze")
+def _squeeze(tr, node, ins, attrs):
+    x = ins[0]
+    axes = _ints(tr, ins[1]) if len(ins) > 1 and ins[1] is not None else attrs.get("axes")
+    rank = len(x.shape)
+    axes = [i for i, d in enumerate(x.shape) if d == 1] if not axes else [_axis(a, rank) for a in axes]
+    return _reshape_to(tr, x, tuple(d for i, d in enumerate(x.shape) if i not in axes))
+
+
+@lowers("Unsqueeze")
+def _unsqueeze(tr, node, ins, attrs):
+    x = ins[0]
+    axes = _ints(tr, ins[1]) if len(ins) > 1 and ins[1] is not None else list(attrs["axes"])
+    rank = len(x.shape) + len(axes)
+    axes = sorted(_axis(a, rank) for a in axes)
+    shape = list(x.shape)
+    for a in axes:
+        shape.insert(a, 1)
+    return _reshape_to(tr, x, tuple(shape))
+
+
+@lowers("Transpose")
+def _transpose(tr, node, ins, attrs):
+    x = ins[0]
+    rank = len(x.shape)
+    perm = list(attrs.get("perm", range(rank - 1, -1, -1)))
+    if rank <= 1:
+        return _identity(tr, node, ins, attrs)
+    out_shape = tuple(x.shape[p] for p in perm)
+    if is_wide(x.shape):
+        src, merged_perm = merged_permutation(x.shape, perm)
+        if len(src) > MAX_RANK:
+            raise OnnxError(f"transpose {perm} of {x.shape} needs rank {len(src)} even with axes merged")
+        t = tr.op("reshape", tr.t(x), shape=list(src))
+        return [tr.val(tr.op("contiguous", tr.op("permute", t, axes=merged_perm)), out_shape, x.dtype)]
+    out = tr.op("permute", tr.t(x), axes=perm)
+    return [tr.val(out, out_shape, x.dtype)]
+
+
+@lowers("Concat")
+def _concat(tr, node, ins, attrs):
+    vals = [v for v in ins if v is not None and int(np.prod(v.shape, dtype=np.int64)) > 0]
+    if not vals:
+        vals = [ins[0]]
+    axis = _axis(attrs["axis"], len(vals[0].shape))
+    shape = list(vals[0].shape)
+    if is_wide(tuple(shape)):  # rank > 4: every input as [before, axis, after], joined on the middle axis
+        before = int(np.prod(shape[:axis], dtype=np.int64))
+        after = int(np.prod(shape[axis + 1:], dtype=np.int64))
+        parts = [tr.op("reshape", tr.t(v), shape=[before, v.shape[axis], after]) for v in vals]
+        out = parts[0]
+        for part in parts[1:]:
+            out = tr.op("concat", out, part, axis=1)
+        shape[axis] = sum(v.shape[axis] for v in vals)
+        if len(parts) == 1:
+            out = tr.op("contiguous", out)
+        return [tr.val(out, tuple(shape), vals[0].dtype)]
+    out = tr.t(vals[0])
+    for v in vals[1:]:
+        out = tr.op("concat", out, tr.t(v), axis=axis)
+        shape[axis] += v.shape[axis]
+    if len(vals) == 1:
+        out = tr.op("contiguous", out)
+    return [tr.val(out, tuple(shape), vals[0].dtype)]
+
+
+@lowers("Slice")
+def _slice(tr, node, ins, attrs):
+    x = ins[0]
+    rank = len(x.shape)
+    if tr.opset < 10:
+        starts, ends = list(attrs["starts"]), list(attrs["ends"])
+        axes = list(attrs.get("axes", range(len(starts))))
+        steps = [1] * len(starts)
+    else:
+        starts, ends = _ints(tr, ins[1]), _ints(tr, ins[2])
+        axes = _ints(tr, ins[3]) if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
+        steps = _ints(tr, ins[4]) if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
+    t = tr.t(x)
+    shape = list(x.shape)
+    big = 1 << 62
+    lengths = {}
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = _axis(a, rank)
+        lengths[a] = len(range(*slice(max(min(s, big), -big), max(min(e, big), -big), st).indices(shape[a])))
+    if 0 in lengths.values():  # an empty result: a constant with no data (no Flare tensor has zero size)
+        return [cval(np.zeros([lengths.get(i, d) for i, d in enumerate(shape)], dtype=x.dtype))]
+    wide = is_wide(tuple(shape))
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = _axis(a, rank)
+        s = max(min(s, big), -big)
+        e = max(min(e, big), -big)
+        if wide:  # rank > 4: slice the middle axis of [before, axis, after]
+            before = int(np.prod(shape[:a], dtype=np.int64))
+            after = int(np.prod(shape[a + 1:], dtype=np.int64))
+            t = tr.op("reshape", t, shape=[before, shape[a], after])
+            t, shape[a] = _slice_axis(tr, t, [before, shape[a], after], 1, s, e, st)
+        else:
+            t, shape[a] = _slice_axis(tr, t, shape, a, s, e, st)
+    if t is tr.t(x):
+        t = tr.op("contiguous", t)
+    return [tr.val(t, tuple(shape), x.dtype)]
+
+
+@lowers("Split")
+def _split(tr, node, ins, attrs):
+    x = ins[0]
+    axis = _axis(attrs.get("axis", 0), len(x.shape))
+    n_out = len(node.output)
+    sizes = _ints(tr, ins[1]) if len(ins) > 1 and ins[1] is not None else attrs.get("split")
+    if not sizes:
+        dim = x.shape[axis]
+        per = -(-dim // n_out) if tr.opset >= 18 else dim // n_out
+        sizes = [min(per, dim - i * per) for i in range(n_out)]
+    outs, at = [], 0
+    for size in sizes:
+        shape = list(x.shape)
+        shape[axis] = size
+        if size == 0:  # an empty piece: a constant with no data (no Flare tensor has zero size)
+            outs.append(cval(np.zeros(shape, dtype=x.dtype)))
+            continue
+        t = tr.op("contiguous", tr.op("slice", tr.t(x), axis=axis, start=at, stop=at + size))
+        outs.append(tr.val(t, tuple(shape), x.dtype))
+        at += size
+    return outs
+
+
+@lowers("Gather")
+def _gather(tr, node, ins, attrs):
+    x, idx = ins
+    axis = _axis(attrs.get("axis", 0), len(x.shape))
+    out = tr.op("take", tr.t(x), _indices(tr, idx), axis=axis)
+    shape = (*x.shape[:axis], *idx.shape, *x.shape[axis + 1:])
+    return [tr.val(out, shape, x.dtype)]
+
+
+@lowers("GatherElements")
+def _gather_elements(tr, node, ins, attrs):
+    x, idx = ins
+    axis = _axis(attrs.get("axis", 0), len(x.shape))
+    if is_wide(x.shape) or is_wide(idx.shape):  # rank > 4: both as [before, axis, after] when the rest agrees
+        if x.shape[:axis] != idx.shape[:axis] or x.shape[axis + 1:] != idx.shape[axis + 1:]:
+            raise OnnxError(f"GatherElements of rank {len(x.shape)}: data {x.shape} and indices {idx.shape} "
+                            f"must agree off the axis")
+        before = int(np.prod(x.shape[:axis], dtype=np.int64))
+        after = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+        tx = tr.op("reshape", tr.t(x), shape=[before, x.shape[axis], after])
+        ti = tr.op("reshape", tr.t(idx), shape=[before, idx.shape[axis], after])
+        return [tr.val(tr.op("take_along_axis", tx, ti, axis=1), idx.shape, x.dtype)]
+    return [tr.val(tr.op("take_along_axis", tr.t(x), tr.t(idx), axis=axis), idx.shape, x.dtype)]
+
+
+@lowers("Expand")
+def _expand(tr, node, ins, attrs):
+    x = ins[0]
+    shape = tuple(np.broadcast_shapes(x.shape, tuple(_ints(tr, ins[1]))))
+    t = tr.t(x)
+    if len(shape) <= MAX_RANK:
+        if len(x.shape) > MAX_RANK:
+            raise OnnxError(f"expand of a rank-{len(x.shape)} value to rank {len(shape)}")
+        return [tr.val(tr.op("expand", t, shape=list(shape) or [1]), shape, x.dtype)]
+    src_m, out_m = merged_broadcast((1,) * (len(shape) - len(x.shape)) + tuple(x.shape), shape)
+    if len(out_m) > MAX_RANK:
+        raise OnnxError(f"expand {x.shape} -> {shape} needs rank {len(out_m)} even with axes merged")
+    t = tr.op("reshape", t, shape=list(src_m))
+    return [tr.val(tr.op("expand", t, shape=list(out_m)), shape, x.dtype)]
+
+
+@lowers("Tile")
+def _tile(tr, node, ins, attrs):
+    x = ins[0]
+    reps = _ints(tr, ins[1])
+    out = tr.op("tile", tr.t(x), repeats=reps)
+    return [tr.val(out, tuple(d * r for d, r in zip(x.shape, reps)), x.dtype)]
+
+
+@lowers("Pad")
+def _pad(tr, node, ins, attrs):
+    x = ins[0]
+    rank = len(x.shape)
+    mode = attrs.get("mode", "constant")
+    if tr.opset < 11:
+        pads = list(attrs["pads"])
+        value = float(attrs.get("value", 0.0))
+        axes = list(range(rank))
+    else:
+        pads = _ints(tr, ins[1])
+        value = 0.0
+        if len(ins) > 2 and ins[2] is not None and ins[2].shape != (0,):
+            value = float(np.asarray(tr.c(ins[2])).reshape(-1)[0])
+        axes = _ints(tr, ins[3]) if len(ins) > 3 and ins[3] is not None else list(range(rank))
+    if mode not in ("constant", "reflect", "edge"):
+        raise OnnxError(f"pad mode {mode!r} is not supported (constant, reflect, edge)")
+    axes = [_axis(a, rank) for a in axes]
+    n = len(axes)
+    pairs = [[0, 0] for _ in range(rank)]
+    for i, a in enumerate(axes):
+        pairs[a] = [pads[i], pads[i + n]]
+    t = tr.t(x)
+    shape = list(x.shape)
+    for a, (lo, hi) in enumerate(pairs):  # negative pads crop
+        if lo < 0 or hi < 0:
+            t, shape[a] = _slice_axis(tr, t, shape, a, max(0, -lo), shape[a] - max(0, -hi), 1)
+            pairs[a] = [max(lo, 0), max(hi, 0)]
+    if mode == "edge":  # the edge row repeated: an expanded slice on each side
+        for a, (lo, hi) in enumerate(pairs):
+            parts = []
+            for width, at in ((lo, 0), (hi, shape[a] - 1)):
+                if width:
+                    edge = tr.op("slice", t, axis=a, start=at, stop=at + 1)
+                    target = list(flare_shape(tuple(shape)))
+                    target[a] = width
+                    parts.append(tr.op("expand", edge, shape=target))
+            if parts:
+                pieces = ([parts[0]] if lo else []) + [t] + ([parts[-1]] if hi else [])
+                t = pieces[0]
+                for p in pieces[1:]:
+                    t = tr.op("concat", t, p, axis=a)
+                shape[a] += lo + hi
+        if t is tr.t(x):
+            t = tr.op("contiguous", t)
+    elif any(lo or hi for lo, hi in pairs):
+        t = tr.op("pad", t, pads=pairs, mode=mode, value=value)
+        shape = [d + lo + hi for d, (lo, hi) in zip(shape, pairs)]
+    else:
+        t = tr.op("contiguous", t)
+    return [tr.val(t, tuple(shape), x.dtype)]
+
+
+@lowers("Trilu")
+def _trilu(tr, node, ins, attrs):
+    x = ins[0]
+    k = _ints(tr, ins[1])[0] if len(ins) > 1 and ins[1] is not None else 0
+    n, m = x.shape[-2:]
+    mask = np.tril(np.ones((n, m), bool), k) if not attrs.get("upper", 1) else np.triu(np.ones((n, m), bool), k)
+    zero = _full(tr, 0, x.dtype if x.dtype != BOOL else np.int32)
+    out = tr.op("where", tr.t(cval(mask)), tr.t(x), zero)
+    return [tr.val(out, x.shape, x.dtype)]
+
+
+@lowers("OneHot")
+def _one_hot(tr, node, ins, attrs):
+    idx, depth_v, values = ins
+    depth = int(np.asarray(tr.c(depth_v)).reshape(-1)[0])
+    rank = len(idx.shape) + 1
+    axis = _axis(attrs.get("axis", -1), rank)
+    t = tr.t(idx)
+    if idx.dtype == F32:
+        t = tr.op("cast", t, dtype="i64")
+    elif idx.dtype == I32:
+        t = tr.op("cast", t, dtype="i64")
+    # negative indices count from the end (ONNX): i + depth where i < 0
+    wrapped = tr.op("where", tr.op("less", t, _full(tr, 0, np.int64)), tr.op("int_add", t, _full(tr, depth, np.int64)), t)
+    shape = list(idx.shape)
+    shape.insert(axis, 1)
+    col = tr.op("reshape", wrapped, shape=list(flare_shape(tuple(shape))))
+    iota_shape = [1] * rank
+    iota_shape[axis] = depth
+    iota = tr.t(cval(np.arange(depth, dtype=np.int64).reshape(iota_shape)))
+    hit = tr.op("equal", col, iota)
+    off_on = np.asarray(tr.c(values)).reshape(-1)
+    vd = values.dtype
+    out = tr.op("where", hit, _full(tr, off_on[1], vd), _full(tr, off_on[0], vd))
+    out_shape = tuple(idx.shape[:axis]) + (depth,) + tuple(idx.shape[axis:])
+    return [tr.val(out, out_shape, vd)]
+
+
+@lowers("GatherND")
+def _gather_nd(tr, node, ins, attrs):
+    x, idx = ins
+    b = int(attrs.get("batch_dims", 0))
+    k = idx.shape[-1]
+    shape = (*idx.shape[:-1], *x.shape[b + k:])
+    ti = tr.t(idx)
+    if b == 0:  # index tuples as rows [m, k]: wide index tensors fit too
+        ti = tr.op("reshape", ti, shape=[int(np.prod(idx.shape[:-1], dtype=np.int64)), k])
+    return [tr.val(tr.op("gather_nd", tr.t(x), ti, batch_dims=b), shape, x.dtype)]
+
+
+@lowers("ScatterND")
+def _scatter_nd(tr, node, ins, attrs):
+    x, idx, upd = ins
+    mode = attrs.get("reduction", "none")
+    k = idx.shape[-1]
+    m = int(np.prod(idx.shape[:-1], dtype=np.int64))
+    ti = tr.op("reshape", tr.t(idx), shape=[m, k])  # index tuples as rows: wide index tensors fit too
+    tu = tr.op("reshape", tr.t(upd), shape=list(flare_shape((m, *x.shape[k:]))))
+    return [tr.val(tr.op("scatter_nd", tr.t(x), ti, tu, mode=mode), x.shape, x.dtype)]
+
+
+@lowers("ScatterElements", "Scatter")
+def _scatter_elements(tr, node, ins, attrs):
+    x, idx, upd = ins
+    axis = _axis(attrs.get("axis", 0), len(x.shape))
+    out = tr.op("scatter_elements", tr.t(x), tr.t(idx), tr.t(upd), axis=axis, mode=attrs.get("reduction", "none"))
+    return [tr.val(out, x.shape, x.dtype)]

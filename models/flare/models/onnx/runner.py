@@ -1,0 +1,419 @@
+"""Run an imported ONNX model on a Flare Session: trace, segment, prepare, execute.
+
+Every call binds the input shapes and walks the ONNX nodes once (`Tracer`):
+- a node whose inputs are all constants of the file (or of the bound shapes:
+  `Shape`, `Size`) is folded on the host with onnx's reference kernels;
+- any other node is lowered onto Flare ops (`lowering.LOWERINGS`) into the
+  current *segment*, a Flare graph;
+- where a lowering needs the *value* of a computed tensor (a Reshape target, a
+  Range limit, NonZero's output size: shapes that depend on data), the
+  segment is closed there and executed, and its live values come back to the
+  host; the host step runs, and a new segment starts with those values as
+  its inputs. The graph is split, not refused.
+
+A segment's prepared graph is cached under a key of its structure (ops,
+params, shapes, dtypes, weight identities), so repeated calls with the same
+shapes re-trace (cheap Python) but never re-prepare. The cache is bounded;
+evicted graphs are released. A runner is not thread-safe: use one per thread
+(its Session may be shared; Flare's PreparedGraph takes turns).
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from typing import Any, Mapping
+
+import numpy as np
+
+from flare.core.errors import InputError
+from flare.core.graph import INPUT, WEIGHT, GraphBuilder, Tensor
+
+from .errors import OnnxError, UnsupportedOpError
+from .loader import DEFAULT_DOMAINS, OnnxModel
+from .values import BOOL, Val, flare_dtype, flare_shape, from_flare_array, is_wide, to_flare_array
+
+ENTRY = "main"
+CACHE_SIZE = 16
+# ops never folded at import time even when their inputs are constant (a fresh draw each run)
+NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+
+
+def static_values(model: OnnxModel) -> set[str]:
+    """Names whose value is known without running the model once input shapes are bound."""
+    known = set(model.initializers) | {""}
+    for node in model.graph.node:
+        if node.op_type in NO_FOLD:
+            continue
+        if node.op_type in ("Shape", "Size") or node.op_type == "Constant" or all(i in known for i in node.input):
+            known.update(node.output)
+    return known
+
+
+def check_supported(model: OnnxModel) -> None:
+    """Refuse, in one line naming every op and a node of it, what can be neither lowered nor folded."""
+    from .lowering import HOST_STEPS, LOWERINGS
+
+    static = static_values(model)
+    missing: dict[str, str] = {}
+    for i, node in enumerate(model.graph.node):
+        if all(o in static for o in node.output if o):
+            continue
+        key = node.op_type if node.domain in DEFAULT_DOMAINS else f"{node.domain}.{node.op_type}"
+        if node.domain not in DEFAULT_DOMAINS or (node.op_type not in LOWERINGS and node.op_type not in HOST_STEPS):
+            missing.setdefault(key, node.name or f"#{i}")
+    if missing:
+        listed = ", ".join(f"{op} (node {name!r})" for op, name in sorted(missing.items()))
+        raise UnsupportedOpError(f"{model.path}: unsupported ONNX op(s): {listed}")
+
+
+def expand(model: OnnxModel) -> OnnxModel:
+    """The model with function ops the lowering table lacks inlined (see functions.py)."""
+    from .functions import expand_functions
+    from .lowering import HOST_STEPS, LOWERINGS
+
+    proto = expand_functions(model.proto, model.opset, set(LOWERINGS) | set(HOST_STEPS))
+    if proto is model.proto:
+        return model
+    return OnnxModel(proto, model.path, model.opset, model.initializers)
+
+
+class Segment:
+    """One traced Flare graph: its tensors in order, outputs, and the feeds of its inputs."""
+
+    def __init__(self, tensors: list[Tensor], outputs: dict[str, Tensor], feeds: dict[str, np.ndarray],
+                 digests: dict[str, str]):
+        self.tensors = tensors
+        self.outputs = outputs
+        self.feeds = feeds
+        self.key = _structure_key(tensors, outputs, digests)
+
+    def builder(self):
+        """The entry builder Flare prepares: replays the traced tensors exactly."""
+        tensors, outputs = self.tensors, self.outputs
+
+        def build(b: GraphBuilder, shapes: Mapping[str, Any]) -> None:
+            made: dict[int, Tensor] = {}
+            for t in tensors:
+                if t.role == INPUT:
+                    made[t.id] = b.input(t.name, shapes[t.name], t.dtype)
+                elif t.role == WEIGHT:
+                    made[t.id] = b.weight(t.name, t.data)
+                else:
+                    made[t.id] = b.op(t.op, *[made[s.id] for s in t.srcs], name=t.name, **t.params)
+            for name, t in outputs.items():
+                b.output(name, made[t.id])
+        return build
+
+
+def _same_shape_elementwise(op_type: str, ins: list) -> bool:
+    """An elementwise op whose operands are one wide shape, or single elements: safe on merged shapes."""
+    from .lowering import ELEMENTWISE
+
+    if op_type not in ELEMENTWISE:
+        return False
+    shapes = {v.shape for v in ins if v is not None and int(np.prod(v.shape, dtype=np.int64)) != 1}
+    return len(shapes) <= 1 and all(v is None or len(v.shape) == max(len(s) for s in shapes) or
+                                    int(np.prod(v.shape, dtype=np.int64)) == 1 for v in ins)
+
+
+def _names_read(node: Any) -> set[str]:
+    """Every value a node reads, including those its subgraphs (If branches) read from outside."""
+    names = {n for n in node.input if n}
+    for a in node.attribute:
+        for g in list(a.g and [a.g] or []) + list(a.graphs):
+            for inner in g.node:
+                names |= _names_read(inner)
+    return names
+
+
+def _structure_key(tensors: list[Tensor], outputs: Mapping[str, Tensor], digests: Mapping[str, str]) -> str:
+    h = hashlib.blake2b(digest_size=20)
+    index = {t.id: i for i, t in enumerate(tensors)}
+    for t in tensors:
+        h.update(repr((t.role, t.name, t.shape, t.dtype, t.op, [index[s.id] for s in t.srcs],
+                       sorted(t.params.items()), digests.get(t.name))).encode())
+    h.update(repr(sorted((n, index[t.id]) for n, t in outputs.items())).encode())
+    return h.hexdigest()
+
+
+def array_digest(arr: np.ndarray) -> str:
+    a = np.ascontiguousarray(arr)
+    return hashlib.blake2b(a.tobytes() + repr((a.shape, a.dtype.str)).encode(), digest_size=16).hexdigest()
+
+
+class OnnxRunner:
+    """An imported model on a Session: `run(inputs) -> outputs` (ONNX names, shapes, dtypes)."""
+
+    def __init__(self, model: OnnxModel, session: Any, *, cache_size: int = CACHE_SIZE):
+        model = expand(model)
+        check_supported(model)
+        self.model = model
+        self.session = session
+        self.cache_size = cache_size
+        self._plans: OrderedDict[str, Any] = OrderedDict()
+        self._folded: dict[tuple, list[Val]] = {}  # (op, inputs, outputs) -> outputs, for nodes of file constants only
+        self._lock = threading.Lock()
+        self.stats = {"segments_run": 0, "prepared": 0, "host_steps": 0, "folded": 0}
+        self.last_segments: list[dict[str, Any]] = []
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self._lock:
+            tracer = Tracer(self, self._check_inputs(inputs))
+            return tracer.run()
+
+    def _check_inputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        info = self.model.input_info()
+        unknown = sorted(set(inputs) - set(info) - set(self.model.initializers))
+        if unknown:
+            raise InputError(f"{self.model.path}: no input named {unknown[0]!r} (inputs: {', '.join(info)})")
+        missing = [n for n in info if n not in inputs]
+        if missing:
+            raise InputError(f"{self.model.path}: input {missing[0]!r} not given")
+        out = {}
+        for name, value in inputs.items():
+            arr = np.asarray(value)
+            dims, dtype = info.get(name, (None, None))
+            if dtype is not None and arr.dtype != dtype:
+                raise InputError(f"input {name!r}: dtype {arr.dtype}, the model declares {dtype}")
+            if dims is not None and len(dims) != arr.ndim:
+                raise InputError(f"input {name!r}: rank {arr.ndim}, the model declares {len(dims)} ({dims})")
+            if dims is not None:
+                for axis, (want, got) in enumerate(zip(dims, arr.shape)):
+                    if isinstance(want, int) and want > 0 and want != got:
+                        raise InputError(f"input {name!r}: axis {axis} has size {got}, the model declares {want}")
+            out[name] = arr
+        return out
+
+    def execute_segment(self, seg: Segment) -> dict[str, np.ndarray]:
+        """Prepare (or reuse) the segment's Flare graph and run it."""
+        pg = self._plans.get(seg.key)
+        if pg is None:
+            shapes = {ENTRY: {n: a.shape for n, a in seg.feeds.items()}}
+            pg = self.session.prepare({ENTRY: seg.builder()}, shapes, name=f"onnx:{self.model.path}")
+            self.stats["prepared"] += 1
+            self._plans[seg.key] = pg
+            while len(self._plans) > self.cache_size:
+                _, old = self._plans.popitem(last=False)
+                old.release()
+        else:
+            self._plans.move_to_end(seg.key)
+        self.stats["segments_run"] += 1
+        return pg.execute(ENTRY, **seg.feeds)
+
+    def prepared_graphs(self) -> list[Any]:
+        return list(self._plans.values())
+
+    def describe(self) -> dict[str, Any]:
+        """PreparedGraph.describe() of every cached segment, merged (entries `segment<i>`,
+        persistent and workspace bytes summed per device)."""
+        out: dict[str, Any] = {"name": f"onnx:{self.model.path}", "entries": {}, "persistent_bytes": {},
+                               "workspace_bytes": {}}
+        for i, pg in enumerate(self._plans.values()):
+            info = pg.describe()
+            for entry in info["entries"].values():
+                out["entries"][f"segment{i}"] = entry
+            for key in ("persistent_bytes", "workspace_bytes"):
+                for dev, n in info.get(key, {}).items():
+                    out[key][dev] = out[key].get(dev, 0) + n
+        return out
+
+    @property
+    def pg(self) -> "OnnxRunner":
+        """What the bench harness reads plans from (`.pg.describe()`): the runner itself."""
+        return self
+
+    def release(self) -> None:
+        """Release every cached prepared graph (idempotent)."""
+        with self._lock:
+            while self._plans:
+                _, pg = self._plans.popitem()
+                pg.release()
+
+
+class Tracer:
+    """One walk over the nodes for one call; see the module docstring."""
+
+    def __init__(self, runner: OnnxRunner, inputs: Mapping[str, np.ndarray]):
+        from . import lowering
+
+        self.runner = runner
+        self.model = runner.model
+        self.opset = runner.model.opset
+        self.lowering = lowering
+        self.env: dict[str, Val] = {}
+        nodes = list(self.model.graph.node)
+        self.nodes = nodes
+        self.last_use: dict[str, int] = {}
+        for i, node in enumerate(nodes):
+            for name in _names_read(node):
+                self.last_use[name] = i
+        for name in self.model.output_names:
+            self.last_use[name] = len(nodes) + 1
+        for name, arr in self.model.initializers.items():
+            self.env[name] = Val(name, tuple(arr.shape), arr.dtype, const=arr, fixed=True)
+        for name, arr in inputs.items():
+            self.env[name] = Val(name, tuple(arr.shape), arr.dtype, const=arr, runtime=True)
+        self.position = -1
+        self._new_segment()
+
+    # -- segments -------------------------------------------------------------
+    def _new_segment(self) -> None:
+        self.b = GraphBuilder()
+        self.feeds: dict[str, np.ndarray] = {}
+        self.digests: dict[str, str] = {}
+        self.leaves: dict[str, Tensor] = {}
+        self.live_tensors: dict[str, Val] = {}
+
+    def _close_segment(self, extra: tuple[Val, ...] = ()) -> None:
+        """Run the current segment; its live values (and `extra`) become host arrays."""
+        wanted = {v.name: v for v in extra if v.tensor is not None}
+        for name, v in self.live_tensors.items():
+            if v.tensor is not None and self.last_use.get(name, -1) >= self.position:
+                wanted[name] = v
+        if wanted:
+            outputs = {}
+            for i, (name, v) in enumerate(wanted.items()):
+                outputs[f"out{i}"] = self.b.output(f"out{i}", v.tensor)
+            seg = Segment(list(self.b._tensors), outputs, dict(self.feeds), dict(self.digests))
+            results = self.runner.execute_segment(seg)
+            self.runner.last_segments.append({"nodes": len([t for t in seg.tensors if t.op]),
+                                              "inputs": len(seg.feeds), "outputs": len(outputs)})
+            for i, (name, v) in enumerate(wanted.items()):
+                v.const = from_flare_array(results[f"out{i}"], v.shape, v.dtype)
+                v.tensor = None
+                v.runtime = True
+        for v in self.live_tensors.values():
+            v.tensor = None  # dead values of the closed segment are gone
+        self._new_segment()
+
+    # -- what lowerings call ---------------------------------------------------
+    def t(self, v: Val) -> Tensor:
+        """v as a tensor of the current segment (a weight or an input leaf for constants)."""
+        if v.tensor is not None:
+            return v.tensor
+        if v.const is None:
+            raise OnnxError(f"value {v.name!r} was used after its segment closed")
+        if not v.name:
+            self._anon = getattr(self, "_anon", 0) + 1
+            v.name = f"const{self._anon}@{self.position}"
+        leaf = self.leaves.get(v.name)
+        if leaf is None:
+            arr = to_flare_array(v.const, f"value {v.name!r}")
+            leaf_name = f"v:{v.name}"
+            if v.runtime:
+                leaf = self.b.input(leaf_name, arr.shape, flare_dtype(arr.dtype if v.dtype != BOOL else v.dtype, v.name))
+                self.feeds[leaf_name] = arr
+            else:
+                leaf = self.b.weight(leaf_name, arr)
+                self.digests[leaf_name] = "file" if v.fixed else array_digest(arr)
+            self.leaves[v.name] = leaf
+        return leaf
+
+    def c(self, v: Val) -> np.ndarray:
+        """v's value now: a constant, or the segment is closed and run to compute it (a host step)."""
+        if v.const is None:
+            self.runner.stats["host_steps"] += 1
+            self._close_segment((v,))
+        return v.const
+
+    def op(self, op: str, *srcs: Tensor, **params: Any) -> Tensor:
+        return self.b.op(op, *srcs, name=self._name(op), **params)
+
+    def _name(self, op: str) -> str:
+        self._count = getattr(self, "_count", 0) + 1
+        node = self.nodes[self.position] if 0 <= self.position < len(self.nodes) else None
+        label = (node.name or node.op_type) if node is not None else "io"
+        return f"{label}/{op}_{self._count}"
+
+    def val(self, tensor: Tensor, shape: tuple[int, ...], dtype: np.dtype, name: str = "") -> Val:
+        """Wrap a Flare tensor as the ONNX value of `shape`/`dtype` (reshaping a scalar's (1,) etc.)."""
+        shape = tuple(int(d) for d in shape)
+        if tuple(tensor.shape) != flare_shape(shape):
+            tensor = self.op("reshape", tensor, shape=list(flare_shape(shape)))
+        v = Val(name, shape, np.dtype(dtype), tensor=tensor)
+        return v
+
+    # -- the walk ----------------------------------------------------------------
+    def run(self) -> dict[str, np.ndarray]:
+        self.runner.last_segments = []
+        for i, node in enumerate(self.nodes):
+            self.position = i
+            self.step(node, node.name or f"#{i} ({node.op_type})")
+        self.position = len(self.nodes)
+        final = [self.env[n] for n in self.model.output_names]
+        if any(v.tensor is not None for v in final):
+            self.position = len(self.nodes) + 1  # nothing is live after the end except the outputs
+            self._close_segment(tuple(v for v in final))
+        return {n: np.asarray(self.env[n].const).reshape(self.env[n].shape).astype(self.env[n].dtype, copy=False)
+                for n in self.model.output_names}
+
+    def step(self, node: Any, label: str) -> None:
+        """Fold, lower or host-run one node and bind its outputs (also for the nodes of an If branch)."""
+        from .lowering import HOST_STEPS, LOWERINGS, WIDE_OK, attributes, fold
+
+        ins = [self.env[n] if n else None for n in node.input]
+        try:
+            if node.op_type not in WIDE_OK and any(v is not None and is_wide(v.shape) and not v.is_const for v in ins) \
+                    and not _same_shape_elementwise(node.op_type, ins):
+                wide = next(v for v in ins if v is not None and is_wide(v.shape))
+                raise OnnxError(f"input {wide.name!r} has rank {len(wide.shape)}; Flare tensors have rank <= 4 "
+                                f"and only reshape-like ops and Expand take wider values")
+            if node.op_type not in NO_FOLD and node.op_type not in HOST_STEPS and node.op_type != "If" \
+                    and all(v is None or (v.const is not None and not v.runtime) for v in ins):
+                outs = self._fold_cached(node, ins, fold)
+                self.runner.stats["folded"] += 1
+            elif node.op_type in HOST_STEPS:
+                outs = HOST_STEPS[node.op_type](self, node, ins)
+            else:
+                fn = LOWERINGS.get(node.op_type)
+                if fn is None or node.domain not in DEFAULT_DOMAINS:
+                    raise UnsupportedOpError(f"unsupported ONNX op {node.op_type}")
+                outs = fn(self, node, ins, attributes(node))
+        except OnnxError as exc:
+            raise type(exc)(f"{self.model.path}: node {label!r} ({node.op_type}): {exc}") from None
+        except Exception as exc:
+            from flare.core.errors import FlareError
+            if isinstance(exc, FlareError):
+                raise OnnxError(f"{self.model.path}: node {label!r} ({node.op_type}): {exc}") from None
+            raise
+        if len(outs) < len([o for o in node.output if o]):
+            raise OnnxError(f"{self.model.path}: node {label!r} ({node.op_type}): produced {len(outs)} outputs, "
+                            f"the node names {len(node.output)}")
+        for name, v in zip(node.output, outs):
+            if not name or v is None:
+                continue
+            v.name = name
+            self.env[name] = v
+            self.last_use.setdefault(name, self.position)  # a branch's inner values live while its If runs
+            if v.tensor is not None:
+                self.live_tensors[name] = v
+
+    def _fold_cached(self, node: Any, ins: list, fold: Any) -> list[Val]:
+        """Fold a node; one whose inputs all come from the file is folded once per runner."""
+        fixed = all(v is None or v.fixed for v in ins)
+        cache = self.runner._folded
+        key = (node.op_type, tuple(node.input), tuple(node.output))  # names are unique (SSA), proto ids are not
+        if fixed and key in cache:
+            return [Val("", v.shape, v.dtype, const=v.const, fixed=True) for v in cache[key]]
+        outs = fold(self, node, ins)
+        if fixed:
+            for v in outs:
+                v.fixed = True
+            cache[key] = [Val("", v.shape, v.dtype, const=v.const, fixed=True) for v in outs]
+        return outs
+
+    def run_branch(self, graph: Any) -> list[Val]:
+        """The nodes of an If branch, in this trace (outer values visible), and its outputs."""
+        from .loader import read_tensor
+
+        for t in graph.initializer:
+            arr = read_tensor(t, None, self.model.path)
+            self.env[t.name] = Val(t.name, tuple(arr.shape), arr.dtype, const=arr, fixed=True)
+        for j, node in enumerate(graph.node):
+            self.step(node, f"{graph.name}/{node.name or j}")
+        out = []
+        for o in graph.output:
+            v = self.env[o.name]
+            out.append(Val("", v.shape, v.dtype, const=v.const, tensor=v.tensor, runtime=v.runtime, fixed=v.fixed))
+        return out

@@ -1,0 +1,98 @@
+"""Values while lowering: an ONNX value is a constant array, or a Flare tensor.
+
+ONNX shapes may be rank 0 (scalars) and booleans are a dtype of their own;
+Flare tensors have rank 1..4 and no bool. A `Val` keeps the ONNX view (its
+logical shape and NumPy dtype) beside the Flare tensor that holds it: a
+scalar is a Flare tensor of shape (1,), a bool one of dtype i32 (0/1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import OnnxError
+
+BOOL = np.dtype(np.bool_)
+# NumPy dtype -> the Flare dtype that carries it
+FLARE_DTYPE = {np.dtype(np.float32): "f32", np.dtype(np.int64): "i64", np.dtype(np.int32): "i32",
+               BOOL: "i32", np.dtype(np.float16): "f16"}
+
+
+@dataclass
+class Val:
+    """One ONNX value while a graph is traced.
+
+    `const` is known now: from the file (`fixed`: an initializer, keyed by name
+    in plan caches), folded from other constants, or read back from an earlier
+    segment (`runtime`: it feeds later segments as an input, never as a weight).
+    `tensor` is a node of the segment being built."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    const: np.ndarray | None = None
+    tensor: Any = None
+    runtime: bool = False
+    fixed: bool = False
+
+    @property
+    def is_const(self) -> bool:
+        return self.const is not None
+
+
+MAX_RANK = 4
+
+
+def flare_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The Flare shape that holds an ONNX shape: scalars become (1,); a *wide* shape
+    (rank > 4) is held contiguously with its size-1 axes dropped and, if still
+    too many, its leading axes merged (only reshape-like ops and Expand take
+    wide values; see lowering.WIDE_OK)."""
+    if len(shape) <= MAX_RANK:
+        return tuple(shape) if len(shape) else (1,)
+    dims = [d for d in shape if d != 1] or [1]
+    while len(dims) > MAX_RANK:
+        dims[:2] = [dims[0] * dims[1]]
+    return tuple(dims)
+
+
+def is_wide(shape: tuple[int, ...]) -> bool:
+    return len(shape) > MAX_RANK
+
+
+def flare_dtype(dtype: np.dtype, where: str) -> str:
+    try:
+        return FLARE_DTYPE[np.dtype(dtype)]
+    except KeyError:
+        raise OnnxError(f"{where}: dtype {np.dtype(dtype).name} has no Flare equivalent "
+                        f"(float32, float16, int64, int32 and bool do)") from None
+
+
+def to_flare_array(arr: np.ndarray, where: str) -> np.ndarray:
+    """An array as Flare stores it (bool -> int32 0/1, scalars -> shape (1,))."""
+    flare_dtype(arr.dtype, where)
+    arr = np.asarray(arr)
+    if arr.dtype == BOOL:
+        arr = arr.astype(np.int32)
+    return np.ascontiguousarray(arr.reshape(flare_shape(arr.shape)))
+
+
+def from_flare_array(arr: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A Flare result back in its ONNX shape and dtype."""
+    out = np.asarray(arr).reshape(shape)
+    if np.dtype(dtype) == BOOL:
+        return out != 0
+    return out.astype(dtype, copy=False)
+
+
+def np_dtype_of(elem_type: int, where: str, strict: bool = True) -> np.dtype | None:
+    from onnx import helper
+
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    except Exception:
+        if strict:
+            raise OnnxError(f"{where}: ONNX element type {elem_type} is not supported") from None
+        return None

@@ -1,0 +1,95 @@
+"""Conformance cases of the ops imported ONNX graphs brought in (flare.core.ops.math_ops,
+indexing, spatial). Same contract and tolerances as cases.py (see its docstring):
+exact for selection, comparison, integer and layout ops; TRANSC for float math
+(device libraries may differ by a few ulp); ACCUM for reductions, scans and
+convolution/averaging windows (f32 accumulation order)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .cases import ACCUM, ARITH, EXACT, TRANSC, Case, _in, f32, simple, unary
+
+
+def _ints(rng, *shape, lo=-9, hi=9, dtype=np.int64):
+    return rng.integers(lo, hi, shape).astype(dtype)
+
+
+def onnx_op_cases() -> list[Case]:
+    cases: list[Case] = []
+    for op in ("abs", "ceil", "floor", "round", "sign"):
+        cases.append(unary(op, EXACT))
+    for op, lo, hi in (("log", 0.1, 4.0), ("reciprocal", 0.5, 3.0), ("sin", -3.0, 3.0), ("cos", -3.0, 3.0),
+                       ("tan", -1.2, 1.2), ("asin", -0.9, 0.9), ("acos", -0.9, 0.9), ("atan", -3.0, 3.0),
+                       ("sinh", -3.0, 3.0), ("cosh", -3.0, 3.0), ("asinh", -3.0, 3.0), ("acosh", 1.1, 4.0),
+                       ("atanh", -0.9, 0.9), ("erf", -3.0, 3.0), ("softplus", -5.0, 5.0), ("softsign", -3.0, 3.0)):
+        cases.append(unary(op, TRANSC, lo, hi))
+    cases.append(simple("clamp", "clamp", EXACT,
+                        lambda b, r, i: b.op("clamp", _in(b, i, "x", f32(r, 4, 6)), lo=-0.5, hi=0.75)))
+    for op in ("minimum", "maximum"):
+        cases.append(simple(op, op, EXACT, lambda b, r, i, op=op: b.op(
+            op, _in(b, i, "a", f32(r, 3, 4)), _in(b, i, "b", f32(r, 1, 4)))))
+        cases.append(simple(f"{op}_i64", op, EXACT, lambda b, r, i, op=op: b.op(
+            op, _in(b, i, "a", _ints(r, 3, 4)), _in(b, i, "b", _ints(r, 3, 1)))))
+    cases.append(simple("pow", "pow", TRANSC, lambda b, r, i: b.op(
+        "pow", _in(b, i, "a", f32(r, 3, 4, lo=0.2, hi=3.0)), _in(b, i, "b", f32(r, 3, 4)))))
+    for fmod in (False, True):
+        cases.append(simple(f"mod_fmod{int(fmod)}", "mod", ARITH, lambda b, r, i, fmod=fmod: b.op(
+            "mod", _in(b, i, "a", f32(r, 3, 4, lo=-5, hi=5)), _in(b, i, "b", f32(r, 3, 4, lo=0.5, hi=2)), fmod=fmod)))
+    cases.append(simple("mod_i32", "mod", EXACT, lambda b, r, i: b.op(
+        "mod", _in(b, i, "a", _ints(r, 3, 4, dtype=np.int32)), _in(b, i, "b", _ints(r, 3, 4, lo=1, hi=5, dtype=np.int32)))))
+    for op in ("int_add", "int_sub", "int_mul", "int_div"):
+        cases.append(simple(op, op, EXACT, lambda b, r, i, op=op: b.op(
+            op, _in(b, i, "a", _ints(r, 3, 4, lo=-50, hi=50)), _in(b, i, "b", _ints(r, 1, 4, lo=1, hi=7)))))
+    for op in ("equal", "less", "less_equal", "greater", "greater_equal"):
+        cases.append(simple(op, op, EXACT, lambda b, r, i, op=op: b.op(
+            op, _in(b, i, "a", np.round(f32(r, 3, 4))), _in(b, i, "b", np.round(f32(r, 1, 4))))))
+    for op in ("logical_and", "logical_or", "logical_xor"):
+        cases.append(simple(op, op, EXACT, lambda b, r, i, op=op: b.op(
+            op, _in(b, i, "a", _ints(r, 3, 4, lo=0, hi=2, dtype=np.int32)),
+            _in(b, i, "b", _ints(r, 3, 4, lo=0, hi=2, dtype=np.int32)))))
+    cases.append(simple("logical_not", "logical_not", EXACT, lambda b, r, i: b.op(
+        "logical_not", _in(b, i, "a", _ints(r, 3, 4, lo=0, hi=2, dtype=np.int32)))))
+    cases.append(simple("isnan", "isnan", EXACT, lambda b, r, i: b.op(
+        "isnan", _in(b, i, "a", np.where(f32(r, 3, 4) > 1, np.nan, 1.0).astype(np.float32)))))
+    cases.append(simple("where", "where", EXACT, lambda b, r, i: b.op(
+        "where", _in(b, i, "c", _ints(r, 3, 1, lo=0, hi=2, dtype=np.int32)),
+        _in(b, i, "a", f32(r, 3, 4)), _in(b, i, "b", f32(r, 1, 4)))))
+    cases.append(simple("min", "min", EXACT, lambda b, r, i: b.op("min", _in(b, i, "x", f32(r, 3, 5, 4)), axis=1)))
+    cases.append(simple("prod", "prod", ACCUM, lambda b, r, i: b.op(
+        "prod", _in(b, i, "x", f32(r, 3, 5, lo=0.5, hi=1.5)), axis=-1, keepdims=True)))
+    cases.append(simple("argmin", "argmin", EXACT, lambda b, r, i: b.op(
+        "argmin", _in(b, i, "x", f32(r, 3, 5, 4)), axis=1, select_last=True)))
+    cases.append(simple("arg_max", "arg_max", EXACT, lambda b, r, i: b.op(
+        "arg_max", _in(b, i, "x", np.round(f32(r, 3, 5, 4))), axis=2, keepdims=True, select_last=True)))
+    cases.append(simple("cumsum", "cumsum", ACCUM, lambda b, r, i: b.op(
+        "cumsum", _in(b, i, "x", f32(r, 3, 6)), axis=1, exclusive=True, reverse=True)))
+    cases.append(simple("cumprod", "cumprod", ACCUM, lambda b, r, i: b.op(
+        "cumprod", _in(b, i, "x", f32(r, 3, 6, lo=0.5, hi=1.5)), axis=1, exclusive=True)))
+    cases.append(simple("scatter_elements", "scatter_elements", EXACT, lambda b, r, i: b.op(
+        "scatter_elements", _in(b, i, "x", f32(r, 4, 5)), _in(b, i, "idx", np.array([[1, -1], [0, 2], [4, 3], [2, 2]])),
+        _in(b, i, "u", f32(r, 4, 2)), axis=1, mode="add")))
+    cases.append(simple("gather_nd", "gather_nd", EXACT, lambda b, r, i: b.op(
+        "gather_nd", _in(b, i, "x", f32(r, 4, 5, 3)), _in(b, i, "idx", np.array([[0, 1], [3, -1], [2, 2]])))))
+    cases.append(simple("scatter_nd", "scatter_nd", EXACT, lambda b, r, i: b.op(
+        "scatter_nd", _in(b, i, "x", f32(r, 4, 5)), _in(b, i, "idx", np.array([[0], [3]])),
+        _in(b, i, "u", f32(r, 2, 5)))))
+    cases.append(simple("take", "take", EXACT, lambda b, r, i: b.op(
+        "take", _in(b, i, "x", f32(r, 4, 5, 3)), _in(b, i, "idx", np.array([[0, -1], [2, 4]], np.int64)), axis=1)))
+    cases.append(simple("take_along_axis", "take_along_axis", EXACT, lambda b, r, i: b.op(
+        "take_along_axis", _in(b, i, "x", f32(r, 4, 5)), _in(b, i, "idx", _ints(r, 4, 3, lo=-5, hi=5)), axis=1)))
+    cases.append(simple("expand", "expand", EXACT, lambda b, r, i: b.op(
+        "expand", _in(b, i, "x", f32(r, 3, 1)), shape=[2, 3, 4])))
+    cases.append(simple("flip", "flip", EXACT, lambda b, r, i: b.op("flip", _in(b, i, "x", f32(r, 3, 4)), axis=0)))
+    cases.append(simple("tile", "tile", EXACT, lambda b, r, i: b.op(
+        "tile", _in(b, i, "x", f32(r, 2, 3)), repeats=[2, 3])))
+    cases.append(simple("conv2d", "conv2d", ACCUM, lambda b, r, i: b.op(
+        "conv2d", _in(b, i, "x", f32(r, 2, 4, 7, 6)), _in(b, i, "w", f32(r, 6, 2, 3, 2)), strides=[2, 1],
+        dilations=[1, 2], pads=[[1, 1], [0, 2]], groups=2)))
+    cases.append(simple("max_pool2d", "max_pool2d", EXACT, lambda b, r, i: b.op(
+        "max_pool2d", _in(b, i, "x", f32(r, 1, 2, 7, 6)), kernel=[3, 2], strides=[2, 2], pads=[[1, 1], [0, 1]],
+        ceil_mode=True)))
+    for inc in (False, True):
+        cases.append(simple(f"avg_pool2d_pad{int(inc)}", "avg_pool2d", ACCUM, lambda b, r, i, inc=inc: b.op(
+            "avg_pool2d", _in(b, i, "x", f32(r, 1, 2, 7, 6)), kernel=[3, 3], strides=[2, 2], pads=[[1, 1], [1, 1]],
+            ceil_mode=True, count_include_pad=inc)))
+    return cases
