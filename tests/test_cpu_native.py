@@ -13,6 +13,7 @@ import pytest
 
 from flare.backends.cpu import native
 from flare.plugins.testing.conformance.cases import CASES, FUSED_CASES, case_entry, case_expected
+from flare.plugins.testing.conformance.cases_extra import importer_ops
 from flare.core.ledger import LEDGER
 from flare.core.session import Session
 
@@ -20,6 +21,8 @@ from flare.core.session import Session
 # f16 operands of matmul / mul_mat_id and casts to f16 take the NumPy kernel by design (the C
 # executor's GEMMs are f32; see backends/flare/backends/cpu/README.md); every other case must run in C
 NUMPY_BY_DESIGN = {c.id for c in CASES if (c.op in ("matmul", "mul_mat_id") and "f16" in c.id)} | {"cast_f32_f16"}
+# ... and the ops added for imported ONNX graphs, which have NumPy kernels only so far
+NUMPY_BY_DESIGN |= {c.id for c in CASES if c.op in importer_ops()}
 needs_native = pytest.mark.skipif(native.load() is None, reason=f"native CPU executor unavailable: {native.REASON}")
 
 

@@ -54,7 +54,7 @@ def test_conformance_over_the_real_bindings(env, tmp_path):
     rc, tail = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "flare.plugins.testing.conformance",
                      "--backends=cuda", "--require-backends=cuda"], env, cwd=tmp_path)
     assert rc == 0, tail
-    assert " passed" in tail and "skipped" not in tail, tail
+    assert " passed" in tail and not refused_beyond_the_importer_ops(tail), tail
 
 
 def test_driver_discipline_and_no_leaks(env):
@@ -86,3 +86,15 @@ print("ok")
 """
     rc, tail = _run(["-c", code], env)
     assert rc == 0 and tail.endswith("ok"), tail
+
+
+def refused_beyond_the_importer_ops(output: str) -> list[str]:
+    """Ops the conformance run's coverage summary says were refused, less the ONNX importer's
+    (CPU-only so far): what a GPU backend should have run but did not."""
+    from flare.plugins.testing.conformance.cases_extra import importer_ops
+
+    refused = set()
+    for line in output.splitlines():
+        if line.strip().startswith("refused (skipped"):
+            refused |= {op.strip() for op in line.split(":", 1)[1].split(",") if op.strip()}
+    return sorted(refused - importer_ops())

@@ -331,8 +331,11 @@ def test_kernels_match_reference(device, name):
 
 def test_every_registered_op_has_a_kernel_or_is_a_view():
     from flare.core.ops import OPS
+    from flare.plugins.testing.conformance.cases_extra import importer_ops
 
-    missing = sorted(op for op in OPS if op != "host" and not OPS[op].fused and op not in lowering.LOWERINGS)
+    # the ONNX importer's ops run on the CPU (supported() refuses them) so far
+    missing = sorted(op for op in OPS if op != "host" and not OPS[op].fused and op not in lowering.LOWERINGS
+                     and op not in importer_ops())
     assert not missing, f"ops without a CUDA lowering: {missing}"
 
 

@@ -93,3 +93,10 @@ def onnx_op_cases() -> list[Case]:
             "avg_pool2d", _in(b, i, "x", f32(r, 1, 2, 7, 6)), kernel=[3, 3], strides=[2, 2], pads=[[1, 1], [1, 1]],
             ceil_mode=True, count_include_pad=inc)))
     return cases
+
+
+def importer_ops() -> frozenset[str]:
+    """The ops added for imported ONNX graphs (math, indexing, spatial): NumPy kernels on the
+    CPU only so far; the GPU backends refuse them in supports() and the scheduler places
+    them on the CPU. Tests of "every op has a GPU kernel / a native CPU command" exempt them."""
+    return frozenset(c.op for c in onnx_op_cases())
