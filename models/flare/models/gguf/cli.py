@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from typing import Sequence, TextIO
 
@@ -44,28 +43,12 @@ def parser(prog: str) -> argparse.ArgumentParser:
 
 
 def _check(args: argparse.Namespace) -> None:
-    def bad(option: str, value: object, want: str) -> InputError:
-        return InputError(f"{option} {value!r}: must be {want}")
+    """The shared generation options (InputError naming the option), then the default prefill step."""
+    from flare.plugins.export.serving.generate import check_generation_args
 
-    if not 1 <= args.max_new_tokens <= 1 << 20:
-        raise bad("--max-new-tokens", args.max_new_tokens, "an integer in 1..1048576")
-    if not (math.isfinite(args.temperature) and 0 < args.temperature <= 100):
-        raise bad("--temperature", args.temperature, "a number in (0, 100]")
-    if args.top_k is not None and args.top_k < 1:
-        raise bad("--top-k", args.top_k, "a positive integer")
-    if not (math.isfinite(args.top_p) and 0 < args.top_p <= 1):
-        raise bad("--top-p", args.top_p, "in (0, 1]")
+    check_generation_args(args)
     if args.prefill_chunk is None:
         args.prefill_chunk = 4 if args.experts == "offload" else 64
-    if args.prefill_chunk < 1 or args.prefill_chunk & (args.prefill_chunk - 1):
-        raise bad("--prefill-chunk", args.prefill_chunk, "a power of two")
-    if args.expert_cache_mb is not None and not (math.isfinite(args.expert_cache_mb) and args.expert_cache_mb > 0):
-        raise bad("--expert-cache-mb", args.expert_cache_mb, "a positive number")
-    if args.prefetch < 0:
-        raise bad("--prefetch", args.prefetch, "0 or more")
-    if not 0 <= args.seed < 2**63:
-        raise bad("--seed", args.seed, "an integer in 0..2^63-1")
-
 
 def devices(text: str) -> list[str]:
     from flare.core.session import device_list

@@ -226,29 +226,11 @@ class GgufLM:
                  seq: int = 0, on_token: TokenCallback | None = None,
                  stop_at_eos: bool = True) -> tuple[list[int], list[np.ndarray]]:
         """Prefill the prompt, then decode up to `max_new_tokens` tokens; (tokens, their logits)."""
-        prompt = list(prompt_ids)
-        if not prompt:
-            raise ModelError("generate needs a non-empty prompt")
-        if max_new_tokens < 1:
-            return [], []
-        if len(prompt) + max_new_tokens - 1 > self.cfg.max_ctx:
-            raise ModelError(f"a prompt of {len(prompt)} tokens + {max_new_tokens} new tokens exceeds the context "
-                             f"of {self.cfg.max_ctx} (--max-ctx)")
-        choose = chooser(sampling)
-        logits = self.prefill(seq, prompt)
-        out: list[int] = []
-        steps: list[np.ndarray] = []
-        pos = len(prompt)
-        while True:
-            steps.append(logits)
-            tok = choose(logits)
-            out.append(tok)
-            if on_token is not None:
-                on_token(tok)
-            if (stop_at_eos and tok == self.cfg.eos) or len(out) == max_new_tokens:
-                return out, steps
-            logits = self.decode([seq], [tok], [pos])[0]
-            pos += 1
+        from flare.plugins.export.serving.generate import generate
+
+        return generate(self.prefill, self.decode, chooser(sampling), prompt_ids, max_new_tokens, max_ctx=self.cfg.max_ctx,
+                        eos=self.cfg.eos, name=self.cfg.name, seq=seq, on_token=on_token, stop_at_eos=stop_at_eos,
+                        context_hint="--max-ctx")
 
     # ------------------------------------------------------------- bookkeeping
     def reset(self) -> None:

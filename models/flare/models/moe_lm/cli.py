@@ -57,29 +57,11 @@ def parser() -> argparse.ArgumentParser:
 
 def _check(args: argparse.Namespace) -> None:
     """Option values argparse's types cannot judge: InputError naming the option."""
-    import math
+    from flare.plugins.export.serving.generate import check_generation_args
 
-    def bad(option: str, value: object, want: str) -> InputError:
-        return InputError(f"{option} {value!r}: must be {want}")
-
-    if not 1 <= args.max_new_tokens <= 1 << 20:
-        raise bad("--max-new-tokens", args.max_new_tokens, "an integer in 1..1048576")
-    if not (math.isfinite(args.temperature) and 0 < args.temperature <= 100):
-        raise bad("--temperature", args.temperature, "a number in (0, 100]")
-    if args.top_k is not None and args.top_k < 1:
-        raise bad("--top-k", args.top_k, "a positive integer")
-    if args.top_p is not None and not (math.isfinite(args.top_p) and 0 < args.top_p <= 1):
-        raise bad("--top-p", args.top_p, "in (0, 1]")
-    if args.expert_cache_mb is not None and not (math.isfinite(args.expert_cache_mb) and args.expert_cache_mb > 0):
-        raise bad("--expert-cache-mb", args.expert_cache_mb, "a positive number")
-    for option, value in (("--seed", args.seed), ("--weights-seed", args.weights_seed)):
-        if not 0 <= value < 2**63:
-            raise bad(option, value, "an integer in 0..2^63-1")
-    if args.prefetch < 0:
-        raise bad("--prefetch", args.prefetch, "0 or more")
-    if args.prefill_chunk is not None and (args.prefill_chunk < 1 or args.prefill_chunk & (args.prefill_chunk - 1)):
-        raise bad("--prefill-chunk", args.prefill_chunk, "a power of two")
-
+    check_generation_args(args)
+    if not 0 <= args.weights_seed < 2**63:
+        raise InputError(f"--weights-seed {args.weights_seed!r}: must be an integer in 0..2^63-1")
 
 def _devices(backend: str) -> list[str]:
     from flare.core.session import device_list

@@ -189,29 +189,10 @@ class MoeLM:
         called with each token as soon as it is chosen (streaming). Earlier
         requests' KV rows need no reset: the mask admits only this request's rows.
         """
-        prompt = list(prompt_ids)
-        if not prompt:
-            raise ModelError("moe-lm: generate needs a non-empty prompt")
-        if max_new_tokens < 1:
-            return [], []
-        if len(prompt) + max_new_tokens - 1 > self.cfg.max_ctx:
-            raise ModelError(f"moe-lm: prompt of {len(prompt)} tokens + {max_new_tokens} new tokens exceeds the "
-                             f"context of {self.cfg.max_ctx}")
-        sampler = Sampler(sampling)
-        logits = self.prefill(seq, prompt)
-        out: list[int] = []
-        steps: list[np.ndarray] = []
-        pos = len(prompt)
-        while True:
-            steps.append(logits)
-            tok = sampler(logits)
-            out.append(tok)
-            if on_token is not None:
-                on_token(tok)
-            if (stop_at_eos and tok == EOS) or len(out) == max_new_tokens:
-                return out, steps
-            logits = self.decode([seq], [tok], [pos])[0]
-            pos += 1
+        from flare.plugins.export.serving.generate import generate
+
+        return generate(self.prefill, self.decode, Sampler(sampling), prompt_ids, max_new_tokens, max_ctx=self.cfg.max_ctx,
+                        eos=EOS, name="moe-lm", seq=seq, on_token=on_token, stop_at_eos=stop_at_eos)
 
     # ------------------------------------------------------------- bookkeeping
     def reset(self) -> None:
