@@ -257,11 +257,14 @@ def _matmul(node, out, srcs):
 def _quant(w: np.ndarray) -> tuple[int, int, int, int] | None:
     """(ggml type, K, bytes per weight row, bytes per activation row) of contiguous rows of blocks."""
     from flare.core.dtypes import QUANT_TYPES, from_numpy
+
+    from .native import load
     t = QUANT_TYPES[from_numpy(w.dtype)]
-    if w.strides[-1] != w.itemsize:
+    native = load()   # translators run only for the native executor, so it is loaded
+    if w.strides[-1] != w.itemsize or native is None:
         return None
     k = w.shape[-1] * t.block_size
-    act = k // t.block_size * (40 if t.block_size == 32 else 324)   # quant.c's act32 / act256
+    act = native.lib.flare_qact_row_bytes(t.ggml_type, k)   # quant.c's activation block layout
     return t.ggml_type, k, w.strides[-2] if w.ndim > 1 else w.nbytes, act
 
 
