@@ -14,15 +14,14 @@ Nothing here touches the driver, so it runs on a machine with no GPU at all.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Iterable, Literal, Mapping
 
+from flare.core.cache import cache_root, write_atomic
 from flare.core.errors import FlareError
 
 Format = Literal["cubin", "ptx"]
@@ -212,8 +211,7 @@ def cache_dir() -> Path:
 
     The same root as `flare.core.cache.cache_dir("cuda")`, but not created here: a
     cache that cannot be created only costs recompiling."""
-    root = os.environ.get("FLARE_CACHE_DIR")
-    return (Path(root).expanduser() if root else Path.home() / ".cache" / "flare") / "cuda"
+    return cache_root() / "cuda"
 
 
 def cache_key(source: KernelSource, arch: int, fmt: Format, version: tuple[int, int],
@@ -293,15 +291,7 @@ class KernelCompiler:
         if not self.use_disk:
             return
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(image)
-                os.replace(tmp, path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            write_atomic(path, image)
         except OSError:
             pass
 

@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import struct
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from flare.core.cache import cache_root, write_atomic
 
 log = logging.getLogger("flare.backends.vulkan")
 
@@ -48,8 +48,7 @@ ENV_PIPELINE_CACHE = "FLARE_VULKAN_PIPELINE_CACHE"
 
 def cache_folder() -> Path:
     """`$FLARE_CACHE_DIR/vulkan`, else `~/.cache/flare/vulkan` (created only when saving)."""
-    root = os.environ.get("FLARE_CACHE_DIR")
-    return (Path(root).expanduser() if root else Path.home() / ".cache" / "flare") / "vulkan"
+    return cache_root() / "vulkan"
 
 
 def cache_path(info: Any, folder: Path | None = None) -> Path:
@@ -158,23 +157,11 @@ class DiskPipelineCache:
         if len(payload) > self.max_bytes:
             log.debug("%s: pipeline cache of %d bytes exceeds %d; not saved", self.path, len(payload), self.max_bytes)
             return
-        tmp = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(pack(payload))
-            os.replace(tmp, self.path)
-            tmp = None
+            write_atomic(self.path, pack(payload))
             self.saved_bytes = len(payload)
         except OSError as exc:
             log.debug("%s: cannot write the pipeline cache (%s)", self.path, exc)
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
 
     def destroy(self) -> None:
         if self.handle is not None:

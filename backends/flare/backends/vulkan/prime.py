@@ -41,12 +41,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import tempfile
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
+
+from flare.core.cache import write_atomic
 
 from .memory import Memory, MemoryTypes
 from .pipelines import SHADER_DIR, SHADERS, Key, Pipelines, build_workers
@@ -143,23 +144,11 @@ class PrimedRecord:
     def save(self) -> None:
         if not self._dirty or len(self.done) > MAX_RECORDED:
             return
-        tmp = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
-            with os.fdopen(fd, "w", encoding="ascii") as fh:
-                fh.write("".join(f"{d}\n" for d in sorted(self.done)))
-            os.replace(tmp, self.path)
-            tmp = None
+            write_atomic(self.path, "".join(f"{d}\n" for d in sorted(self.done)).encode("ascii"))
             self._dirty = False
         except OSError as exc:
             log.debug("%s: cannot write the primed record (%s)", self.path, exc)
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
 
 
 def _cost(key: Key) -> tuple[int, int]:
