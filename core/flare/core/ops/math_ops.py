@@ -26,6 +26,7 @@ import numpy as np
 
 from ..dtypes import to_numpy
 from ..errors import DTypeError
+from .reduce import _reduced_shape
 from .registry import PARAMS, OpDef, _is_int, _is_num, broadcast, need_dtype, norm_axis, register
 
 PARAMS.setdefault("lo", (lambda v: v is None or _is_num(v), "a number finite in float32, or null"))
@@ -163,20 +164,10 @@ register(OpDef("where", (3, 3), _where_infer, lambda x, p: np.where(x[0] != 0, x
 
 
 # -- reductions and scans over one axis ----------------------------------------------
-def _reduced(node, op, x, axis, keepdims):
-    axis = norm_axis(node, op, axis, len(x.shape))
-    shape = list(x.shape)
-    if keepdims:
-        shape[axis] = 1
-    else:
-        del shape[axis]
-    return tuple(shape) or (1,)
-
-
 def _reduce_infer(op, allowed, out=None):
     def infer(node, srcs, params):
         need_dtype(node, op, srcs[0], allowed)
-        return _reduced(node, op, srcs[0], params["axis"], params.get("keepdims", False)), out or srcs[0].dtype
+        return _reduced_shape(node, op, srcs[0], params["axis"], params.get("keepdims", False)), out or srcs[0].dtype
     return infer
 
 
@@ -210,7 +201,7 @@ def _argmin_ref(x, p):
         res = np.argmin(v, axis=axis)
     if p["keepdims"]:
         res = np.expand_dims(res, axis)
-    return res.astype(np.int32).reshape(_reduced("ref", "argmin", v, axis, p["keepdims"]))
+    return res.astype(np.int32).reshape(_reduced_shape("ref", "argmin", v, axis, p["keepdims"]))
 
 
 def _argmax_ref(x, p):
