@@ -157,7 +157,14 @@ def test_threads_errors_name_the_key(tmp_path, text, key, words):
 
 def test_every_shipped_cpu_config_says_its_threads():
     root = Path(__file__).resolve().parent.parent / "bench" / "configs"
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
     for path in sorted(root.glob("*.toml")):
+        if tomllib.loads(path.read_text()).get("model") not in ("silero-vad", "minilm-l6", "moe-lm"):
+            continue   # other models' configs may name peers not installed here (llama.cpp)
         cfg = load_config(path, known_backends=BACKENDS)
         if cfg.model in ("silero-vad", "minilm-l6", "moe-lm") and cfg.peer in ("flare", "onnxruntime") \
                 and cfg.backends == ("cpu",):
