@@ -78,7 +78,7 @@ def test_native_index_error_names_node():
 
 # Shapes past the small-matmul kernel, so each route of k_matmul is taken. A constant weight
 # stored [N, K] runs the pre-packed microkernel (`packed_*`: odd N, K and row tails, panel counts
-# odd and even, batch folded into rows, K blocks and row chunks); the same shapes with the right operand an input (not
+# odd and even, batch folded into rows, K blocks and row chunks, the AVX-512 row tilings); the same shapes with the right operand an input (not
 # packable) take gemv, the streaming kernel (wdot, up to 16 rows), (W a^T)^T up to 64 rows, GEMM;
 # plus per-batch GEMMs and a plain [K, N] weight.  name -> (a shape, b shape, transpose_b, b is a weight)
 MATMULS = {
@@ -97,6 +97,10 @@ MATMULS = {
     "packed_many_rows": ((100, 96), (80, 96), True, True),
     "packed_folded_batch": ((3, 7, 48), (50, 48), True, True),
     "packed_k_blocks_row_chunks": ((100, 1000), (37, 1000), True, True),  # K in 3 blocks, rows 48+48+4
+    # AVX-512 row tiles: up to 14 rows in one tile, up to 28 as 14 + the rest, beyond in tiles of 8
+    "packed_one_tile": ((14, 400), (50, 400), True, True),
+    "packed_two_tiles": ((28, 400), (50, 400), True, True),
+    "packed_row_tiles_of_8": ((29, 400), (50, 400), True, True),
 }
 
 

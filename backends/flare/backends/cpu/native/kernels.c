@@ -287,24 +287,31 @@ HOT static void wdot(int64_t M, int64_t N, int64_t K, const float *a, int64_t ld
 #define AVX2F __attribute__((target("avx2,fma")))
 #define INL static inline __attribute__((always_inline))
 
+/* Up to this many rows run as one tile (28 accumulators + 2 panel vectors + the broadcast: 31 of
+ * the 32 zmm registers), so at MiniLM batch 1 (7-24 tokens) each panel is read from memory once
+ * and its FMAs hide that read; a tile of 8 rows is memory-bound on the panel stream
+ * (~17 GB/s), the rows after it re-read the panel from cache: 3.8-4.0 ms -> see the README for
+ * MiniLM's 36 weights at 14 rows. Each output element is the same FMA chain either way. */
+#define MR_ONE_PASS 14
+
 INL AVX512 void ptile512(const int MR, int64_t K, const float *a, int64_t lda, const float *p0, const float *p1,
                           float *o, int64_t ldo, int64_t ncols, int acc) {
-    __m512 c0[8], c1[8];
+    __m512 c0[MR_ONE_PASS], c1[MR_ONE_PASS];
     const __mmask16 m0 = ncols >= PANEL ? 0xFFFF : (__mmask16)((1u << ncols) - 1u);
     const __mmask16 m1 = ncols >= 2 * PANEL ? 0xFFFF : ncols <= PANEL ? 0 : (__mmask16)((1u << (ncols - PANEL)) - 1u);
     if (acc) {
-#pragma GCC unroll 8
+#pragma GCC unroll 14
         for (int r = 0; r < MR; ++r) {
             c0[r] = _mm512_maskz_loadu_ps(m0, o + r * ldo);
             c1[r] = _mm512_maskz_loadu_ps(m1, o + r * ldo + PANEL);
         }
     } else {
-#pragma GCC unroll 8
+#pragma GCC unroll 14
         for (int r = 0; r < MR; ++r) { c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps(); }
     }
     for (int64_t k = 0; k < K; ++k) {
         const __m512 w0 = _mm512_loadu_ps(p0 + k * PANEL), w1 = _mm512_loadu_ps(p1 + k * PANEL);
-#pragma GCC unroll 8
+#pragma GCC unroll 14
         for (int r = 0; r < MR; ++r) {
             const __m512 x = _mm512_set1_ps(a[r * lda + k]);
             c0[r] = _mm512_fmadd_ps(x, w0, c0[r]);
@@ -312,10 +319,10 @@ INL AVX512 void ptile512(const int MR, int64_t K, const float *a, int64_t lda, c
         }
     }
     if (ncols >= 2 * PANEL) {
-#pragma GCC unroll 8
+#pragma GCC unroll 14
         for (int r = 0; r < MR; ++r) { _mm512_storeu_ps(o + r * ldo, c0[r]); _mm512_storeu_ps(o + r * ldo + PANEL, c1[r]); }
     } else {
-#pragma GCC unroll 8
+#pragma GCC unroll 14
         for (int r = 0; r < MR; ++r) {
             _mm512_mask_storeu_ps(o + r * ldo, m0, c0[r]);
             _mm512_mask_storeu_ps(o + r * ldo + PANEL, m1, c1[r]);
@@ -341,10 +348,22 @@ AVX512 static void pgemm_avx512(int64_t M, int64_t N, int64_t K, const float *a,
             const int64_t nc = N - p * PANEL < 2 * PANEL ? N - p * PANEL : 2 * PANEL;
             float *oc = o + p * PANEL;
             int64_t m = 0;
-            for (; m + 8 <= M; m += 8) ptile512(8, kn, a + m * lda + kb, lda, p0, p1, oc + m * ldo, ldo, nc, acc);
+            if (M > 2 * MR_ONE_PASS)
+                for (; m + 8 <= M; m += 8) ptile512(8, kn, a + m * lda + kb, lda, p0, p1, oc + m * ldo, ldo, nc, acc);
+            else if (M > MR_ONE_PASS) {  /* the first tile streams the panel: make it the big one */
+                ptile512(MR_ONE_PASS, kn, a + kb, lda, p0, p1, oc, ldo, nc, acc);
+                m = MR_ONE_PASS;
+            }
             const float *am = a + m * lda + kb;
             float *om = oc + m * ldo;
             switch (M - m) {
+            case 14: ptile512(14, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            case 13: ptile512(13, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            case 12: ptile512(12, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            case 11: ptile512(11, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            case 10: ptile512(10, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            case 9: ptile512(9, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
+            case 8: ptile512(8, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
             case 7: ptile512(7, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
             case 6: ptile512(6, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
             case 5: ptile512(5, kn, am, lda, p0, p1, om, ldo, nc, acc); break;
