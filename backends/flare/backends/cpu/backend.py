@@ -102,10 +102,10 @@ class CpuBackend(Backend):
 
     @classmethod
     def probe(cls) -> ProbeResult:
-        from .erf import BACKEND
+        from .erf import backend as erf_backend
         from .native.threads import physical_cores
         native_mod.load()
-        return ProbeResult(True, f"NumPy {np.__version__}, erf via {BACKEND}; native executor: {native_mod.REASON}; "
+        return ProbeResult(True, f"NumPy {np.__version__}, erf via {erf_backend()}; native executor: {native_mod.REASON}; "
                                  f"{physical_cores()} physical core(s) (default threads)", ("cpu:0",))
 
     @classmethod
