@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import ast
 import json
+import subprocess
+import sys
 import typing
 
 import numpy as np
 import pytest
 
 from flare.models.silero_vad.audio import load_audio
+from flare.core.errors import ModelError
 from flare.core.ledger import LEDGER
 from flare.core.ops import OPS
 from flare.models.silero_vad import numpy_reference as R
@@ -115,6 +118,35 @@ def test_torn_cache_file_is_rebuilt(tmp_path, monkeypatch):
     (cached,) = (tmp_path / "silero-vad").glob("*.safetensors")
     cached.write_bytes(b"not a safetensors file")
     assert W.load_weights()["lstm.w_ih"].shape == (512, 128)
+
+
+def test_weights_read_without_importing_onnx_equal_onnx_numpy_helper():
+    """The converter parses the file with onnx's generated schema only (importing onnx costs a
+    cold start ~0.75 s); what it reads equals onnx's own numpy_helper, bit for bit."""
+    code = ("import sys; from flare.models.silero_vad import weights as W; "
+            "w = W.extract_from_onnx(W.onnx_path()); "
+            "assert sorted(w) == sorted(W.WEIGHT_NAMES), sorted(w); "
+            "assert 'onnx' not in sys.modules, 'onnx was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    onnx = pytest.importorskip("onnx")
+    from onnx import numpy_helper
+
+    ours = W.extract_from_onnx(W.onnx_path())
+    (branch,) = [a.g for n in onnx.load(str(W.onnx_path())).graph.node if n.op_type == "If"
+                 for a in n.attribute if a.name == "then_branch"]
+    theirs = {name: numpy_helper.to_array(n.attribute[0].t) for n in branch.node if n.op_type == "Constant"
+              for suffix, name in W._NAMES.items() if n.output[0].endswith("__" + suffix)}
+    assert set(theirs) == set(ours)
+    for name, value in theirs.items():
+        assert ours[name].dtype == np.float32 and ours[name].flags.c_contiguous
+        np.testing.assert_array_equal(ours[name], value)
+
+
+def test_a_file_that_is_not_the_silero_onnx_is_a_model_error(tmp_path):
+    bad = tmp_path / "silero_vad.onnx"
+    bad.write_bytes(b"\x08\x07 this is not a silero model")
+    with pytest.raises(ModelError):
+        W.extract_from_onnx(bad)
 
 
 def test_numpy_reference_matches_onnxruntime():

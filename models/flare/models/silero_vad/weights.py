@@ -13,6 +13,8 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -67,12 +69,52 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _onnx_schema() -> ModuleType:
+    """onnx's generated protobuf module (`ModelProto` & co.) without running `import onnx`.
+
+    Importing the onnx package costs ~0.75 s of CPU (its `__init__` pulls in ml_dtypes), about a
+    sixth of a cold `flare run silero-vad --backends vulkan`; reading a file needs only the
+    generated schema, a plain protobuf module with no imports of its own. Loaded from the
+    installed onnx by path (the same bytes `import onnx` registers later, which protobuf accepts
+    as identical), or onnx's own module when onnx is already imported."""
+    loaded = sys.modules.get("onnx.onnx_ml_pb2")
+    if loaded is not None:
+        return loaded
+    spec = importlib.util.find_spec("onnx")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("onnx is not installed (pip install onnx): needed once to read silero_vad.onnx")
+    source = Path(list(spec.submodule_search_locations)[0]) / "onnx_ml_pb2.py"
+    try:
+        schema_spec = importlib.util.spec_from_file_location("_flare_silero_onnx_ml_pb2", source)
+        module = importlib.util.module_from_spec(schema_spec)
+        schema_spec.loader.exec_module(module)
+        return module
+    except Exception:  # another onnx layout: the slow, documented way
+        from onnx import onnx_ml_pb2
+
+        return onnx_ml_pb2
+
+
+FLOAT = 1  # TensorProto.FLOAT
+
+
+def _float_array(tensor: Any) -> np.ndarray:
+    """A float32 TensorProto as an array (raw little-endian bytes or `float_data`, as ONNX stores it)."""
+    if tensor.data_type != FLOAT or tensor.external_data:
+        raise ModelError(f"constant {tensor.name!r}: data type {tensor.data_type}, expected float32 stored inline")
+    shape = tuple(int(d) for d in tensor.dims)
+    if tensor.raw_data:
+        return np.frombuffer(tensor.raw_data, dtype="<f4").astype(np.float32).reshape(shape)
+    return np.asarray(tensor.float_data, dtype=np.float32).reshape(shape)
+
+
 def extract_from_onnx(path: Path) -> dict[str, np.ndarray]:
     """Read the 16 kHz branch's constants (the `then` branch of `If(sr == 16000)`)."""
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.load(str(path))
+    model = _onnx_schema().ModelProto()
+    try:
+        model.ParseFromString(Path(path).read_bytes())
+    except Exception as exc:  # protobuf's DecodeError: not an ONNX file
+        raise ModelError(f"{path}: not a readable ONNX model ({exc})") from exc
     branch = None
     for node in model.graph.node:
         if node.op_type == "If":
@@ -88,7 +130,7 @@ def extract_from_onnx(path: Path) -> dict[str, np.ndarray]:
         out = node.output[0]
         for suffix, name in _NAMES.items():
             if out.endswith("__" + suffix):
-                found[name] = np.ascontiguousarray(numpy_helper.to_array(node.attribute[0].t), dtype=np.float32)
+                found[name] = np.ascontiguousarray(_float_array(node.attribute[0].t))
     missing = sorted(set(WEIGHT_NAMES) - set(found))
     if missing:
         raise ModelError(f"{path}: 16 kHz branch lacks constants {missing}")
@@ -109,7 +151,7 @@ def load_weights(path: Path | None = None) -> dict[str, np.ndarray]:
                 return weights
         except Exception:  # a torn or foreign file: rebuild it below
             pass
-    # reading the ONNX file takes seconds (importing onnx alone): say so, as a silent first run looks hung
+    # reading the ONNX file takes a moment: say so, as a silent first run looks hung
     print(f"converting the Silero VAD weights from {path.name} (once, cached in {cached.parent})",
           file=sys.stderr, flush=True)
     weights = extract_from_onnx(path)
