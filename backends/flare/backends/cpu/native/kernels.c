@@ -289,9 +289,11 @@ HOT static void wdot(int64_t M, int64_t N, int64_t K, const float *a, int64_t ld
 
 /* Up to this many rows run as one tile (28 accumulators + 2 panel vectors + the broadcast: 31 of
  * the 32 zmm registers), so at MiniLM batch 1 (7-24 tokens) each panel is read from memory once
- * and its FMAs hide that read; a tile of 8 rows is memory-bound on the panel stream
- * (~17 GB/s), the rows after it re-read the panel from cache: 3.8-4.0 ms -> see the README for
- * MiniLM's 36 weights at 14 rows. Each output element is the same FMA chain either way. */
+ * under a full tile's FMAs. A tile of 8 rows is memory-bound on the panel stream (MiniLM's 42 MiB
+ * of packed weights at ~16 GB/s), and the rows after it re-read the panel from cache; 15-28 rows
+ * run as 14 + the rest (the first tile streams, so it is the big one), more in tiles of 8.
+ * Measured on MiniLM's 36 weights (see the README): 11 rows 3.0-3.3 ms against 3.5-3.9, 17-20
+ * rows 3-7% less, 24 even. Each output element is the same FMA chain either way. */
 #define MR_ONE_PASS 14
 
 INL AVX512 void ptile512(const int MR, int64_t K, const float *a, int64_t lda, const float *p0, const float *p1,
