@@ -182,6 +182,21 @@ def test_offline_and_streaming_match_onnxruntime_on_short_synthetic_audio(vad, s
     np.testing.assert_allclose(vad.probs_streaming(audio), want, atol=TOL)
 
 
+@pytest.mark.parametrize("mode", ["offline", "streaming"])
+def test_one_mode_prepared_up_front_the_other_at_first_use(devices, vad, mode):
+    """`modes=(...)` (what `flare run --mode` passes) prepares only that entry point; the other
+    is prepared at its first execute and gives what a fully prepared model gives, bit for bit."""
+    audio = synthetic_audio(1.5, 3)
+    with Session(devices) as session, SileroVad(session, max_batch=256, modes=(mode,)) as lazy:
+        first = "offline" if mode == "offline" else "stream"
+        assert set(lazy.pg.plans.current) == {first}
+        np.testing.assert_array_equal(lazy.probs_offline(audio), vad.probs_offline(audio))
+        np.testing.assert_array_equal(lazy.probs_streaming(audio), vad.probs_streaming(audio))
+        assert set(lazy.pg.plans.current) == {"offline", "stream"}
+    with pytest.raises(ValueError, match="modes must be among"):
+        SileroVad(None, modes=("batch",))  # type: ignore[arg-type]
+
+
 def test_streaming_equals_offline_on_the_sample(vad, sample, sample_ort):
     # The first 160 chunks (5.1 s: silence, then speech) keep this quick on slow
     # backends; the CPU-only CLI test below streams the whole file.

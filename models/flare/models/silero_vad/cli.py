@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            min_silence_duration_ms=args.min_silence_ms, speech_pad_ms=args.speech_pad_ms)
         audio = load_audio(path)
         seconds = audio.size / 16000
-        with Session(devices, config=device_config(args.threads)) as session, SileroVad(session) as vad:
+        with Session(devices, config=device_config(args.threads)) as session, SileroVad(session, modes=(args.mode,)) as vad:
             start = time.perf_counter()
             if seconds > PROGRESS_AFTER_S and err.is_terminal:
                 segs = _with_progress(vad, audio, args.mode, params, err)

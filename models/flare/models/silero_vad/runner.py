@@ -14,7 +14,7 @@ in state tensors.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -31,6 +31,8 @@ from .segments import Segment, VadParams, segments
 Progress = Callable[[int, int], None]  # (chunks done, chunks total)
 
 MIN_BATCH = 32
+MODES = ("offline", "streaming")
+ENTRY_OF_MODE = {"offline": "offline", "streaming": "stream"}  # graph.ENTRIES
 
 
 def _bucket(n: int, max_batch: int) -> int:
@@ -59,14 +61,31 @@ class SileroVad:
 
     def __init__(self, session: "Session", *, workspace: "GraphWorkspace | None" = None,
                  placement: "Callable[[Tensor, list[str]], str | None] | None" = None,
-                 weights: Mapping[str, np.ndarray] | None = None, max_batch: int = 2048):
+                 weights: Mapping[str, np.ndarray] | None = None, max_batch: int = 2048,
+                 modes: Sequence[str] = MODES):
+        """`modes`: what is planned and compiled now ("offline", "streaming"); the other entry
+        point is prepared at its first use. A one-mode command prepares one: on a cold Vulkan
+        start each entry's new pipelines are compiled at prepare, and `flare run` offline
+        skipped the streaming entry's (and primed the offline ones in one balanced batch)."""
         if max_batch < MIN_BATCH:
             raise ValueError(f"max_batch must be >= {MIN_BATCH}")
+        unknown = sorted(set(modes) - set(MODES))
+        if unknown:
+            raise ValueError(f"modes must be among {MODES}, not {unknown}")
         self.max_batch = int(max_batch)
         self.session = session
-        # the runtime reads the registered ModelSpec (graph, placement) to prepare it
-        self.pg = session.prepare_model("silero-vad", {"weights": weights},
-                                        workspace=workspace, placement=placement)
+        # the runtime reads the registered ModelSpec (graph, placement, first shapes) to prepare it
+        p = session.model_preparation("silero-vad", {"weights": weights}, placement=placement)
+        now = {ENTRY_OF_MODE[m] for m in modes}
+        self._later = {e: s for e, s in p.shapes.items() if e not in now}  # prepared at first use
+        self.pg = session.prepare(p.entries, {e: s for e, s in p.shapes.items() if e in now}, workspace=workspace,
+                                  placement=p.placement, name=p.name, callbacks=p.callbacks)
+
+    def _ensure(self, entry: str) -> None:
+        """Prepare `entry` at its first use when the constructor's `modes` left it out."""
+        shapes = self._later.pop(entry, None)
+        if shapes is not None:
+            self.pg.prepare(entry, shapes)
 
     # -- lifecycle ----------------------------------------------------------------
     def reset(self) -> None:
@@ -88,6 +107,7 @@ class SileroVad:
         chunk = np.asarray(chunk, dtype=np.float32).reshape(1, -1)
         if chunk.shape[1] != CHUNK:
             raise InputError(f"silero-vad streams {CHUNK}-sample chunks at 16 kHz, got {chunk.shape[1]} samples")
+        self._ensure("stream")
         return float(self.pg.execute("stream", chunk=chunk)["prob"][0, 0])
 
     def probs_streaming(self, audio: np.ndarray, progress: Progress | None = None) -> np.ndarray:
@@ -96,6 +116,7 @@ class SileroVad:
         n = max(1, -(-audio.size // CHUNK))
         padded = np.zeros(n * CHUNK, np.float32)
         padded[:audio.size] = audio
+        self._ensure("stream")
         self.reset()
         out = np.empty(n, np.float32)
         for i in range(n):
@@ -109,6 +130,7 @@ class SileroVad:
         """Per-chunk probabilities of a whole file: batched frontend, the recurrence in one node."""
         win = windows(_mono16k(audio))
         n = len(win)
+        self._ensure("offline")
         self.reset()
         probs = np.empty(n, np.float32)
         lo = 0
