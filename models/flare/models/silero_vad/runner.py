@@ -63,10 +63,10 @@ class SileroVad:
                  placement: "Callable[[Tensor, list[str]], str | None] | None" = None,
                  weights: Mapping[str, np.ndarray] | None = None, max_batch: int = 2048,
                  modes: Sequence[str] = MODES):
-        """`modes`: what is planned and compiled now ("offline", "streaming"); the other entry
-        point is prepared at its first use. A one-mode command prepares one: on a cold Vulkan
-        start each entry's new pipelines are compiled at prepare, and `flare run` offline
-        skipped the streaming entry's (and primed the offline ones in one balanced batch)."""
+        """`modes`: the modes ("offline", "streaming") whose entry points are planned and
+        compiled now; the other is prepared at its first use, with the same results. On a cold
+        Vulkan start each entry's new pipelines are compiled at prepare, so `flare run` in one
+        mode passes only that mode and compiles (and primes, in one batch) only what it runs."""
         if max_batch < MIN_BATCH:
             raise ValueError(f"max_batch must be >= {MIN_BATCH}")
         unknown = sorted(set(modes) - set(MODES))
