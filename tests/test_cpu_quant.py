@@ -1,7 +1,6 @@
 """The native CPU executor's block-quantized kernels (native/quant.c) on every instruction set.
 
-quant.c picks its dot products at run time (and products of up to QUANT_FLOAT_MAX_ROWS
-activation rows take float activations instead of 8-bit ones) (portable C, AVX2, AVX-512 VNNI); the
+quant.c picks its dot products at run time (portable C, AVX2, AVX-512 VNNI); the
 conformance suite only sees the best one this CPU has. Here every quantized case
 runs under each ISA the CPU offers, against the gguf.quants reference (QUANT_DOT,
 see quant_cases.py), and the integer-exact parts are checked directly: the
@@ -37,11 +36,10 @@ def isa(request):
     NATIVE.lib.flare_quant_isa(0)
 
 
-@pytest.mark.parametrize("activations", ["int8", "float"])
+@pytest.mark.parametrize("activations", ["integer", "float"])
 @pytest.mark.parametrize("case", QUANT_CASE_IDS, ids=[c.id for c in QUANT_CASE_IDS])
 def test_quantized_case_on_each_isa(isa, case, activations, monkeypatch):
-    """Both activation paths (8-bit integer dots; float, which decode-sized products take by
-    default), forced for every shape."""
+    """Both activation paths (integer dots, the default; float), forced for every shape."""
     monkeypatch.setenv("FLARE_CPU_QUANT_ACTIVATIONS", activations)
     inputs, want = case_expected(case)
     with Session(["cpu"]) as sess:
@@ -86,3 +84,20 @@ def test_isas_agree_and_dequantization_is_exact(dtype):
         NATIVE.lib.flare_dequantize_row(t.ggml_type, NATIVE.ffi.from_buffer(w[r]),
                                         NATIVE.ffi.cast("float *", rows[r].ctypes.data), rows.shape[1])
     np.testing.assert_array_equal(rows.view(np.uint32), dequantize_reference(w, dtype).view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", ["q4_0", "q4_1", "q8_0"])
+def test_16_bit_activations_keep_the_float_result(dtype):
+    """The 32-weight types take 16-bit activations (quant.h): each moves by at most
+    max|x_block| / 65534, so over k = 512 weights of rms <= 0.3 an output errs by about
+    sqrt(k) * 0.3 * (2 / 65534) / sqrt(12) ~ 6e-5 (8-bit activations: ~0.015). 1e-3 is
+    16 sigma and fails for 8-bit ones; on every ISA."""
+    t = QUANT_TYPES[dtype]
+    rng = np.random.default_rng(11)
+    w = quant_blocks(rng, dtype, 13, 16 * t.block_size)
+    x = rng.uniform(-2, 2, (5, 16 * t.block_size)).astype(np.float32)
+    want = x.astype(np.float64) @ dequantize_reference(w, dtype).astype(np.float64).T
+    for name, isa in ISAS.items():
+        if NATIVE.lib.flare_quant_isa(isa) == isa:
+            np.testing.assert_allclose(_qmatmul(dtype, w, x), want, rtol=0, atol=1e-3, err_msg=name)
+    NATIVE.lib.flare_quant_isa(0)

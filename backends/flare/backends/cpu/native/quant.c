@@ -22,7 +22,7 @@ _Static_assert(sizeof(blk_q4_0) == 18 && sizeof(blk_q4_1) == 20 && sizeof(blk_q8
 _Static_assert(sizeof(blk_q4_k) == 144 && sizeof(blk_q6_k) == 210, "ggml k-quant block sizes");
 
 /* activation blocks (quant.h) */
-typedef struct { float d; int32_t sum; int8_t qs[QK]; } act32;
+typedef struct { float d; int32_t sum; int16_t qs[QK]; } act32;   /* 16-bit: see quant.h */
 typedef struct { float d; int32_t sum16[QK_K / 16]; int8_t qs[QK_K]; } act256;
 
 /* IEEE half -> float, exactly (normals, subnormals, infinities, NaNs) */
@@ -139,11 +139,13 @@ int64_t flare_qact_row_bytes(int32_t type, int64_t k) {
 
 /* round to nearest, ties away from zero (as ggml's roundf) */
 static inline int8_t q8(float v) { return (int8_t)(v < 0.0f ? -(int)(-v + 0.5f) : (int)(v + 0.5f)); }
+static inline int16_t q16(float v) { return (int16_t)(v < 0.0f ? -(int)(-v + 0.5f) : (int)(v + 0.5f)); }
 
-static float block_scale(const float *x, int n, float *inv) {
+/* the block's scale (amax / qmax) and its inverse, 0 for an all-zero block */
+static float block_scale(const float *x, int n, float qmax, float *inv) {
     float amax = 0.0f;
     for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(x[i]));
-    const float d = amax / 127.0f;
+    const float d = amax / qmax;
     *inv = d > 0.0f ? 1.0f / d : 0.0f;
     return d;
 }
@@ -153,9 +155,9 @@ void flare_qact_quantize_row(int32_t type, const float *x, void *xq, int64_t k) 
         act32 *a = (act32 *)xq;
         for (int64_t i = 0; i < k / QK; ++i) {
             float inv;
-            a[i].d = block_scale(x + i * QK, QK, &inv);
+            a[i].d = block_scale(x + i * QK, QK, 32767.0f, &inv);
             int32_t s = 0;
-            for (int j = 0; j < QK; ++j) { a[i].qs[j] = q8(x[i * QK + j] * inv); s += a[i].qs[j]; }
+            for (int j = 0; j < QK; ++j) { a[i].qs[j] = q16(x[i * QK + j] * inv); s += a[i].qs[j]; }
             a[i].sum = s;
         }
         return;
@@ -163,7 +165,7 @@ void flare_qact_quantize_row(int32_t type, const float *x, void *xq, int64_t k) 
     act256 *a = (act256 *)xq;
     for (int64_t i = 0; i < k / QK_K; ++i) {
         float inv;
-        a[i].d = block_scale(x + i * QK_K, QK_K, &inv);
+        a[i].d = block_scale(x + i * QK_K, QK_K, 127.0f, &inv);
         for (int g = 0; g < QK_K / 16; ++g) {
             int32_t s = 0;
             for (int j = 0; j < 16; ++j) { const int8_t q = q8(x[i * QK_K + 16 * g + j] * inv); a[i].qs[16 * g + j] = q; s += q; }
@@ -262,18 +264,22 @@ static float dot_q6_k_c(const void *vw, const void *vx, int64_t k) {
 #define QSFX avx2
 #define QTARGET "avx2,fma,f16c"
 #define DOT_U8S8(acc, u, s) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), _mm256_set1_epi16(1)))
+#define DOT_S16(acc, a, b) _mm256_add_epi32((acc), _mm256_madd_epi16((a), (b)))
 #include "quant_simd.h"
 #undef QSFX
 #undef QTARGET
 #undef DOT_U8S8
+#undef DOT_S16
 
 #define QSFX vnni
 #define QTARGET "avx2,fma,f16c,avx512f,avx512vl,avx512vnni"
 #define DOT_U8S8(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#define DOT_S16(acc, a, b) _mm256_dpwssd_epi32((acc), (a), (b))
 #include "quant_simd.h"
 #undef QSFX
 #undef QTARGET
 #undef DOT_U8S8
+#undef DOT_S16
 #endif
 
 /* ---- dispatch ------------------------------------------------------------------------------ */
