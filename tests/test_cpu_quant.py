@@ -101,3 +101,20 @@ def test_16_bit_activations_keep_the_float_result(dtype):
         if NATIVE.lib.flare_quant_isa(isa) == isa:
             np.testing.assert_allclose(_qmatmul(dtype, w, x), want, rtol=0, atol=1e-3, err_msg=name)
     NATIVE.lib.flare_quant_isa(0)
+
+
+@pytest.mark.parametrize("dtype", list(QUANT_TYPES))
+def test_many_rows_give_the_bits_of_one_row(dtype):
+    """Prefill-sized products take four activation rows per unpacked weight block (quant.c);
+    each row's result must be the bits the one-row (decode) product gives, so a token's logits
+    do not depend on how many tokens were fed with it. On every ISA."""
+    t = QUANT_TYPES[dtype]
+    rng = np.random.default_rng(5)
+    w = quant_blocks(rng, dtype, 9, 2 * t.block_size)
+    x = rng.uniform(-2, 2, (7, 2 * t.block_size)).astype(np.float32)   # 4 + 3: the tail too
+    for name, isa in ISAS.items():
+        if NATIVE.lib.flare_quant_isa(isa) == isa:
+            many = _qmatmul(dtype, w, x)
+            one = np.concatenate([_qmatmul(dtype, w, x[j:j + 1]) for j in range(x.shape[0])])
+            np.testing.assert_array_equal(many.view(np.uint32), one.view(np.uint32), err_msg=name)
+    NATIVE.lib.flare_quant_isa(0)

@@ -304,6 +304,27 @@ int32_t flare_quant_isa(int32_t want) {
     return g_isa;
 }
 
+/* four activation rows (xrb bytes apart) against one weight row: out[0..3] */
+typedef void (*vec_dot4_t)(const void *w, const char *x, int64_t xrb, int64_t k, float *out);
+
+static vec_dot4_t vec_dot4_for(int32_t type) {
+    if (g_isa < 0) flare_quant_isa(ISA_AUTO);
+#ifdef QUANT_SIMD
+    if (g_isa == ISA_VNNI) {
+        switch (type) {
+        case FLARE_Q4_0: return dot4_q4_0_vnni; case FLARE_Q4_1: return dot4_q4_1_vnni; case FLARE_Q8_0: return dot4_q8_0_vnni;
+        }
+    }
+    if (g_isa == ISA_AVX2) {
+        switch (type) {
+        case FLARE_Q4_0: return dot4_q4_0_avx2; case FLARE_Q4_1: return dot4_q4_1_avx2; case FLARE_Q8_0: return dot4_q8_0_avx2;
+        }
+    }
+#endif
+    (void)type;
+    return 0;
+}
+
 static vec_dot_t vec_dot_for(int32_t type) {
     if (g_isa < 0) flare_quant_isa(ISA_AUTO);
 #ifdef QUANT_SIMD
@@ -359,8 +380,22 @@ void flare_qmatmul_rows(int32_t type, const void *w, int64_t w_row_bytes, int64_
                         const void *xq, int64_t xq_row_bytes, int64_t m,
                         float *out, int64_t ldo, int64_t r0, int64_t r1) {
     const vec_dot_t dot = vec_dot_for(type);
+    const vec_dot4_t dot4 = vec_dot4_for(type);
     const char *wb = (const char *)w, *xb = (const char *)xq;
-    for (int64_t r = r0; r < r1; ++r)
-        for (int64_t j = 0; j < m; ++j)
-            out[j * ldo + r] = dot ? dot(wb + r * w_row_bytes, xb + j * xq_row_bytes, k) : 0.0f;
+    /* activation rows in tiles that stay in L1 while the weight rows pass over them */
+    const int64_t tile = xq_row_bytes * 16 <= 24576 ? 16 : 4;
+    for (int64_t j0 = 0; j0 < m; j0 += tile) {
+        const int64_t j1 = j0 + tile < m ? j0 + tile : m;
+        for (int64_t r = r0; r < r1; ++r) {
+            int64_t j = j0;
+            if (dot4)   /* the same bits as dot, one weight-block unpacking per four rows */
+                for (; j + 4 <= j1; j += 4) {
+                    float o[4];
+                    dot4(wb + r * w_row_bytes, xb + j * xq_row_bytes, xq_row_bytes, k, o);
+                    for (int t = 0; t < 4; ++t) out[(j + t) * ldo + r] = o[t];
+                }
+            for (; j < j1; ++j)
+                out[j * ldo + r] = dot ? dot(wb + r * w_row_bytes, xb + j * xq_row_bytes, k) : 0.0f;
+        }
+    }
 }

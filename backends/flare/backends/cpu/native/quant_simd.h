@@ -73,6 +73,46 @@ QATTR float QFN(dot_q8_0)(const void *vw, const void *vx, int64_t k) {
     return QFN(hsum)(acc);
 }
 
+/* The same three products against four activation rows at once (xrb bytes apart), for
+ * prefill: each weight block is unpacked once for the four. Per row the arithmetic is that of
+ * the one-row functions above, in the same order, so the results are the same bits. */
+#define QDOT4_BODY(UNPACK, SCALE, CORR)                                                         \
+    const act32 *x[4];                                                                          \
+    for (int j = 0; j < 4; ++j) x[j] = (const act32 *)(xb + j * xrb);                           \
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}; \
+    float corr[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                                   \
+    for (int64_t i = 0; i < k / QK; ++i) {                                                      \
+        __m256i lo, hi;                                                                         \
+        UNPACK;                                                                                 \
+        for (int j = 0; j < 4; ++j) {                                                           \
+            const __m256i p = QFN(block16)(lo, hi, x[j][i].qs);                                 \
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(SCALE), acc[j]);    \
+            CORR;                                                                               \
+        }                                                                                       \
+    }                                                                                           \
+    for (int j = 0; j < 4; ++j) out[j] = QFN(hsum)(acc[j]) + corr[j];
+
+QATTR void QFN(dot4_q4_0)(const void *vw, const char *xb, int64_t xrb, int64_t k, float *out) {
+    const blk_q4_0 *w = (const blk_q4_0 *)vw;
+    const __m256i eight = _mm256_set1_epi16(8);
+    QDOT4_BODY((QFN(nibbles16)(w[i].qs, &lo, &hi), lo = _mm256_sub_epi16(lo, eight), hi = _mm256_sub_epi16(hi, eight)),
+               _cvtsh_ss(w[i].d) * x[j][i].d, (void)0)
+}
+
+QATTR void QFN(dot4_q4_1)(const void *vw, const char *xb, int64_t xrb, int64_t k, float *out) {
+    const blk_q4_1 *w = (const blk_q4_1 *)vw;
+    QDOT4_BODY(QFN(nibbles16)(w[i].qs, &lo, &hi), _cvtsh_ss(w[i].d) * x[j][i].d,
+               corr[j] += _cvtsh_ss(w[i].m) * x[j][i].d * (float)x[j][i].sum)
+}
+
+QATTR void QFN(dot4_q8_0)(const void *vw, const char *xb, int64_t xrb, int64_t k, float *out) {
+    const blk_q8_0 *w = (const blk_q8_0 *)vw;
+    QDOT4_BODY((lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[i].qs)),
+                hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w[i].qs + 16)))),
+               _cvtsh_ss(w[i].d) * x[j][i].d, (void)0)
+}
+#undef QDOT4_BODY
+
 QATTR float QFN(dot_q4_k)(const void *vw, const void *vx, int64_t k) {
     const blk_q4_k *w = (const blk_q4_k *)vw; const act256 *x = (const act256 *)vx;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
