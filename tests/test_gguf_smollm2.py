@@ -123,6 +123,16 @@ def test_accuracy_against_the_numpy_reference(backend, reference, activations, m
     assert kl <= 0.01 and top1 >= 0.99, (kl, top1)
 
 
+def test_cpu_computes_on_the_mapped_file(smol):
+    """No copy of the weights on the CPU (Device.adopt): every weight buffer is the file's
+    mapping, so the weights are resident once, as llama.cpp's are (peak RSS, issue 20)."""
+    import numpy as np
+
+    with GgufLM.load("smollm2", devices=["cpu"], max_ctx=16, prefill_chunk=8) as lm:
+        bufs = {name: buf for (name, _), buf in lm.graph.persistent.weights.items()}
+        assert bufs and all(np.shares_memory(buf.handle, smol.tensor(name)) for name, buf in bufs.items())
+
+
 def test_greedy_answer(capsys, monkeypatch):
     """The default settings: the first answer token is a near-tie ("The" 25.33 vs "L" 25.24 in
     exact arithmetic), which 8-bit activations (ggml's scheme, this CPU's default before) flipped:
