@@ -22,7 +22,7 @@ _Static_assert(sizeof(blk_q4_0) == 18 && sizeof(blk_q4_1) == 20 && sizeof(blk_q8
 _Static_assert(sizeof(blk_q4_k) == 144 && sizeof(blk_q6_k) == 210, "ggml k-quant block sizes");
 
 /* activation blocks (quant.h) */
-typedef struct { float d; int32_t sum; int16_t qs[QK]; } act32;   /* 16-bit: see quant.h */
+typedef struct { float d, dsum; int16_t qs[QK]; } act32;   /* 16-bit: see quant.h; dsum = d * sum(qs) */
 typedef struct { float d; int32_t sum16[QK_K / 16]; int8_t qs[QK_K]; } act256;
 
 /* IEEE half -> float, exactly (normals, subnormals, infinities, NaNs) */
@@ -158,7 +158,7 @@ void flare_qact_quantize_row(int32_t type, const float *x, void *xq, int64_t k) 
             a[i].d = block_scale(x + i * QK, QK, 32767.0f, &inv);
             int32_t s = 0;
             for (int j = 0; j < QK; ++j) { a[i].qs[j] = q16(x[i * QK + j] * inv); s += a[i].qs[j]; }
-            a[i].sum = s;
+            a[i].dsum = a[i].d * (float)s;   /* q4_1's min term, one multiply-add per block */
         }
         return;
     }
@@ -182,8 +182,9 @@ static float dot_q4_0_c(const void *vw, const void *vx, int64_t k) {
     float acc = 0.0f;
     for (int64_t i = 0; i < k / QK; ++i) {
         int32_t s = 0;
-        for (int j = 0; j < QK / 2; ++j) s += (w[i].qs[j] & 0x0F) * x[i].qs[j] + (w[i].qs[j] >> 4) * x[i].qs[j + QK / 2];
-        acc += h2f(w[i].d) * x[i].d * (float)(s - 8 * x[i].sum);
+        for (int j = 0; j < QK / 2; ++j)
+            s += ((w[i].qs[j] & 0x0F) - 8) * x[i].qs[j] + ((w[i].qs[j] >> 4) - 8) * x[i].qs[j + QK / 2];
+        acc += h2f(w[i].d) * x[i].d * (float)s;
     }
     return acc;
 }
@@ -194,7 +195,7 @@ static float dot_q4_1_c(const void *vw, const void *vx, int64_t k) {
     for (int64_t i = 0; i < k / QK; ++i) {
         int32_t s = 0;
         for (int j = 0; j < QK / 2; ++j) s += (w[i].qs[j] & 0x0F) * x[i].qs[j] + (w[i].qs[j] >> 4) * x[i].qs[j + QK / 2];
-        acc += h2f(w[i].d) * x[i].d * (float)s + h2f(w[i].m) * x[i].d * (float)x[i].sum;
+        acc += h2f(w[i].d) * x[i].d * (float)s + h2f(w[i].m) * x[i].dsum;
     }
     return acc;
 }

@@ -6,7 +6,7 @@
  *
  * Weight types are named by their ggml type id (flare.core.dtypes.QUANT_TYPES). Activations
  * use Flare's own blocks (float scales, exact integer sums), not ggml's q8_0/q8_K:
- *   32-weight types (q4_0, q4_1, q8_0): per 32 values {float d; int32 sum; int16 q[32]}
+ *   32-weight types (q4_0, q4_1, q8_0): per 32 values {float d, d * sum(q); int16 q[32]}
  *     16 bits, not ggml's 8: 8-bit activations flip SmolLM2's near-tie tokens (top-1 97.7%
  *     against the float reference, 100% with 16 bits; cpu/README.md). 16 products per
  *     instruction (vpmaddwd, VNNI vpdpwssd); the kernels are bound by unpacking the weights.

@@ -56,7 +56,7 @@ QATTR float QFN(dot_q4_1)(const void *vw, const void *vx, int64_t k) {
         QFN(nibbles16)(w[i].qs, &lo, &hi);
         const __m256i p = QFN(block16)(lo, hi, x[i].qs);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(_cvtsh_ss(w[i].d) * x[i].d), acc);
-        corr += _cvtsh_ss(w[i].m) * x[i].d * (float)x[i].sum;
+        corr += _cvtsh_ss(w[i].m) * x[i].dsum;
     }
     return QFN(hsum)(acc) + corr;
 }
@@ -102,7 +102,7 @@ QATTR void QFN(dot4_q4_0)(const void *vw, const char *xb, int64_t xrb, int64_t k
 QATTR void QFN(dot4_q4_1)(const void *vw, const char *xb, int64_t xrb, int64_t k, float *out) {
     const blk_q4_1 *w = (const blk_q4_1 *)vw;
     QDOT4_BODY(QFN(nibbles16)(w[i].qs, &lo, &hi), _cvtsh_ss(w[i].d) * x[j][i].d,
-               corr[j] += _cvtsh_ss(w[i].m) * x[j][i].d * (float)x[j][i].sum)
+               corr[j] += _cvtsh_ss(w[i].m) * x[j][i].dsum)
 }
 
 QATTR void QFN(dot4_q8_0)(const void *vw, const char *xb, int64_t xrb, int64_t k, float *out) {
