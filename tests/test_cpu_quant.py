@@ -1,7 +1,6 @@
 """The native CPU executor's block-quantized kernels (native/quant.c) on every instruction set.
 
-quant.c picks its dot products at run time (and products of up to QUANT_FLOAT_MAX_ROWS
-activation rows take float activations instead of 8-bit ones) (portable C, AVX2, AVX-512 VNNI); the
+quant.c picks its dot products at run time (portable C, AVX2, AVX-512 VNNI); the
 conformance suite only sees the best one this CPU has. Here every quantized case
 runs under each ISA the CPU offers, against the gguf.quants reference (QUANT_DOT,
 see quant_cases.py), and the integer-exact parts are checked directly: the
@@ -37,11 +36,10 @@ def isa(request):
     NATIVE.lib.flare_quant_isa(0)
 
 
-@pytest.mark.parametrize("activations", ["int8", "float"])
+@pytest.mark.parametrize("activations", ["integer", "float"])
 @pytest.mark.parametrize("case", QUANT_CASE_IDS, ids=[c.id for c in QUANT_CASE_IDS])
 def test_quantized_case_on_each_isa(isa, case, activations, monkeypatch):
-    """Both activation paths (8-bit integer dots; float, which decode-sized products take by
-    default), forced for every shape."""
+    """Both activation paths (integer dots, the default; float), forced for every shape."""
     monkeypatch.setenv("FLARE_CPU_QUANT_ACTIVATIONS", activations)
     inputs, want = case_expected(case)
     with Session(["cpu"]) as sess:
@@ -86,3 +84,59 @@ def test_isas_agree_and_dequantization_is_exact(dtype):
         NATIVE.lib.flare_dequantize_row(t.ggml_type, NATIVE.ffi.from_buffer(w[r]),
                                         NATIVE.ffi.cast("float *", rows[r].ctypes.data), rows.shape[1])
     np.testing.assert_array_equal(rows.view(np.uint32), dequantize_reference(w, dtype).view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", ["q4_0", "q4_1", "q8_0"])
+def test_16_bit_activations_keep_the_float_result(dtype):
+    """The 32-weight types round activations to 16 bits per block (quant.h): each moves by at
+    most max|x_block| / 65534. Over 16 blocks of these weights (outputs up to ~13) every ISA is
+    within ~1.4e-4 of the float64 product; 8-bit activations (ggml's scheme, simulated in NumPy
+    on the same data) are 0.03..0.05 off. Bound: 1e-3 + 2e-5 relative."""
+    t = QUANT_TYPES[dtype]
+    rng = np.random.default_rng(11)
+    w = quant_blocks(rng, dtype, 13, 16 * t.block_size)
+    x = rng.uniform(-2, 2, (5, 16 * t.block_size)).astype(np.float32)
+    want = x.astype(np.float64) @ dequantize_reference(w, dtype).astype(np.float64).T
+    for name, isa in ISAS.items():
+        if NATIVE.lib.flare_quant_isa(isa) == isa:
+            np.testing.assert_allclose(_qmatmul(dtype, w, x), want, rtol=2e-5, atol=1e-3, err_msg=name)
+    NATIVE.lib.flare_quant_isa(0)
+
+
+@pytest.mark.parametrize("dtype", list(QUANT_TYPES))
+def test_many_rows_give_the_bits_of_one_row(dtype):
+    """Prefill-sized products take four activation rows per unpacked weight block (quant.c);
+    each row's result must be the bits the one-row (decode) product gives, so a token's logits
+    do not depend on how many tokens were fed with it. On every ISA."""
+    t = QUANT_TYPES[dtype]
+    rng = np.random.default_rng(5)
+    w = quant_blocks(rng, dtype, 9, 2 * t.block_size)
+    x = rng.uniform(-2, 2, (7, 2 * t.block_size)).astype(np.float32)   # 4 + 3: the tail too
+    for name, isa in ISAS.items():
+        if NATIVE.lib.flare_quant_isa(isa) == isa:
+            many = _qmatmul(dtype, w, x)
+            one = np.concatenate([_qmatmul(dtype, w, x[j:j + 1]) for j in range(x.shape[0])])
+            np.testing.assert_array_equal(many.view(np.uint32), one.view(np.uint32), err_msg=name)
+    NATIVE.lib.flare_quant_isa(0)
+
+
+@pytest.mark.parametrize("dtype", list(QUANT_TYPES))
+def test_integer_sums_do_not_overflow(dtype):
+    """The worst case of the integer products: every weight and scale at its largest (all bits
+    set; q6_k scales 127) against activations that all round to the largest step. A 32-bit sum
+    that wrapped would be far off."""
+    t = QUANT_TYPES[dtype]
+    w = np.full((3, 2 * t.block_bytes), 0xFF, np.uint8).reshape(-1).view(t.numpy).reshape(3, 2)
+    for field in ("d", "dmin"):
+        if field in t.numpy.names:
+            w[field] = np.float16(1e-3)
+    if "m" in t.numpy.names:
+        w["m"] = np.float16(1e-3)
+    if dtype == "q6_k":
+        w["scales"] = 127
+    x = np.ones((2, 2 * t.block_size), np.float32)
+    want = x.astype(np.float64) @ dequantize_reference(w, dtype).astype(np.float64).T
+    for name, isa in ISAS.items():
+        if NATIVE.lib.flare_quant_isa(isa) == isa:
+            np.testing.assert_allclose(_qmatmul(dtype, w, x), want, rtol=1e-4, err_msg=name)
+    NATIVE.lib.flare_quant_isa(0)

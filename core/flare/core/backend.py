@@ -205,6 +205,14 @@ class Device(abc.ABC):
         handle = self._alloc_raw(max(nbytes, 1))  # raises AllocationError on device OOM
         return Buffer(self, nbytes, handle, tag)
 
+    def adopt(self, array: np.ndarray, tag: str = "") -> Buffer | None:
+        """A buffer that *is* `array`'s memory, for a read-only weight (a view of a memory-mapped
+        file: GGUF), where this device computes on host memory as it lies; None where it cannot
+        (the caller allocates and copies). Why: a copy doubles the weights' resident memory
+        while it is made and keeps a second copy of the file's pages after. The buffer keeps a
+        reference to `array`; releasing it drops the reference. Recorded in the ledger."""
+        return None
+
     @abc.abstractmethod
     def _alloc_raw(self, nbytes: int) -> Any:
         """Allocate device memory; raise AllocationError if the device refuses."""

@@ -59,10 +59,15 @@ class PersistentStore:
                     data = np.ascontiguousarray(t.host_data())
                     if data.shape != t.shape or data.dtype != to_numpy(t.dtype):
                         raise GraphError(f"weight data is {data.shape} {data.dtype}, declared {t.shape} {t.dtype}", t.name)
-                    buf = dev.alloc(t.nbytes, tag=f"{self.owner}:weight:{t.name}")
+                    tag = f"{self.owner}:weight:{t.name}"
+                    # read-only data (a mapped file) on a device that computes on host memory:
+                    # used where it lies, no copy (Device.adopt)
+                    buf = None if data.flags.writeable else dev.adopt(data, tag=tag)
+                    if buf is None:
+                        buf = dev.alloc(t.nbytes, tag=tag)
+                        dev.write(Binding(buf, 0, t.shape, t.strides, t.dtype), data)
                     new.append(buf)
                     self.weights[(t.name, dev_name)] = buf
-                    dev.write(Binding(buf, 0, t.shape, t.strides, t.dtype), data)
             elif t.role in PERSISTENT:
                 have = self.states.get(t.name)
                 if have is None:

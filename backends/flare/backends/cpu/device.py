@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from flare.core.backend import Binding, BufferType, Device, MemoryInfo, PreparedSplit, SplitProgram, numpy_view
+from flare.core.backend import Binding, Buffer, BufferType, Device, MemoryInfo, PreparedSplit, SplitProgram, numpy_view
 from flare.core.dtypes import is_quant
 from flare.core.errors import AllocationError
 from flare.core.graph import Tensor
@@ -26,6 +26,7 @@ from .native.compile import compile_native
 from .native.packing import PackCache
 from .native.threads import ThreadPool, physical_cores
 from .split import CpuSplit
+from .zeroing import zero_fill
 
 ALIGNMENT = 64
 # Fused ops the C executor takes. Not `attention`: a per-head C kernel measured 1.2-2.7x slower
@@ -78,6 +79,16 @@ class CpuDevice(Device):
         start = (-raw.ctypes.data) % ALIGNMENT
         return raw[start: start + nbytes]
 
+    def adopt(self, array: np.ndarray, tag: str = "") -> Buffer | None:
+        """The kernels read weights through pointers and take unaligned rows (the quantized ones
+        load unaligned; float matmul weights are packed into buffers of their own), so a
+        contiguous array is used as it is: a GGUF file's tensors (32-byte aligned) stay in the
+        page cache's pages, resident only as they are read, as llama.cpp's are."""
+        if not array.flags.c_contiguous or array.nbytes == 0 or array.ctypes.data % 16:
+            return None
+        LEDGER.admit(self.name, array.nbytes, self.memory().free)
+        return Buffer(self, array.nbytes, array.reshape(-1).view(np.uint8), tag)
+
     def _free_raw(self, handle: Any) -> None:
         self._views.pop(id(handle), None)  # the array itself is dropped with the Buffer's reference
 
@@ -101,7 +112,7 @@ class CpuDevice(Device):
         np.copyto(out, self.host_view(binding))
 
     def fill_zero(self, binding: Binding) -> None:
-        self.host_view(binding).fill(0)
+        zero_fill(self.host_view(binding))   # large buffers: pages given back, not written (zeroing.py)
 
     def supports(self, node: Tensor) -> bool:
         if node.op in FUSED_OPS:  # only the native executor has fused kernels worth fusing for

@@ -268,19 +268,22 @@ def _quant(w: np.ndarray) -> tuple[int, int, int, int] | None:
     return t.ggml_type, k, w.strides[-2] if w.ndim > 1 else w.nbytes, act
 
 
-# Which activations quantized products take: "int8" rounds them to 8 bits per block for integer
-# dot products (ggml's scheme, the default: fastest, ~0.4% noise per output, see
-# quant_cases.QUANT_DOT); "float" dequantizes each weight row and multiplies in float (no rounding
-# of its own: the dequantized-weights reference exactly, but today 6x slower at decode).
-# FLARE_CPU_QUANT_ACTIVATIONS chooses (read when a split is compiled); figures in
-# backends/flare/backends/cpu/README.md.
-QUANT_ACTIVATIONS = ("int8", "float")
+# Which activations quantized products take: "integer" (the default) rounds each block of them
+# for integer dot products: to 16 bits per block of 32 for q4_0/q4_1/q8_0 (error ~1e-5 of the
+# block's largest value: the dequantized-weights reference to KL ~4e-8), to 8 bits per block of
+# 256 for q4_k/q6_k (ggml's scheme, ~0.4% noise per output, see quant_cases.QUANT_DOT); "float"
+# dequantizes each weight row and multiplies in float (no rounding at all, slow at decode).
+# FLARE_CPU_QUANT_ACTIVATIONS chooses (read when a split is compiled; "int8" and "int16", the
+# names of earlier versions, mean "integer"); figures in backends/flare/backends/cpu/README.md.
+QUANT_ACTIVATIONS = ("integer", "float")
+_ALIASES = {"int8": "integer", "int16": "integer", "int": "integer"}
 
 
 def quant_activations(setting: str | None) -> str:
     import os
-    value = (setting or os.environ.get("FLARE_CPU_QUANT_ACTIVATIONS") or "int8").strip().lower()
-    return value if value in QUANT_ACTIVATIONS else "int8"
+    value = (setting or os.environ.get("FLARE_CPU_QUANT_ACTIVATIONS") or "integer").strip().lower()
+    value = _ALIASES.get(value, value)
+    return value if value in QUANT_ACTIVATIONS else "integer"
 
 
 def _float_activations(k: int) -> bool:

@@ -114,7 +114,11 @@ class GgufLM:
         self.graph = session.prepare_model("gguf", options)
         self.stager = self.graph.callbacks.get(STAGE_EXPERTS)
         self._prepared = set(self.graph.entries) & {"prefill", "decode"}
-        model.file.drop_pages()   # the weights are on the devices now: the file's pages may go
+        # The weights are on the devices now: their copies of the file's pages may go. A CPU
+        # device copies nothing (Device.adopt: it computes on the mapped file, as llama.cpp
+        # does), so with only CPU devices the pages are its weights and stay.
+        if any(d.backend != "cpu" for d in session.devices):
+            model.file.drop_pages()
         self.released = False
 
     @classmethod

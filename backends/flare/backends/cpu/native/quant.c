@@ -22,7 +22,7 @@ _Static_assert(sizeof(blk_q4_0) == 18 && sizeof(blk_q4_1) == 20 && sizeof(blk_q8
 _Static_assert(sizeof(blk_q4_k) == 144 && sizeof(blk_q6_k) == 210, "ggml k-quant block sizes");
 
 /* activation blocks (quant.h) */
-typedef struct { float d; int32_t sum; int8_t qs[QK]; } act32;
+typedef struct { float d, dsum; int16_t qs[QK]; } act32;   /* 16-bit: see quant.h; dsum = d * sum(qs) */
 typedef struct { float d; int32_t sum16[QK_K / 16]; int8_t qs[QK_K]; } act256;
 
 /* IEEE half -> float, exactly (normals, subnormals, infinities, NaNs) */
@@ -139,11 +139,13 @@ int64_t flare_qact_row_bytes(int32_t type, int64_t k) {
 
 /* round to nearest, ties away from zero (as ggml's roundf) */
 static inline int8_t q8(float v) { return (int8_t)(v < 0.0f ? -(int)(-v + 0.5f) : (int)(v + 0.5f)); }
+static inline int16_t q16(float v) { return (int16_t)(v < 0.0f ? -(int)(-v + 0.5f) : (int)(v + 0.5f)); }
 
-static float block_scale(const float *x, int n, float *inv) {
+/* the block's scale (amax / qmax) and its inverse, 0 for an all-zero block */
+static float block_scale(const float *x, int n, float qmax, float *inv) {
     float amax = 0.0f;
-    for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(x[i]));
-    const float d = amax / 127.0f;
+    for (int i = 0; i < n; ++i) { const float a = fabsf(x[i]); amax = a > amax ? a : amax; }   /* inlined, unlike fmaxf */
+    const float d = amax / qmax;
     *inv = d > 0.0f ? 1.0f / d : 0.0f;
     return d;
 }
@@ -153,17 +155,17 @@ void flare_qact_quantize_row(int32_t type, const float *x, void *xq, int64_t k) 
         act32 *a = (act32 *)xq;
         for (int64_t i = 0; i < k / QK; ++i) {
             float inv;
-            a[i].d = block_scale(x + i * QK, QK, &inv);
+            a[i].d = block_scale(x + i * QK, QK, 32767.0f, &inv);
             int32_t s = 0;
-            for (int j = 0; j < QK; ++j) { a[i].qs[j] = q8(x[i * QK + j] * inv); s += a[i].qs[j]; }
-            a[i].sum = s;
+            for (int j = 0; j < QK; ++j) { a[i].qs[j] = q16(x[i * QK + j] * inv); s += a[i].qs[j]; }
+            a[i].dsum = a[i].d * (float)s;   /* q4_1's min term, one multiply-add per block */
         }
         return;
     }
     act256 *a = (act256 *)xq;
     for (int64_t i = 0; i < k / QK_K; ++i) {
         float inv;
-        a[i].d = block_scale(x + i * QK_K, QK_K, &inv);
+        a[i].d = block_scale(x + i * QK_K, QK_K, 127.0f, &inv);
         for (int g = 0; g < QK_K / 16; ++g) {
             int32_t s = 0;
             for (int j = 0; j < 16; ++j) { const int8_t q = q8(x[i * QK_K + 16 * g + j] * inv); a[i].qs[16 * g + j] = q; s += q; }
@@ -180,8 +182,9 @@ static float dot_q4_0_c(const void *vw, const void *vx, int64_t k) {
     float acc = 0.0f;
     for (int64_t i = 0; i < k / QK; ++i) {
         int32_t s = 0;
-        for (int j = 0; j < QK / 2; ++j) s += (w[i].qs[j] & 0x0F) * x[i].qs[j] + (w[i].qs[j] >> 4) * x[i].qs[j + QK / 2];
-        acc += h2f(w[i].d) * x[i].d * (float)(s - 8 * x[i].sum);
+        for (int j = 0; j < QK / 2; ++j)
+            s += ((w[i].qs[j] & 0x0F) - 8) * x[i].qs[j] + ((w[i].qs[j] >> 4) - 8) * x[i].qs[j + QK / 2];
+        acc += h2f(w[i].d) * x[i].d * (float)s;
     }
     return acc;
 }
@@ -192,7 +195,7 @@ static float dot_q4_1_c(const void *vw, const void *vx, int64_t k) {
     for (int64_t i = 0; i < k / QK; ++i) {
         int32_t s = 0;
         for (int j = 0; j < QK / 2; ++j) s += (w[i].qs[j] & 0x0F) * x[i].qs[j] + (w[i].qs[j] >> 4) * x[i].qs[j + QK / 2];
-        acc += h2f(w[i].d) * x[i].d * (float)s + h2f(w[i].m) * x[i].d * (float)x[i].sum;
+        acc += h2f(w[i].d) * x[i].d * (float)s + h2f(w[i].m) * x[i].dsum;
     }
     return acc;
 }
@@ -262,18 +265,22 @@ static float dot_q6_k_c(const void *vw, const void *vx, int64_t k) {
 #define QSFX avx2
 #define QTARGET "avx2,fma,f16c"
 #define DOT_U8S8(acc, u, s) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), _mm256_set1_epi16(1)))
+#define DOT_S16(acc, a, b) _mm256_add_epi32((acc), _mm256_madd_epi16((a), (b)))
 #include "quant_simd.h"
 #undef QSFX
 #undef QTARGET
 #undef DOT_U8S8
+#undef DOT_S16
 
 #define QSFX vnni
 #define QTARGET "avx2,fma,f16c,avx512f,avx512vl,avx512vnni"
 #define DOT_U8S8(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#define DOT_S16(acc, a, b) _mm256_dpwssd_epi32((acc), (a), (b))
 #include "quant_simd.h"
 #undef QSFX
 #undef QTARGET
 #undef DOT_U8S8
+#undef DOT_S16
 #endif
 
 /* ---- dispatch ------------------------------------------------------------------------------ */
@@ -296,6 +303,27 @@ int32_t flare_quant_isa(int32_t want) {
     const int32_t best = best_isa();
     g_isa = (want >= ISA_C && want <= best) ? want : best;
     return g_isa;
+}
+
+/* four activation rows (xrb bytes apart) against one weight row: out[0..3] */
+typedef void (*vec_dot4_t)(const void *w, const char *x, int64_t xrb, int64_t k, float *out);
+
+static vec_dot4_t vec_dot4_for(int32_t type) {
+    if (g_isa < 0) flare_quant_isa(ISA_AUTO);
+#ifdef QUANT_SIMD
+    if (g_isa == ISA_VNNI) {
+        switch (type) {
+        case FLARE_Q4_0: return dot4_q4_0_vnni; case FLARE_Q4_1: return dot4_q4_1_vnni; case FLARE_Q8_0: return dot4_q8_0_vnni;
+        }
+    }
+    if (g_isa == ISA_AVX2) {
+        switch (type) {
+        case FLARE_Q4_0: return dot4_q4_0_avx2; case FLARE_Q4_1: return dot4_q4_1_avx2; case FLARE_Q8_0: return dot4_q8_0_avx2;
+        }
+    }
+#endif
+    (void)type;
+    return 0;
 }
 
 static vec_dot_t vec_dot_for(int32_t type) {
@@ -353,8 +381,22 @@ void flare_qmatmul_rows(int32_t type, const void *w, int64_t w_row_bytes, int64_
                         const void *xq, int64_t xq_row_bytes, int64_t m,
                         float *out, int64_t ldo, int64_t r0, int64_t r1) {
     const vec_dot_t dot = vec_dot_for(type);
+    const vec_dot4_t dot4 = vec_dot4_for(type);
     const char *wb = (const char *)w, *xb = (const char *)xq;
-    for (int64_t r = r0; r < r1; ++r)
-        for (int64_t j = 0; j < m; ++j)
-            out[j * ldo + r] = dot ? dot(wb + r * w_row_bytes, xb + j * xq_row_bytes, k) : 0.0f;
+    /* activation rows in tiles that stay in L1 while the weight rows pass over them */
+    const int64_t tile = xq_row_bytes * 16 <= 24576 ? 16 : 4;
+    for (int64_t j0 = 0; j0 < m; j0 += tile) {
+        const int64_t j1 = j0 + tile < m ? j0 + tile : m;
+        for (int64_t r = r0; r < r1; ++r) {
+            int64_t j = j0;
+            if (dot4)   /* the same bits as dot, one weight-block unpacking per four rows */
+                for (; j + 4 <= j1; j += 4) {
+                    float o[4];
+                    dot4(wb + r * w_row_bytes, xb + j * xq_row_bytes, xq_row_bytes, k, o);
+                    for (int t = 0; t < 4; ++t) out[(j + t) * ldo + r] = o[t];
+                }
+            for (; j < j1; ++j)
+                out[j * ldo + r] = dot ? dot(wb + r * w_row_bytes, xb + j * xq_row_bytes, k) : 0.0f;
+        }
+    }
 }

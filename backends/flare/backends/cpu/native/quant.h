@@ -1,15 +1,17 @@
 /* Block-quantized weights in the native CPU executor (quant.c): ggml's layouts, integer dots.
  *
  * Why integer dot products: a quantized weight read as floats costs a dequantization per
- * weight per use; ggml instead rounds the *activations* to 8 bits per block (one scale per
- * 32 or 256 values) and multiplies bytes by bytes into 32-bit sums, 32 products per
- * instruction (AVX2 vpmaddubsw, AVX-512 VNNI vpdpbusd), applying the two scales once per
- * block. The conformance suite's QUANT_DOT tolerance covers the activation rounding.
+ * weight per use; ggml instead rounds the *activations* per block (one scale per 32 or 256
+ * values) and multiplies integers into 32-bit sums, applying the two scales once per block.
  *
  * Weight types are named by their ggml type id (flare.core.dtypes.QUANT_TYPES). Activations
  * use Flare's own blocks (float scales, exact integer sums), not ggml's q8_0/q8_K:
- *   32-weight types (q4_0, q4_1, q8_0): per 32 values {float d; int32 sum; int8 q[32]}
+ *   32-weight types (q4_0, q4_1, q8_0): per 32 values {float d, d * sum(q); int16 q[32]}
+ *     16 bits, not ggml's 8: 8-bit activations flip SmolLM2's near-tie tokens (top-1 97.7%
+ *     against the float reference, 100% with 16 bits; cpu/README.md). 16 products per
+ *     instruction (vpmaddwd, VNNI vpdpwssd); the kernels are bound by unpacking the weights.
  *   256-weight types (q4_k, q6_k):      per 256 values {float d; int32 sum16[16]; int8 q[256]}
+ *     ggml's 8 bits (32 byte products per vpmaddubsw / vpdpbusd; QUANT_DOT covers the error).
  *
  * Every function is pure and thread-safe; work is split by weight rows (r0..r1), so each
  * output element is computed by the same code in the same order whatever the threads.
