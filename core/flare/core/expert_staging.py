@@ -29,24 +29,34 @@ replay: LRU 388, this 323, Belady's optimum 263 misses).
 
 Prefetch (`prefetch=n`, off by default): the router of layer i+1 needs layer
 i's output, which is not known while layer i is staged. So after staging
-layer i, the stager guesses layer i+1's experts by applying layer i+1's router
-to layer i's FFN input (the residual stream changes little in one layer; the
-guess runs on the caller's thread, a [T, D] x [D, E] product), takes each
+layer i, the stager guesses layer i+1's experts by applying layer i+1's FFN
+RMS norm and router to the residual stream as it enters layer i's FFN (the
+host node's third input; the stream changes little in one layer, and with
+layer i+1's own norm weights the guess is what layer i+1 would pick if layer
+i's FFN and layer i+1's attention added nothing; the guess runs on the
+caller's thread, a [T, D] x [D, E] product), takes each
 token's top n and copies the missing ones on one background thread while the
 device computes layer i's experts and layer i+1's attention. Layer i+1's
-staging call first waits for that copy (`drain`), then stages as always, so
-outputs never change: only copy time leaves the critical path, and a wrong
-guess costs a copy and possibly an eviction. The background copy writes the
+staging call first settles that copy, then stages as always, so outputs never
+change: only copy time leaves the critical path. Settling takes back every
+copy the helper has not started (a `_PrefetchJob` hands out one run at a
+time): it copies the ones this step needs itself, drops the wrong guesses
+(their slots become free again) and waits only for the run in flight. So a
+busy machine, where the helper thread may not get a core in time, costs at
+most what staging without prefetch costs, and a wrong guess costs a copy only
+when the helper had time for it (and possibly an eviction). The background copy writes the
 caches from another thread, which only host-memory (CPU) caches allow; models
 refuse prefetch where an expert cache lives on another device.
 
 Threads: one stager belongs to one prepared graph. Its calls come from that
 graph's executes, which take turns on the graph's lock, so it takes no lock of
-its own; its one helper thread only runs the copy `_prefetch` handed it, and
-every other method waits for that copy first (`drain`).
+its own for them; its one helper thread only copies the runs of the current
+`_PrefetchJob` (claimed under the job's lock, counted in the job, not in
+`stats`), and every other method settles that job first (`drain`).
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -63,8 +73,8 @@ AGE_EVERY = 64   # staging calls of a layer between halvings of its use counts
 TensorNames = Callable[[int], Sequence[str]]
 # name -> the source tensor [E, ...] (a view of a mapped file, or host memory)
 Source = Callable[[str], np.ndarray]
-# layer -> (router weight [E, D], bias [E] or None), for prefetch guesses
-Router = Callable[[int], "tuple[np.ndarray, np.ndarray | None]"]
+# layer -> (router weight [E, D], bias [E] or None, FFN RMS-norm weight [D]), for prefetch guesses
+Router = Callable[[int], "tuple[np.ndarray, np.ndarray | None, np.ndarray]"]
 
 
 class ExpertCacheError(ModelError):
@@ -86,6 +96,7 @@ class StagingStats:
     evictions: int = 0
     seconds: float = 0.0                # in staging calls, including their demand copies
     prefetched: int = 0                 # experts copied ahead of time by the background thread
+                                        # (guesses it had not started are copied on demand or dropped)
     prefetch_hits: int = 0              # selected experts resident only thanks to a prefetch
     prefetch_seconds: float = 0.0       # background copy time (off the critical path)
     prefetch_wait_seconds: float = 0.0  # staging calls waiting for a background copy to finish
@@ -107,7 +118,7 @@ class StageRecord:
     staged: tuple[int, ...]
     runs: tuple[tuple[int, int, int], ...]  # (first expert, first slot, count)
     evicted: tuple[int, ...]
-    prefetched: tuple[int, ...] = ()        # experts of layer+1 copied ahead by the background thread
+    prefetched: tuple[int, ...] = ()        # experts of layer+1 guessed and handed to the background thread
 
 
 class _LayerCache:
@@ -159,6 +170,32 @@ class _LayerCache:
         return out
 
 
+class _PrefetchJob:
+    """Background copies of one layer's guessed experts, handed out one run at a time so the
+    staging thread can take back the runs the helper has not started."""
+
+    def __init__(self, layer: int, runs: list[tuple[int, int, int]]):
+        self.layer = layer
+        self.runs = runs
+        self.lock = threading.Lock()
+        self.next = 0
+        self.copied: list[tuple[int, int, int]] = []   # runs the helper copied (helper thread only)
+        self.seconds = 0.0
+        self.future: Future | None = None
+
+    def claim(self) -> tuple[int, int, int] | None:
+        with self.lock:
+            if self.next >= len(self.runs):
+                return None
+            self.next += 1
+            return self.runs[self.next - 1]
+
+    def claim_rest(self) -> list[tuple[int, int, int]]:
+        with self.lock:
+            rest, self.next = self.runs[self.next:], len(self.runs)
+            return rest
+
+
 class ExpertStager:
     """The `stage_experts` host callback of one prepared MoE model (see the module docstring).
 
@@ -185,7 +222,7 @@ class ExpertStager:
         self.prefetch = 0
         self._routers: list[tuple[np.ndarray, np.ndarray | None]] = []
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: Future | None = None
+        self._job: _PrefetchJob | None = None
         if prefetch:
             self.enable_prefetch(prefetch, router)
 
@@ -198,9 +235,9 @@ class ExpertStager:
             raise ModelError(f"{self.label}: expert prefetch needs the router weights")
         routers = []
         for i in range(self.n_layers):
-            weight, bias = router(i)
-            routers.append((np.ascontiguousarray(weight, np.float32).T.copy(),
-                            None if bias is None else np.asarray(bias, np.float32)))
+            weight, bias, norm = router(i)
+            folded = np.asarray(weight, np.float32) * np.asarray(norm, np.float32)[None, :]  # router(norm_w * x)
+            routers.append((np.ascontiguousarray(folded.T), None if bias is None else np.asarray(bias, np.float32)))
         self._routers = routers
         self.prefetch = int(prefetch)
 
@@ -211,14 +248,44 @@ class ExpertStager:
         self._layers = self._empty_layers()
 
     def drain(self) -> None:
-        """Wait for a background copy (before anything else touches the caches)."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
+        """Settle a background prefetch (before anything else touches the caches): drop the
+        copies it has not started, wait for the one in flight."""
+        self._settle(())
+
+    def _settle(self, needed: Sequence[int], ctx: Any = None) -> int:
+        """End the pending prefetch job: take back its unstarted runs, copy those of them that
+        hold an expert in `needed` here (with `ctx`), free the slots of the others, wait for the
+        run in flight; then count what the helper copied. Returns how many experts it copied here."""
+        job, self._job = self._job, None
+        if job is None:
+            return 0
+        rest = job.claim_rest()
+        assert job.future is not None
+        if not job.future.cancel():       # started (or done): at most the run in flight remains
             t0 = time.perf_counter()
             try:
-                pending.result()
+                job.future.result()
             finally:
                 self.stats.prefetch_wait_seconds += time.perf_counter() - t0
+        cache = self._layers[job.layer]
+        want = set(needed)
+        mine: list[int] = []
+        for first, slot, count in rest:
+            for j in range(count):
+                if first + j in want:
+                    mine.append(first + j)
+                else:
+                    cache.take(slot + j)      # a wrong guess nobody copied: the slot is free again
+        if mine:                              # needed now: copied here, as a demand copy would be
+            self._copy(job.layer, _runs(mine, sorted(cache.slot_of[e] for e in mine)), ctx)
+            cache.unused_prefetch.difference_update(mine)
+        st = self.stats
+        st.prefetched += sum(n for _, _, n in job.copied)
+        st.copies += len(job.copied)
+        st.writes += len(job.copied) * len(self._names[job.layer])
+        st.bytes_staged += sum(int(src[0].nbytes) * n for src in self._sources[job.layer] for _, _, n in job.copied)
+        st.prefetch_seconds += job.seconds
+        return len(mine)
 
     def close(self) -> None:
         """Drain and stop the background thread (idempotent); call before the caches are released."""
@@ -249,11 +316,11 @@ class ExpertStager:
 
     def stage(self, layer: int, ids: np.ndarray, valid: np.ndarray | None, ctx: Any) -> np.ndarray:
         """Make the experts in `ids` (rows of tokens where `valid`) resident; return their slots."""
-        self.drain()
         t0 = time.perf_counter()
-        cache = self._layers[layer]
         chosen = ids if valid is None else ids[valid]
         needed = sorted(set(chosen.reshape(-1).tolist()))
+        taken_back = self._settle(needed if self._job.layer == layer else (), ctx) if self._job is not None else 0
+        cache = self._layers[layer]
         if len(needed) > self.slots:
             raise ExpertCacheError(
                 f"{self.label}: layer {layer}: a step selects {len(needed)} distinct experts for "
@@ -277,8 +344,8 @@ class ExpertStager:
         st = self.stats
         st.calls += 1
         st.selected += len(needed)
-        st.hits += len(needed) - len(missing)
-        st.experts_staged += len(missing)
+        st.hits += len(needed) - len(missing) - taken_back
+        st.experts_staged += len(missing) + taken_back
         st.evictions += len(evicted)
         st.prefetch_hits += prefetch_hits
         st.seconds += time.perf_counter() - t0
@@ -301,7 +368,9 @@ class ExpertStager:
         if hidden.size == 0:
             return
         weight_t, bias = self._routers[layer]
-        logits = hidden.reshape(-1, weight_t.shape[0]).astype(np.float32, copy=False) @ weight_t
+        x = hidden.reshape(-1, weight_t.shape[0]).astype(np.float32, copy=False)
+        x = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-6)       # the RMS norm, its weight folded in
+        logits = x @ weight_t
         if bias is not None:
             logits += bias
         n = min(self.prefetch, self.n_experts)
@@ -318,19 +387,27 @@ class ExpertStager:
         runs = _runs(missing, sorted(victims))
         cache.place(runs)
         cache.unused_prefetch.update(missing)
-        self.stats.prefetched += len(missing)
         if self.trace and self.records:
             last = self.records[-1]
             self.records[-1] = StageRecord(last.layer, last.selected, last.staged, last.runs, last.evicted,
                                            tuple(missing))
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="expert-prefetch")
-        self._pending = self._pool.submit(self._timed_copy, layer, runs, ctx)
+        job = _PrefetchJob(layer, runs)
+        job.future = self._pool.submit(self._work, job, ctx)
+        self._job = job
 
-    def _timed_copy(self, layer: int, runs: list[tuple[int, int, int]], ctx: Any) -> None:
+    def _work(self, job: _PrefetchJob, ctx: Any) -> None:
+        """The helper thread: copy the job's runs until the staging thread takes the rest back."""
         t0 = time.perf_counter()
-        self._copy(layer, runs, ctx)
-        self.stats.prefetch_seconds += time.perf_counter() - t0
+        try:
+            while (run := job.claim()) is not None:
+                for name, src in zip(self._names[job.layer], self._sources[job.layer]):
+                    first, slot, count = run
+                    ctx.write_rows(name, slot, src[first: first + count])
+                job.copied.append(run)
+        finally:
+            job.seconds = time.perf_counter() - t0
 
 
 def _runs(experts: list[int], slots: list[int]) -> list[tuple[int, int, int]]:

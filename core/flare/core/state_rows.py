@@ -6,6 +6,7 @@ KV-cache reuse (a served prefix copied into a new sequence's rows), host callbac
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import numpy as np
@@ -25,7 +26,7 @@ def whole(store: PersistentStore, name: str) -> tuple[str, Binding]:
 def rows(store: PersistentStore, name: str, row: int, count: int) -> tuple[str, Binding]:
     """(device, binding) of rows [row, row+count) of `name`; InputError outside it."""
     dev, buf, t = store.states[name]
-    row_elems = int(np.prod(t.shape[1:], dtype=np.int64))
+    row_elems = math.prod(t.shape[1:])   # math.prod: a tuple of ints, no NumPy reduction per call
     if count < 0 or row < 0 or row + count > t.shape[0]:
         raise InputError(f"rows [{row}, {row + count}) are outside {name!r} {t.shape}")
     itemsize = to_numpy(t.dtype).itemsize
@@ -37,7 +38,7 @@ def write_rows(store: PersistentStore, devices: Mapping[str, Device], name: str,
     """Write `array` (any shape holding whole rows) into `name` from `row` on."""
     _, _, t = store.states[name]
     array = np.ascontiguousarray(array, to_numpy(t.dtype))
-    row_elems = int(np.prod(t.shape[1:], dtype=np.int64))
+    row_elems = math.prod(t.shape[1:])
     if array.size % row_elems or row < 0 or row + array.size // row_elems > t.shape[0]:
         raise InputError(f"write_rows: {array.shape} at row {row} does not fit {name!r} {t.shape}")
     dev, binding = rows(store, name, row, array.size // row_elems)

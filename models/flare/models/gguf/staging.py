@@ -31,4 +31,5 @@ class FileExpertStager(ExpertStager):
         super().__init__(label=cfg.name, n_layers=cfg.n_layers, n_experts=cfg.n_experts, slots=slots,
                          scratch_row=cfg.scratch_row, tensors=lambda i: [expert_tensor(i, p) for p in EXPERT_PARTS],
                          source=tensor, prefetch=prefetch,
-                         router=lambda i: (tensor(f"blk.{i}.ffn_gate_inp.weight"), None))
+                         router=lambda i: (tensor(f"blk.{i}.ffn_gate_inp.weight"), None,
+                                           tensor(f"blk.{i}.ffn_norm.weight")))

@@ -263,4 +263,4 @@ def _enable_prefetch(stager: ExpertStager, cfg: MoeConfig, wf: weights_mod.Weigh
         if dev.backend != "cpu":
             raise ModelError(f"moe-lm: expert prefetch needs the expert caches on a CPU device; layer {i}'s are on "
                              f"{dev.name} (background writes would race its queue)")
-    stager.set_routers({n: wf.tensor(n) for n in wf.names() if ".router" in n}, prefetch)
+    stager.set_routers({n: wf.tensor(n) for n in wf.names() if ".router" in n or ".ffn_norm" in n}, prefetch)

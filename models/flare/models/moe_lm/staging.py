@@ -64,6 +64,7 @@ class ExpertStager(_SharedStager):
 
     def set_routers(self, routers: Mapping[str, np.ndarray], prefetch: int | None = None) -> None:
         """Turn on prefetch (`prefetch` experts per token; default: the current setting) with these
-        router weights `L{i}.router` [E, D] and biases `L{i}.router_bias` [E]."""
+        router weights `L{i}.router` [E, D], biases `L{i}.router_bias` [E] and FFN norm weights `L{i}.ffn_norm` [D]."""
         self.enable_prefetch(self.prefetch if prefetch is None else prefetch,
-                             lambda i: (routers[f"L{i}.router"], routers[f"L{i}.router_bias"]))
+                             lambda i: (routers[f"L{i}.router"], routers[f"L{i}.router_bias"],
+                                        routers[f"L{i}.ffn_norm"]))
