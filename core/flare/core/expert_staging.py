@@ -211,8 +211,6 @@ class ExpertStager:
         self.n_experts = int(n_experts)
         self.slots = int(slots)
         self.scratch_row = int(scratch_row)
-        self.tensors = tensors
-        self.source = source
         self._names = [tuple(tensors(i)) for i in range(self.n_layers)]
         self._sources = [tuple(source(n) for n in names) for names in self._names]
         self.trace = trace
@@ -299,7 +297,9 @@ class ExpertStager:
         self.records = []
 
     def resident(self, layer: int) -> dict[int, int]:
-        """expert -> slot of a layer's cache right now."""
+        """expert -> slot of a layer's cache right now (after settling a pending prefetch, so every
+        slot listed holds its expert's bytes)."""
+        self.drain()
         return dict(self._layers[layer].slot_of)
 
     # -- the host callback --------------------------------------------------------

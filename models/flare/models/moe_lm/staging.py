@@ -57,6 +57,7 @@ class ExpertStager(_SharedStager):
         super().__init__(label="moe-lm", n_layers=cfg.n_layers, n_experts=cfg.n_experts, slots=slots,
                          scratch_row=cfg.scratch_row, tensors=lambda i: [expert_name(i, p) for p in EXPERT_PARTS],
                          source=source.__getitem__, trace=trace)
+        self.source = source   # name -> [E, ...] experts (the mapped file's views, or host copies)
         if prefetch:
             if routers is None:
                 raise ModelError("moe-lm: expert prefetch needs the router weights")
