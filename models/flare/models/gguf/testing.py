@@ -157,10 +157,11 @@ def tensor_offset_field(path: str | os.PathLike, tensor: str) -> int:
     return int(t.field.offset) + sum(int(p.nbytes) for p in parts[:-1])
 
 
-# The MoE file of the staging benchmarks (bench/configs/gguf_moe_*.toml): Mixtral-style, experts ~96% of
-# the weight bytes (as in real MoE files), small enough to write in seconds and to run on the 2-core box.
-BENCH_MOE = TinySpec(n_layers=4, d_model=128, n_heads=4, n_kv_heads=2, d_ff=256, n_experts=64, top_k=2,
-                     context_length=512, qtype="q4_0", seed=20)
+# The MoE file of the staging benchmarks (bench/configs/gguf_moe_*.toml; the shape bench/gguf_moe_offload.py
+# writes too): Mixtral-style, experts ~90% of the weight bytes (as in real MoE files), small enough to write
+# in seconds and to run on the 2-core box.
+BENCH_MOE = TinySpec(n_layers=4, d_model=256, n_heads=8, n_kv_heads=2, d_ff=512, n_experts=32, top_k=2,
+                     context_length=512, qtype="q4_0", seed=7)
 
 
 def ensure_bench_moe() -> Path:
