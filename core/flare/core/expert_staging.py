@@ -25,41 +25,42 @@ popular experts; counting uses keeps them resident where plain LRU lets a burst
 of rare ones (a prefill chunk) push them out. Counts are halved every
 `AGE_EVERY` calls of a layer so a shift in popularity wins in time. On the
 moe-lm `mid` benchmark this copies ~16% fewer experts than LRU (an offline
-replay: LRU 388, this 323, Belady's optimum 263 misses).
+replay of its routing: LRU 388, this 323, Belady's optimum 263 misses).
 
 Prefetch (`prefetch=n`, off by default): the router of layer i+1 needs layer
 i's output, which is not known while layer i is staged. So after staging
-layer i, the stager guesses layer i+1's experts by applying layer i+1's FFN
-RMS norm and router to the residual stream as it enters layer i's FFN (the
-host node's third input; the stream changes little in one layer, and with
-layer i+1's own norm weights the guess is what layer i+1 would pick if layer
-i's FFN and layer i+1's attention added nothing; the guess runs on the
-caller's thread, a [T, D] x [D, E] product), takes each
-token's top n and copies the missing ones on one background thread while the
-device computes layer i's experts and layer i+1's attention. Layer i+1's
-staging call first settles that copy, then stages as always, so outputs never
-change: only copy time leaves the critical path. Settling takes back every
-copy the helper has not started (a `_PrefetchJob` hands out one run at a
-time): it copies the ones this step needs itself, drops the wrong guesses
-(their slots become free again) and waits only for the run in flight. So a
-busy machine, where the helper thread may not get a core in time, costs at
-most what staging without prefetch costs, and a wrong guess costs a copy only
-when the helper had time for it (and possibly an eviction). The background copy writes the
-caches from another thread, which only host-memory (CPU) caches allow; models
-refuse prefetch where an expert cache lives on another device.
+layer i, the stager hands layer i's FFN input (the residual stream; the host
+node's third input) to one helper thread, which guesses layer i+1's experts by
+applying layer i+1's own FFN RMS norm and router to it (the stream changes
+little in one layer: the guess is what layer i+1 would pick if layer i's FFN
+and layer i+1's attention added nothing), takes each token's top n, picks
+slots for the missing ones and copies them, one run at a time, while the
+device computes layer i's experts and layer i+1's attention. The staging
+thread only queues the job: guessing and copying are off the critical path.
+Layer i+1's staging call settles the job first, then stages as always, so
+outputs never change. Settling cancels a job the helper has not begun, takes
+back the runs it has not started (copying the ones this step needs itself,
+freeing the slots of wrong guesses) and waits only for the run in flight. So
+on a busy machine, where the helper may not get a core in time, prefetch costs
+little more than staging without it; where a core is free, copies of right
+guesses leave the critical path and a wrong guess costs a copy (and possibly
+an eviction). The helper writes the caches from another thread, which only
+host-memory (CPU) caches allow; models refuse prefetch where an expert cache
+lives on another device.
 
 Threads: one stager belongs to one prepared graph. Its calls come from that
 graph's executes, which take turns on the graph's lock, so it takes no lock of
-its own for them; its one helper thread only copies the runs of the current
-`_PrefetchJob` (claimed under the job's lock, counted in the job, not in
-`stats`), and every other method settles that job first (`drain`).
+its own for them. While a job is pending, the helper alone touches the target
+layer's cache records (the staging thread works on the layer before) and the
+job's own counters; the job's condition orders the hand-over; every method
+that reads caches or counters settles the job first (`drain`).
 """
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -75,6 +76,7 @@ TensorNames = Callable[[int], Sequence[str]]
 Source = Callable[[str], np.ndarray]
 # layer -> (router weight [E, D], bias [E] or None, FFN RMS-norm weight [D]), for prefetch guesses
 Router = Callable[[int], "tuple[np.ndarray, np.ndarray | None, np.ndarray]"]
+Run = tuple[int, int, int]   # (first expert, first slot, count)
 
 
 class ExpertCacheError(ModelError):
@@ -83,8 +85,9 @@ class ExpertCacheError(ModelError):
 
 @dataclass
 class StagingStats:
-    """Counters since the last `reset_stats()`. `experts_staged` counts demand misses only;
-    `copies` (merged runs), `writes` (write_rows calls) and `bytes_staged` include prefetch copies."""
+    """Counters since the last `reset_stats()`. `experts_staged` counts demand misses (including
+    guessed experts the helper had not copied yet); `copies` (merged runs), `writes` (write_rows
+    calls) and `bytes_staged` include the helper's copies."""
 
     calls: int = 0
     selected: int = 0
@@ -95,11 +98,10 @@ class StagingStats:
     bytes_staged: int = 0
     evictions: int = 0
     seconds: float = 0.0                # in staging calls, including their demand copies
-    prefetched: int = 0                 # experts copied ahead of time by the background thread
-                                        # (guesses it had not started are copied on demand or dropped)
-    prefetch_hits: int = 0              # selected experts resident only thanks to a prefetch
-    prefetch_seconds: float = 0.0       # background copy time (off the critical path)
-    prefetch_wait_seconds: float = 0.0  # staging calls waiting for a background copy to finish
+    prefetched: int = 0                 # experts the helper copied ahead of time
+    prefetch_hits: int = 0              # selected experts resident only thanks to the helper
+    prefetch_seconds: float = 0.0       # the helper's guessing and copying (off the critical path)
+    prefetch_wait_seconds: float = 0.0  # staging calls waiting for the helper's run in flight
 
     @property
     def hit_rate(self) -> float:
@@ -116,9 +118,9 @@ class StageRecord:
     layer: int
     selected: tuple[int, ...]
     staged: tuple[int, ...]
-    runs: tuple[tuple[int, int, int], ...]  # (first expert, first slot, count)
+    runs: tuple[Run, ...]
     evicted: tuple[int, ...]
-    prefetched: tuple[int, ...] = ()        # experts of layer+1 guessed and handed to the background thread
+    prefetched: tuple[int, ...] = ()        # experts of layer+1 the helper guessed (and had slots for)
 
 
 class _LayerCache:
@@ -128,7 +130,7 @@ class _LayerCache:
         self.expert_in: list[int | None] = [None] * slots
         self.slot_of: dict[int, int] = {}
         self.table = np.zeros(n_experts, np.int32)        # expert -> slot (valid where resident)
-        self.uses = np.zeros(n_experts, np.float64)
+        self.uses = [0.0] * n_experts
         self.lru: OrderedDict[int, None] = OrderedDict()  # oldest first
         self.unused_prefetch: set[int] = set()
         self.calls = 0
@@ -142,7 +144,7 @@ class _LayerCache:
             self.expert_in[slot] = None
         return old
 
-    def place(self, runs: list[tuple[int, int, int]]) -> None:
+    def place(self, runs: list[Run]) -> None:
         for first, slot, count in runs:
             for j in range(count):
                 self.expert_in[slot + j] = first + j
@@ -154,10 +156,11 @@ class _LayerCache:
         """Count a step's selections (halving all counts every AGE_EVERY calls); most recent last."""
         self.calls += 1
         if self.calls % AGE_EVERY == 0:
-            self.uses *= 0.5
-        self.uses[needed] += 1.0
+            self.uses = [u * 0.5 for u in self.uses]
+        uses, lru = self.uses, self.lru
         for e in needed:
-            self.lru.move_to_end(e)
+            uses[e] += 1.0
+            lru.move_to_end(e)
 
     def victims(self, count: int, keep: set[int]) -> list[int]:
         """Up to `count` slots: free ones first, then the least used experts not in `keep`
@@ -165,35 +168,32 @@ class _LayerCache:
         out = [s for s, e in enumerate(self.expert_in) if e is None][:count]
         if len(out) < count:
             order = [e for e in self.lru if e not in keep]          # oldest first
-            order.sort(key=lambda e: self.uses[e])                  # stable: ties stay oldest first
+            order.sort(key=self.uses.__getitem__)                   # stable: ties stay oldest first
             out += [self.slot_of[e] for e in order[: count - len(out)]]
         return out
 
 
+QUEUED, PLANNING, COPYING, DONE, CANCELLED = range(5)
+
+
 class _PrefetchJob:
-    """Background copies of one layer's guessed experts, handed out one run at a time so the
-    staging thread can take back the runs the helper has not started."""
+    """One layer's guess-and-copy on the helper thread. `cond` orders the hand-over: the staging
+    thread may cancel it while QUEUED, waits while PLANNING (the helper then edits the layer's
+    cache records), takes back the runs not yet started while COPYING and waits for `busy`."""
 
-    def __init__(self, layer: int, runs: list[tuple[int, int, int]]):
+    def __init__(self, layer: int, hidden: np.ndarray, ctx: Any):
         self.layer = layer
-        self.runs = runs
-        self.lock = threading.Lock()
+        self.hidden = hidden
+        self.ctx = ctx
+        self.cond = threading.Condition()
+        self.state = QUEUED
+        self.runs: list[Run] = []
         self.next = 0
-        self.copied: list[tuple[int, int, int]] = []   # runs the helper copied (helper thread only)
+        self.busy = False
+        self.guessed: tuple[int, ...] = ()
+        self.copied: list[Run] = []
         self.seconds = 0.0
-        self.future: Future | None = None
-
-    def claim(self) -> tuple[int, int, int] | None:
-        with self.lock:
-            if self.next >= len(self.runs):
-                return None
-            self.next += 1
-            return self.runs[self.next - 1]
-
-    def claim_rest(self) -> list[tuple[int, int, int]]:
-        with self.lock:
-            rest, self.next = self.runs[self.next:], len(self.runs)
-            return rest
+        self.error: BaseException | None = None
 
 
 class ExpertStager:
@@ -213,14 +213,19 @@ class ExpertStager:
         self.scratch_row = int(scratch_row)
         self._names = [tuple(tensors(i)) for i in range(self.n_layers)]
         self._sources = [tuple(source(n) for n in names) for names in self._names]
+        self._expert_bytes = [sum(int(src[0].nbytes) for src in srcs) for srcs in self._sources]
         self.trace = trace
         self.records: list[StageRecord] = []
         self.stats = StagingStats()
         self._layers = self._empty_layers()
         self.prefetch = 0
         self._routers: list[tuple[np.ndarray, np.ndarray | None]] = []
-        self._pool: ThreadPoolExecutor | None = None
+        self._jobs: queue.SimpleQueue | None = None
+        self._helper: threading.Thread | None = None
         self._job: _PrefetchJob | None = None
+        # False: settling waits for the whole job instead of taking unstarted copies back (the
+        # counters then do not depend on thread timing: tests use it to check the guesses)
+        self.take_back = True
         if prefetch:
             self.enable_prefetch(prefetch, router)
 
@@ -246,53 +251,23 @@ class ExpertStager:
         self._layers = self._empty_layers()
 
     def drain(self) -> None:
-        """Settle a background prefetch (before anything else touches the caches): drop the
-        copies it has not started, wait for the one in flight."""
-        self._settle(())
-
-    def _settle(self, needed: Sequence[int], ctx: Any = None) -> int:
-        """End the pending prefetch job: take back its unstarted runs, copy those of them that
-        hold an expert in `needed` here (with `ctx`), free the slots of the others, wait for the
-        run in flight; then count what the helper copied. Returns how many experts it copied here."""
-        job, self._job = self._job, None
-        if job is None:
-            return 0
-        rest = job.claim_rest()
-        assert job.future is not None
-        if not job.future.cancel():       # started (or done): at most the run in flight remains
-            t0 = time.perf_counter()
-            try:
-                job.future.result()
-            finally:
-                self.stats.prefetch_wait_seconds += time.perf_counter() - t0
-        cache = self._layers[job.layer]
-        want = set(needed)
-        mine: list[int] = []
-        for first, slot, count in rest:
-            for j in range(count):
-                if first + j in want:
-                    mine.append(first + j)
-                else:
-                    cache.take(slot + j)      # a wrong guess nobody copied: the slot is free again
-        if mine:                              # needed now: copied here, as a demand copy would be
-            self._copy(job.layer, _runs(mine, sorted(cache.slot_of[e] for e in mine)), ctx)
-            cache.unused_prefetch.difference_update(mine)
-        st = self.stats
-        st.prefetched += sum(n for _, _, n in job.copied)
-        st.copies += len(job.copied)
-        st.writes += len(job.copied) * len(self._names[job.layer])
-        st.bytes_staged += sum(int(src[0].nbytes) * n for src in self._sources[job.layer] for _, _, n in job.copied)
-        st.prefetch_seconds += job.seconds
-        return len(mine)
+        """Settle a pending prefetch (before anything else reads the caches or counters): cancel
+        it if not begun, drop the copies it has not started, wait for the one in flight."""
+        if self._job is not None:
+            self._settle(())
 
     def close(self) -> None:
-        """Drain and stop the background thread (idempotent); call before the caches are released."""
+        """Drain and stop the helper thread (idempotent); call before the caches are released."""
         self.drain()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        helper, self._helper = self._helper, None
+        if helper is not None:
+            assert self._jobs is not None
+            self._jobs.put(None)
+            helper.join()
+        self._jobs = None
 
     def reset_stats(self) -> None:
+        self.drain()
         self.stats = StagingStats()
         self.records = []
 
@@ -307,38 +282,51 @@ class ExpertStager:
                  *, ctx: Any) -> np.ndarray:
         layer = int(node.params["args"]["layer"])
         ids = np.asarray(ids)
-        valid = None if rows is None else (np.asarray(rows).reshape(-1) != self.scratch_row)
+        valid = None
+        if rows is not None:
+            valid = np.asarray(rows).reshape(-1) != self.scratch_row
+            if valid.all():
+                valid = None
         out = self.stage(layer, ids, valid, ctx)
         if self.prefetch and hidden is not None and layer + 1 < self.n_layers:
             h = np.asarray(hidden)
-            self._prefetch(layer + 1, h if valid is None else h[valid], ctx)
+            if valid is not None:
+                h = h[valid]
+            if h.size:
+                self._start_prefetch(layer + 1, h, ctx)
         return out
 
     def stage(self, layer: int, ids: np.ndarray, valid: np.ndarray | None, ctx: Any) -> np.ndarray:
         """Make the experts in `ids` (rows of tokens where `valid`) resident; return their slots."""
         t0 = time.perf_counter()
         chosen = ids if valid is None else ids[valid]
-        needed = sorted(set(chosen.reshape(-1).tolist()))
-        taken_back = self._settle(needed if self._job.layer == layer else (), ctx) if self._job is not None else 0
-        cache = self._layers[layer]
+        needed = sorted(set(chosen.ravel().tolist()))
+        taken_back = 0
+        if self._job is not None:
+            taken_back = self._settle(needed if self._job.layer == layer else (), ctx)
         if len(needed) > self.slots:
             raise ExpertCacheError(
                 f"{self.label}: layer {layer}: a step selects {len(needed)} distinct experts for "
                 f"{chosen.shape[0]} token(s), but the expert cache has {self.slots} slot(s) per layer")
         if needed and (needed[0] < 0 or needed[-1] >= self.n_experts):
             raise ExpertCacheError(f"{self.label}: layer {layer}: expert id out of range 0..{self.n_experts - 1}")
-        missing = [e for e in needed if e not in cache.slot_of]
+        cache = self._layers[layer]
+        slot_of = cache.slot_of
+        missing = [e for e in needed if e not in slot_of]
         prefetch_hits = 0
         if cache.unused_prefetch:
             prefetch_hits = len(cache.unused_prefetch.intersection(needed))
             cache.unused_prefetch.difference_update(needed)
-        victims = cache.victims(len(missing), set(needed)) if missing else []
-        if len(victims) < len(missing):  # guarded by the slot check above; kept as a last line
-            raise ExpertCacheError(f"{self.label}: layer {layer}: no slot to evict ({self.slots} slots)")
-        evicted = [old for old in (cache.take(slot) for slot in victims) if old is not None]
-        runs = _runs(missing, sorted(victims))
-        cache.place(runs)
-        self._copy(layer, runs, ctx)
+        evicted: list[int] = []
+        runs: list[Run] = []
+        if missing:
+            victims = cache.victims(len(missing), set(needed))
+            if len(victims) < len(missing):  # guarded by the slot check above; kept as a last line
+                raise ExpertCacheError(f"{self.label}: layer {layer}: no slot to evict ({self.slots} slots)")
+            evicted = [old for old in (cache.take(slot) for slot in victims) if old is not None]
+            runs = _runs(missing, sorted(victims))
+            cache.place(runs)
+            self._copy(layer, runs, ctx)
         cache.use(needed)
         out = cache.table[ids]
         st = self.stats
@@ -353,20 +341,72 @@ class ExpertStager:
             self.records.append(StageRecord(layer, tuple(needed), tuple(missing), tuple(runs), tuple(evicted)))
         return out
 
-    def _copy(self, layer: int, runs: list[tuple[int, int, int]], ctx: Any) -> None:
-        st = self.stats
+    def _copy(self, layer: int, runs: list[Run], ctx: Any) -> None:
+        """Copy `runs` of `layer` from the source into the caches (staging thread)."""
         for first, slot, count in runs:
             for name, src in zip(self._names[layer], self._sources[layer]):
-                part = src[first: first + count]
-                ctx.write_rows(name, slot, part)
-                st.writes += 1
-                st.bytes_staged += int(part.nbytes)
-        st.copies += len(runs)
+                ctx.write_rows(name, slot, src[first: first + count])
+            self.stats.bytes_staged += self._expert_bytes[layer] * count
+        self.stats.copies += len(runs)
+        self.stats.writes += len(runs) * len(self._names[layer])
 
-    def _prefetch(self, layer: int, hidden: np.ndarray, ctx: Any) -> None:
-        """Guess `layer`'s experts from the previous layer's FFN input; copy them in the background."""
-        if hidden.size == 0:
-            return
+    # -- prefetch -------------------------------------------------------------------
+    def _start_prefetch(self, layer: int, hidden: np.ndarray, ctx: Any) -> None:
+        """Queue the guess-and-copy of `layer` for the helper thread (started on first use)."""
+        if self._helper is None:
+            self._jobs = queue.SimpleQueue()
+            self._helper = threading.Thread(target=self._helper_loop, args=(self._jobs,),
+                                            name=f"{self.label}-expert-prefetch", daemon=True)
+            self._helper.start()
+        job = _PrefetchJob(layer, hidden, ctx)
+        self._job = job
+        assert self._jobs is not None
+        self._jobs.put(job)
+
+    def _helper_loop(self, jobs: queue.SimpleQueue) -> None:
+        while (job := jobs.get()) is not None:
+            self._run_job(job)
+
+    def _run_job(self, job: _PrefetchJob) -> None:
+        """The helper thread: guess, pick slots, then copy run by run until the job is taken back."""
+        with job.cond:
+            if job.state == CANCELLED:
+                return
+            job.state = PLANNING
+        t0 = time.perf_counter()
+        try:
+            job.guessed, job.runs = self._plan(job.layer, job.hidden)
+        except BaseException as exc:          # handed to the staging thread by _settle
+            job.error = exc
+        with job.cond:
+            job.state = COPYING
+            job.cond.notify_all()
+        names, sources = self._names[job.layer], self._sources[job.layer]
+        while job.error is None:
+            with job.cond:
+                if job.next >= len(job.runs):
+                    break
+                run = job.runs[job.next]
+                job.next += 1
+                job.busy = True
+            try:
+                first, slot, count = run
+                for name, src in zip(names, sources):
+                    job.ctx.write_rows(name, slot, src[first: first + count])
+                job.copied.append(run)
+            except BaseException as exc:
+                job.error = exc
+            finally:
+                with job.cond:
+                    job.busy = False
+                    job.cond.notify_all()
+        job.seconds = time.perf_counter() - t0
+        with job.cond:
+            job.state = DONE
+            job.cond.notify_all()
+
+    def _plan(self, layer: int, hidden: np.ndarray) -> tuple[tuple[int, ...], list[Run]]:
+        """Guess `layer`'s experts from the residual stream and give them slots (helper thread)."""
         weight_t, bias = self._routers[layer]
         x = hidden.reshape(-1, weight_t.shape[0]).astype(np.float32, copy=False)
         x = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-6)       # the RMS norm, its weight folded in
@@ -375,44 +415,70 @@ class ExpertStager:
             logits += bias
         n = min(self.prefetch, self.n_experts)
         top = np.argpartition(-logits, n - 1, axis=-1)[:, :n] if n < self.n_experts else np.argsort(-logits, -1)
-        guess = sorted(set(top.reshape(-1).tolist()))
+        guess = sorted(set(top.ravel().tolist()))
         cache = self._layers[layer]
         missing = [e for e in guess if e not in cache.slot_of][: self.slots]
         victims = cache.victims(len(missing), set(guess)) if missing else []
         missing = missing[: len(victims)]
         if not missing:
-            return
+            return (), []
         for slot in victims:
             cache.take(slot)
         runs = _runs(missing, sorted(victims))
         cache.place(runs)
         cache.unused_prefetch.update(missing)
-        if self.trace and self.records:
+        return tuple(missing), runs
+
+    def _settle(self, needed: Sequence[int], ctx: Any = None) -> int:
+        """End the pending job (staging thread): cancel it if not begun, else wait for its plan,
+        take back its unstarted runs and wait for the run in flight; copy the taken-back experts
+        in `needed` here (with `ctx`), free the slots of the others; count what the helper did.
+        Returns how many experts it copied here."""
+        job, self._job = self._job, None
+        assert job is not None
+        with job.cond:
+            if job.state == QUEUED and self.take_back:
+                job.state = CANCELLED
+                return 0
+            t0 = time.perf_counter()
+            if not self.take_back:
+                job.cond.wait_for(lambda: job.state == DONE)
+            job.cond.wait_for(lambda: job.state != PLANNING)
+            rest, job.next = job.runs[job.next:], len(job.runs)
+            job.cond.wait_for(lambda: not job.busy)
+            self.stats.prefetch_wait_seconds += time.perf_counter() - t0
+        if job.error is not None:             # the layer's records may be half-updated: forget them all
+            self._layers[job.layer] = _LayerCache(self.slots, self.n_experts)
+            raise job.error
+        if self.trace and self.records and job.guessed:
             last = self.records[-1]
             self.records[-1] = StageRecord(last.layer, last.selected, last.staged, last.runs, last.evicted,
-                                           tuple(missing))
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="expert-prefetch")
-        job = _PrefetchJob(layer, runs)
-        job.future = self._pool.submit(self._work, job, ctx)
-        self._job = job
+                                           job.guessed)
+        cache = self._layers[job.layer]
+        copied = job.copied
+        st = self.stats
+        st.prefetched += sum(n for _, _, n in copied)
+        st.copies += len(copied)
+        st.writes += len(copied) * len(self._names[job.layer])
+        st.bytes_staged += self._expert_bytes[job.layer] * sum(n for _, _, n in copied)
+        st.prefetch_seconds += job.seconds
+        want = set(needed)
+        mine: list[int] = []
+        for first, slot, count in rest:
+            for j in range(count):
+                if first + j in want:
+                    mine.append(first + j)
+                else:
+                    cache.take(slot + j)      # a wrong guess nobody copied: the slot is free again
+        if mine:                              # needed now: copied here, as a demand copy would be
+            self._copy(job.layer, _runs(mine, sorted(cache.slot_of[e] for e in mine)), ctx)
+            cache.unused_prefetch.difference_update(mine)
+        return len(mine)
 
-    def _work(self, job: _PrefetchJob, ctx: Any) -> None:
-        """The helper thread: copy the job's runs until the staging thread takes the rest back."""
-        t0 = time.perf_counter()
-        try:
-            while (run := job.claim()) is not None:
-                for name, src in zip(self._names[job.layer], self._sources[job.layer]):
-                    first, slot, count = run
-                    ctx.write_rows(name, slot, src[first: first + count])
-                job.copied.append(run)
-        finally:
-            job.seconds = time.perf_counter() - t0
 
-
-def _runs(experts: list[int], slots: list[int]) -> list[tuple[int, int, int]]:
+def _runs(experts: list[int], slots: list[int]) -> list[Run]:
     """Pair sorted experts with sorted slots; merge where both are consecutive."""
-    runs: list[tuple[int, int, int]] = []
+    runs: list[Run] = []
     for e, s in zip(sorted(experts), slots):
         if runs and e == runs[-1][0] + runs[-1][2] and s == runs[-1][1] + runs[-1][2]:
             runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
