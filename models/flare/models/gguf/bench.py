@@ -7,7 +7,10 @@ work: bench/configs/smollm2_prefill_*.toml count a 128-token prompt,
 smollm2_decode_*.toml 32 decoded tokens after an 8-token prompt); its output is the stacked logits
 of every chosen token, so configurations are compared on identical work and
 a flipped token shows. `flare bench smollm2_cpu.toml smollm2_vulkan.toml`
-compares backends; llama.cpp as a peer comes with its own runner.
+compares backends; llama.cpp as a peer comes with its own runner. MoE files take
+`experts` (resident / offload), `cache_mb` and `prefetch`; the target `bench-moe`
+is a small Mixtral-style file written once into the cache folder
+(`testing.ensure_bench_moe`), for bench/configs/gguf_moe_*.toml.
 """
 from __future__ import annotations
 
