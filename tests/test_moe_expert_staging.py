@@ -219,3 +219,71 @@ def test_prefetch_outputs_equal_no_prefetch_over_many_steps():
                 np.testing.assert_array_equal(c2.caches[f"L{layer}.{p}"][b], src[f"L{layer}.{p}"][ids])
     ahead.close()
     assert ahead.stats.prefetched + ahead.stats.experts_staged > 0
+
+
+def test_prefetch_layer_guesses_layer_0_from_given_or_computed_embeddings():
+    st, src, routers = _stager(slots=6, prefetch=2)
+    st.take_back = False
+    ctx = ArrayCtx(6)
+    emb = np.random.default_rng(9).standard_normal((3, D)).astype(np.float32)
+    st.prefetch_layer(0, lambda: emb, ctx)             # computed on the helper thread
+    assert set(st.resident(0)) == _guess(routers, 0, emb, 2) and st.stats.prefetched > 0
+    slots = st(_node(0), np.array([[0, 1]], np.int32), ctx=ctx)
+    assert slots.tolist() == [[st.resident(0)[0], st.resident(0)[1]]]
+    _check_cache(st, src, ctx)
+    plain, _, _ = _stager(slots=6, prefetch=0)
+    plain.prefetch_layer(0, emb, ctx)                  # no prefetch: nothing happens
+    assert plain.resident(0) == {} and plain._helper is None
+    st.close()
+
+
+def test_row_writer_and_hold_of_a_prepared_graph(tmp_path):
+    """The lock-free writer the helper uses writes the same bytes as write_rows; it is refused for
+    a tensor that is not a state/cache; hold() is the graph's re-entrant lock around an execute."""
+    from flare.core.errors import InputError
+    from flare.models.moe_lm import MoeLM, encode
+    from flare.models.moe_lm import weights as moe_weights
+    from flare.models.moe_lm.config import get_config
+
+    cfg = get_config("tiny")
+    path = moe_weights.ensure(cfg, 0, tmp_path)
+    with MoeLM.load("tiny", experts="offload", weights_path=path) as model:
+        g = model.graph
+        rows = np.arange(2 * cfg.d_ff * cfg.d_model, dtype=np.float32).reshape(2, cfg.d_ff, cfg.d_model)
+        g.row_writer("L1.experts.up")(3, rows)
+        np.testing.assert_array_equal(g.read_rows("L1.experts.up", 3, 2), rows)
+        with pytest.raises(InputError, match="no state or cache tensor 'L1.wq'"):
+            g.row_writer("L1.wq")
+        with g.hold():
+            model.generate(encode("held"), 2)          # execute re-enters the held lock
+    with pytest.raises(Exception, match="released"):
+        g.row_writer("L1.experts.up")
+
+
+def test_threads_sharing_a_model_with_prefetch_get_their_sequential_tokens(tmp_path):
+    """Two threads generate on their own sequence slots of one offload model with prefetch (one
+    stager, one helper): each gets exactly the tokens and logits a sequential run gives."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flare.models.moe_lm import MoeLM, encode
+    from flare.models.moe_lm import weights as moe_weights
+    from flare.models.moe_lm.config import get_config
+
+    cfg = get_config("tiny")
+    path = moe_weights.ensure(cfg, 0, tmp_path)
+    prompts = {0: encode("first thread's prompt"), 1: encode("and the second one, longer than that")}
+    with MoeLM.load("tiny", experts="resident", weights_path=path) as ref_model:
+        want = {s: ref_model.generate(p, 6, seq=s, stop_at_eos=False) for s, p in prompts.items()}
+    with MoeLM.load("tiny", experts="offload", weights_path=path, prefetch=2) as model:
+        def work(seq):
+            out = []
+            for _ in range(3):
+                out.append(model.generate(prompts[seq], 6, seq=seq, stop_at_eos=False))
+            return out
+        with ThreadPoolExecutor(2) as pool:
+            got = dict(zip(prompts, pool.map(work, prompts)))
+    for seq, runs in got.items():
+        for tokens, logits in runs:
+            assert tokens == want[seq][0]
+            for a, b in zip(logits, want[seq][1]):
+                np.testing.assert_array_equal(a, b)

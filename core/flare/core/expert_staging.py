@@ -37,6 +37,9 @@ and layer i+1's attention added nothing), takes each token's top n, picks
 slots for the missing ones and copies them, one run at a time, while the
 device computes layer i's experts and layer i+1's attention. The staging
 thread only queues the job: guessing and copying are off the critical path.
+Layer 0 has no layer before it: the model queues its job right before the
+execute (`prefetch_layer`) from the step's token embeddings, which is what
+layer 0's FFN sees but for layer 0's attention.
 Layer i+1's staging call settles the job first, then stages as always, so
 outputs never change. Settling cancels a job the helper has not begun, takes
 back the runs it has not started (copying the ones this step needs itself,
@@ -181,10 +184,10 @@ class _PrefetchJob:
     thread may cancel it while QUEUED, waits while PLANNING (the helper then edits the layer's
     cache records), takes back the runs not yet started while COPYING and waits for `busy`."""
 
-    def __init__(self, layer: int, hidden: np.ndarray, ctx: Any):
+    def __init__(self, layer: int, hidden: np.ndarray | Callable[[], np.ndarray], writers: Sequence[Callable[[int, np.ndarray], None]]):
         self.layer = layer
         self.hidden = hidden
-        self.ctx = ctx
+        self.writers = writers
         self.cond = threading.Condition()
         self.state = QUEUED
         self.runs: list[Run] = []
@@ -194,6 +197,7 @@ class _PrefetchJob:
         self.copied: list[Run] = []
         self.seconds = 0.0
         self.error: BaseException | None = None
+        self.record: int | None = None      # index of the traced staging call that queued it
 
 
 class ExpertStager:
@@ -223,6 +227,8 @@ class ExpertStager:
         self._jobs: queue.SimpleQueue | None = None
         self._helper: threading.Thread | None = None
         self._job: _PrefetchJob | None = None
+        self._writer_ctx: Any = None
+        self._writers: list[tuple[Callable[[int, np.ndarray], None], ...]] = []
         # False: settling waits for the whole job instead of taking unstarted copies back (the
         # counters then do not depend on thread timing: tests use it to check the guesses)
         self.take_back = True
@@ -249,6 +255,7 @@ class ExpertStager:
         """Forget what the caches hold (a new prepared graph starts empty)."""
         self.drain()
         self._layers = self._empty_layers()
+        self._writer_ctx, self._writers = None, []
 
     def drain(self) -> None:
         """Settle a pending prefetch (before anything else reads the caches or counters): cancel
@@ -290,10 +297,7 @@ class ExpertStager:
         out = self.stage(layer, ids, valid, ctx)
         if self.prefetch and hidden is not None and layer + 1 < self.n_layers:
             h = np.asarray(hidden)
-            if valid is not None:
-                h = h[valid]
-            if h.size:
-                self._start_prefetch(layer + 1, h, ctx)
+            self._start_prefetch(layer + 1, h if valid is None else h[valid], ctx, queued_by_stage=True)
         return out
 
     def stage(self, layer: int, ids: np.ndarray, valid: np.ndarray | None, ctx: Any) -> np.ndarray:
@@ -351,14 +355,45 @@ class ExpertStager:
         self.stats.writes += len(runs) * len(self._names[layer])
 
     # -- prefetch -------------------------------------------------------------------
-    def _start_prefetch(self, layer: int, hidden: np.ndarray, ctx: Any) -> None:
+    def prefetch_layer(self, layer: int, hidden: np.ndarray | Callable[[], np.ndarray], ctx: Any) -> None:
+        """Start guessing and copying `layer`'s experts now from `hidden`, an estimate of the
+        residual stream entering it ([T, D], padding rows left out; or a function the helper
+        calls for it, so work such as dequantizing embedding rows leaves the caller's thread):
+        a model calls it right before an execute, holding the graph (`PreparedGraph.hold()`),
+        with the step's token embeddings, so layer 0, for which no earlier layer can guess, gets
+        its copies started while the inputs are written and layer 0's attention runs. `ctx` is
+        the prepared graph. No-op without prefetch."""
+        if not self.prefetch or not 0 <= layer < self.n_layers:
+            return
+        self.drain()
+        self._start_prefetch(layer, hidden, ctx)
+
+    def _layer_writers(self, layer: int, ctx: Any) -> tuple[Callable[[int, np.ndarray], None], ...]:
+        """How the helper writes `layer`'s caches: the graph's lock-free `row_writer` (its copies
+        may outlive the execute that queued them), else `ctx.write_rows` (tests, reference ctx)."""
+        if ctx is not self._writer_ctx:
+            self._writer_ctx, self._writers = ctx, []
+        while len(self._writers) <= layer:
+            i = len(self._writers)
+            make = getattr(ctx, "row_writer", None)
+            if make is not None:
+                self._writers.append(tuple(make(name) for name in self._names[i]))
+            else:
+                self._writers.append(tuple((lambda n: lambda row, a: ctx.write_rows(n, row, a))(name)
+                                           for name in self._names[i]))
+        return self._writers[layer]
+
+    def _start_prefetch(self, layer: int, hidden: np.ndarray | Callable[[], np.ndarray], ctx: Any,
+                        queued_by_stage: bool = False) -> None:
         """Queue the guess-and-copy of `layer` for the helper thread (started on first use)."""
         if self._helper is None:
             self._jobs = queue.SimpleQueue()
             self._helper = threading.Thread(target=self._helper_loop, args=(self._jobs,),
                                             name=f"{self.label}-expert-prefetch", daemon=True)
             self._helper.start()
-        job = _PrefetchJob(layer, hidden, ctx)
+        job = _PrefetchJob(layer, hidden, self._layer_writers(layer, ctx))
+        if queued_by_stage and self.trace and self.records:
+            job.record = len(self.records) - 1
         self._job = job
         assert self._jobs is not None
         self._jobs.put(job)
@@ -375,13 +410,14 @@ class ExpertStager:
             job.state = PLANNING
         t0 = time.perf_counter()
         try:
-            job.guessed, job.runs = self._plan(job.layer, job.hidden)
+            hidden = job.hidden() if callable(job.hidden) else job.hidden
+            job.guessed, job.runs = self._plan(job.layer, np.asarray(hidden)) if np.size(hidden) else ((), [])
         except BaseException as exc:          # handed to the staging thread by _settle
             job.error = exc
         with job.cond:
             job.state = COPYING
             job.cond.notify_all()
-        names, sources = self._names[job.layer], self._sources[job.layer]
+        sources = self._sources[job.layer]
         while job.error is None:
             with job.cond:
                 if job.next >= len(job.runs):
@@ -391,8 +427,8 @@ class ExpertStager:
                 job.busy = True
             try:
                 first, slot, count = run
-                for name, src in zip(names, sources):
-                    job.ctx.write_rows(name, slot, src[first: first + count])
+                for write, src in zip(job.writers, sources):
+                    write(slot, src[first: first + count])
                 job.copied.append(run)
             except BaseException as exc:
                 job.error = exc
@@ -450,10 +486,10 @@ class ExpertStager:
         if job.error is not None:             # the layer's records may be half-updated: forget them all
             self._layers[job.layer] = _LayerCache(self.slots, self.n_experts)
             raise job.error
-        if self.trace and self.records and job.guessed:
-            last = self.records[-1]
-            self.records[-1] = StageRecord(last.layer, last.selected, last.staged, last.runs, last.evicted,
-                                           job.guessed)
+        if job.record is not None and job.guessed and job.record < len(self.records):
+            last = self.records[job.record]
+            self.records[job.record] = StageRecord(last.layer, last.selected, last.staged, last.runs, last.evicted,
+                                                   job.guessed)
         cache = self._layers[job.layer]
         copied = job.copied
         st = self.stats

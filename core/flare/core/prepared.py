@@ -41,7 +41,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -214,6 +214,30 @@ class PreparedGraph:
         """Write `array` into rows [row, row+len) of a state/cache tensor (host callbacks use it)."""
         with self._callback_guard():
             state_rows.write_rows(self.persistent, self.devices, name, row, array)
+
+    def hold(self) -> contextlib.AbstractContextManager:
+        """The graph's own (re-entrant) lock, for a caller that must do something right before an
+        execute with no other thread's call in between (a model queueing an expert prefetch for
+        the step it is about to run); `execute` inside it takes the same lock again."""
+        return self._lock
+
+    def row_writer(self, name: str) -> Callable[[int, np.ndarray], None]:
+        """`write_rows` for one state/cache tensor that takes no lock, for a helper thread of a
+        host callback's owner (expert prefetch) whose copies may run on between executes, where
+        `write_rows` would take the graph's lock and deadlock against an execute waiting for the
+        helper. The owner keeps the helper off rows an execute uses and stops it before
+        `release()`. Only for tensors on a CPU device (host memory: a write is a copy with no
+        queue to order it against); InputError otherwise."""
+        with self._lock:
+            self._check_alive()
+            if name not in self.persistent.states:
+                raise InputError(f"{self.name}: no state or cache tensor {name!r}")
+            dev = self.persistent.states[name][0]
+            if self.devices[dev].backend != "cpu":
+                raise InputError(f"{self.name}: {name!r} is on {dev}, not in host memory: a lock-free writer "
+                                 f"would race the device's queue")
+        store, devices = self.persistent, self.devices
+        return lambda row, array: state_rows.write_rows(store, devices, name, row, array)
 
     def __enter__(self) -> "PreparedGraph":
         return self

@@ -62,6 +62,7 @@ class MoeLM:
                    "expert_source": expert_source, "trace": trace}
         self.graph = session.prepare_model("moe-lm", options, placement=placement)
         self.stager: ExpertStager | None = self.graph.callbacks.get(STAGE_EXPERTS)
+        self._tok_emb = weight_file.tensor("tok_emb")   # [vocab, D]: layer 0's prefetch guesses from it
         self._prepared_entries = set(self.graph.entries) & {"prefill", "decode"}
         self.released = False
 
@@ -157,7 +158,11 @@ class MoeLM:
             self.graph.prepare(entry, {k: v.shape for k, v in inputs.items()})
             self._prepared_entries.add(entry)
         t0 = time.perf_counter()
-        out = self.graph.execute(entry, **inputs)["logits"][: len(chunks)]  # decode: padding rows dropped
+        with self.graph.hold():                # no other thread's step between the prefetch and its step
+            if self.stager is not None and self.stager.prefetch:
+                tokens = np.fromiter((t for c in chunks for t in c.tokens), np.int64)
+                self.stager.prefetch_layer(0, self._tok_emb[tokens], self.graph)   # layer 0: from embeddings
+            out = self.graph.execute(entry, **inputs)["logits"][: len(chunks)]  # decode: padding rows dropped
         self.counters.seconds += time.perf_counter() - t0
         self.counters.steps += 1
         self.counters.tokens_in += n
@@ -235,7 +240,7 @@ class MoeLM:
                 self.session.close()
             if self.stager is not None:
                 self.stager.invalidate()
-            self.spec = None  # drop the views into the file mapping before closing it
+            self.spec = self._tok_emb = None  # drop the views into the file mapping before closing it
             self.weight_file.close()
 
     def _check_alive(self) -> None:
