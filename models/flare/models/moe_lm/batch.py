@@ -9,6 +9,8 @@ shape) write the scratch row and attend only to it.
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -71,8 +73,10 @@ def make_inputs(cfg: MoeConfig, chunks: Sequence[SeqChunk], *, pad_to: int | Non
                            batch=len(chunks) if out_rows else None)
 
 
+@functools.lru_cache(maxsize=16)
 def serving_contract(cfg: MoeConfig) -> "Serving":
-    """moe-lm's sizes as the `token-lm/1` serving contract (what an exported core's manifest says)."""
+    """moe-lm's sizes as the `token-lm/1` serving contract (what an exported core's manifest says).
+    Cached per config (frozen, so hashable): every step asks for it, and building it costs ~10 us."""
     from flare.plugins.export.schema import Serving
 
     from .sampling import NEVER
