@@ -287,3 +287,21 @@ def test_threads_sharing_a_model_with_prefetch_get_their_sequential_tokens(tmp_p
             assert tokens == want[seq][0]
             for a, b in zip(logits, want[seq][1]):
                 np.testing.assert_array_equal(a, b)
+
+
+def test_a_stager_dropped_without_close_is_collected_and_stops_its_helper():
+    import gc
+    import weakref
+
+    st, _, _ = _stager(slots=6, prefetch=2)
+    st.take_back = False
+    ctx = ArrayCtx(6)
+    st(_node(0), np.array([[0, 1]], np.int32), None, np.ones((1, D), np.float32), ctx=ctx)
+    st.drain()
+    helper, gone = st._helper, weakref.ref(st)
+    assert helper is not None and helper.is_alive()
+    del st
+    gc.collect()
+    assert gone() is None                  # the helper thread kept no reference to it
+    helper.join(5)
+    assert not helper.is_alive()           # and its finalizer stopped the thread

@@ -56,13 +56,17 @@ graph's executes, which take turns on the graph's lock, so it takes no lock of
 its own for them. While a job is pending, the helper alone touches the target
 layer's cache records (the staging thread works on the layer before) and the
 job's own counters; the job's condition orders the hand-over; every method
-that reads caches or counters settles the job first (`drain`).
+that reads caches or counters settles the job first (`drain`). `close()` stops
+the helper; the helper thread itself holds only its queue (the stager only
+through a pending job), so a stager dropped without `close()` is collected and
+its finalizer stops the thread.
 """
 from __future__ import annotations
 
 import queue
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -184,7 +188,8 @@ class _PrefetchJob:
     thread may cancel it while QUEUED, waits while PLANNING (the helper then edits the layer's
     cache records), takes back the runs not yet started while COPYING and waits for `busy`."""
 
-    def __init__(self, layer: int, hidden: np.ndarray | Callable[[], np.ndarray], writers: Sequence[Callable[[int, np.ndarray], None]]):
+    def __init__(self, stager: "ExpertStager", layer: int, hidden: np.ndarray | Callable[[], np.ndarray], writers: Sequence[Callable[[int, np.ndarray], None]]):
+        self.stager = stager                 # the helper reaches the stager only through a pending job
         self.layer = layer
         self.hidden = hidden
         self.writers = writers
@@ -226,6 +231,7 @@ class ExpertStager:
         self._routers: list[tuple[np.ndarray, np.ndarray | None]] = []
         self._jobs: queue.SimpleQueue | None = None
         self._helper: threading.Thread | None = None
+        self._stop_helper: weakref.finalize | None = None
         self._job: _PrefetchJob | None = None
         self._writer_ctx: Any = None
         self._writers: list[tuple[Callable[[int, np.ndarray], None], ...]] = []
@@ -268,10 +274,10 @@ class ExpertStager:
         self.drain()
         helper, self._helper = self._helper, None
         if helper is not None:
-            assert self._jobs is not None
-            self._jobs.put(None)
+            assert self._stop_helper is not None
+            self._stop_helper()               # queues the helper's stop (once)
             helper.join()
-        self._jobs = None
+        self._jobs = self._stop_helper = None
 
     def reset_stats(self) -> None:
         self.drain()
@@ -387,20 +393,19 @@ class ExpertStager:
                         queued_by_stage: bool = False) -> None:
         """Queue the guess-and-copy of `layer` for the helper thread (started on first use)."""
         if self._helper is None:
-            self._jobs = queue.SimpleQueue()
-            self._helper = threading.Thread(target=self._helper_loop, args=(self._jobs,),
+            # the thread holds only the queue, so a stager dropped without close() is collected,
+            # and its finalizer stops the thread
+            self._jobs = jobs = queue.SimpleQueue()
+            self._helper = threading.Thread(target=_helper_loop, args=(jobs,),
                                             name=f"{self.label}-expert-prefetch", daemon=True)
             self._helper.start()
-        job = _PrefetchJob(layer, hidden, self._layer_writers(layer, ctx))
+            self._stop_helper = weakref.finalize(self, jobs.put, None)
+        job = _PrefetchJob(self, layer, hidden, self._layer_writers(layer, ctx))
         if queued_by_stage and self.trace and self.records:
             job.record = len(self.records) - 1
         self._job = job
         assert self._jobs is not None
         self._jobs.put(job)
-
-    def _helper_loop(self, jobs: queue.SimpleQueue) -> None:
-        while (job := jobs.get()) is not None:
-            self._run_job(job)
 
     def _run_job(self, job: _PrefetchJob) -> None:
         """The helper thread: guess, pick slots, then copy run by run until the job is taken back."""
@@ -439,6 +444,7 @@ class ExpertStager:
         job.seconds = time.perf_counter() - t0
         with job.cond:
             job.state = DONE
+            job.stager = None                  # type: ignore[assignment]  # no reference once done
             job.cond.notify_all()
 
     def _plan(self, layer: int, hidden: np.ndarray) -> tuple[tuple[int, ...], list[Run]]:
@@ -510,6 +516,18 @@ class ExpertStager:
             self._copy(job.layer, _runs(mine, sorted(cache.slot_of[e] for e in mine)), ctx)
             cache.unused_prefetch.difference_update(mine)
         return len(mine)
+
+
+def _helper_loop(jobs: queue.SimpleQueue) -> None:
+    """The helper thread: run queued jobs until a None (close(), or the stager's finalizer)."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        stager = job.stager
+        if stager is not None:
+            stager._run_job(job)
+        job = stager = None                    # hold nothing while waiting
 
 
 def _runs(experts: list[int], slots: list[int]) -> list[Run]:
