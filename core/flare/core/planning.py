@@ -48,6 +48,9 @@ class EntryPlan:
     inputs: dict[str, tuple[Device, Binding]] = field(default_factory=dict)
     outputs: dict[str, tuple[Device, Binding]] = field(default_factory=dict)
     prepare_s: float = 0.0  # wall seconds of the prepare that built this plan (graph, plan, memory, compile)
+    # (name, NumPy dtype, shape) of every input: execute's check that a call matches this plan
+    # exactly (the common case: the same shapes every step) before it looks any further
+    input_check: tuple[tuple[str, Any, tuple], ...] = ()
 
     def chunks(self) -> dict[str, list[int]]:
         """Arena chunk sizes per device this plan needs (devices needing none left out)."""

@@ -100,6 +100,7 @@ class PreparedGraph:
         # entry -> {"BACKEND.op": variant}: tuned kernel variants (from an exported core)
         self.tuning = {e: dict(t) for e, t in (tuning or {}).items()}
         self.devices = {d.name: d for d in session.devices}
+        self._device_list = tuple(self.devices.values())
         self.plans = PlanCache(entries)
         self.persistent = PersistentStore(name)
         self.released = False
@@ -146,12 +147,15 @@ class PreparedGraph:
 
     def execute(self, entry: str, **inputs: np.ndarray) -> dict[str, np.ndarray]:
         """Run `entry` on `inputs`; returns a dict of output arrays (fresh copies)."""
-        with self._guard():
-            self._executing = True
-            try:
-                return self._execute(entry, inputs)
-            finally:
-                self._executing = False
+        # the guard spelled out (no generator, no ExitStack for one device): it is paid per step
+        with self._lock:
+            self._check_alive()
+            with self.workspace.lock, _uses(self._device_list):
+                self._executing = True
+                try:
+                    return self._execute(entry, inputs)
+                finally:
+                    self._executing = False
 
     def reset(self) -> None:
         """Zero per-request state (LSTM state, KV caches). Memory and captures stay."""
@@ -265,9 +269,7 @@ class PreparedGraph:
         """The graph's lock, then its workspace's, then a use of every device; refuses after release."""
         with self._lock:
             self._check_alive()
-            with self.workspace.lock, contextlib.ExitStack() as uses:
-                for dev in self.devices.values():
-                    uses.enter_context(dev.in_use())
+            with self.workspace.lock, _uses(self._device_list):
                 yield
 
     def _shapes(self, entry: str, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple]:
@@ -321,6 +323,19 @@ class PreparedGraph:
         return outputs
 
     def _plan_for_inputs(self, entry: str, inputs: Mapping[str, np.ndarray]) -> EntryPlan:
+        plan = self.plans.current.get(entry)
+        if plan is not None and plan.input_check and len(inputs) == len(plan.input_check):
+            # fast path: the current plan's exact names, dtypes and shapes (every decode step)
+            for name, dtype, shape in plan.input_check:
+                arr = inputs.get(name)
+                if type(arr) is not np.ndarray or arr.dtype != dtype or arr.shape != shape:
+                    break
+            else:
+                self._bind(plan)
+                return plan
+        return self._plan_for_inputs_checked(entry, inputs)
+
+    def _plan_for_inputs_checked(self, entry: str, inputs: Mapping[str, np.ndarray]) -> EntryPlan:
         if entry not in self.entries:
             raise InputError(f"unknown entry point {entry!r}; {self.name} has {sorted(self.entries)}")
         plan = self.plans.current.get(entry)
@@ -345,6 +360,9 @@ class PreparedGraph:
             plan = self._prepare_impl(entry, shapes, replan=True)   # new shapes: re-plan (and grow if needed)
         else:
             self._bind(plan)
+        if not plan.input_check:
+            plan.input_check = tuple((name, np.dtype(to_numpy(t.dtype)), plan.shapes[name])
+                                     for name, t in plan.graph.inputs.items())
         return plan
 
     def _describe(self) -> dict[str, Any]:
@@ -369,6 +387,20 @@ class PreparedGraph:
             info["prepare_s"] = round(plan.prepare_s, 4)
             out["entries"][entry] = info
         return out
+
+
+def _uses(devices: Sequence[Any]) -> contextlib.AbstractContextManager:
+    """A use of every device (`Device.in_use`) for the block; with one device, its own."""
+    if len(devices) == 1:
+        return devices[0].in_use()
+    stack = contextlib.ExitStack()
+    try:
+        for dev in devices:
+            stack.enter_context(dev.in_use())
+    except BaseException:
+        stack.close()
+        raise
+    return stack
 
 
 def _node_label(node: Tensor, fused: Mapping[str, Any]) -> str:
