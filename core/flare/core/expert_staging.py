@@ -296,10 +296,9 @@ class ExpertStager:
         layer = int(node.params["args"]["layer"])
         ids = np.asarray(ids)
         valid = None
-        if rows is not None:
+        # padding rows stage nothing; a decode step has none (a list test, no NumPy temporaries)
+        if rows is not None and self.scratch_row in np.asarray(rows).ravel().tolist():
             valid = np.asarray(rows).reshape(-1) != self.scratch_row
-            if valid.all():
-                valid = None
         out = self.stage(layer, ids, valid, ctx)
         if self.prefetch and hidden is not None and layer + 1 < self.n_layers:
             h = np.asarray(hidden)

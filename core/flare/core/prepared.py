@@ -51,7 +51,7 @@ from .bindings import CopyStep, bind, tuning_for
 from .errors import GraphError, InputError, ReleasedError
 from .dtypes import to_numpy
 from .graph import STATE, Tensor, integer_shape
-from .host_calls import HostCallback, run_host
+from .host_calls import HostCallback
 from .ops import OPS
 from .partition import PlacementFn
 from .persistent import PersistentStore
@@ -307,14 +307,17 @@ class PreparedGraph:
     def _execute(self, entry: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         start = time.perf_counter()
         plan = self._plan_for_inputs(entry, inputs)
-        for name, (dev, binding) in plan.inputs.items():
-            dev.write(binding, inputs[name])
+        for name, dev, binding, view in plan.input_writes:
+            if view is not None:
+                np.copyto(view, inputs[name], casting="same_kind")   # the CPU device's write
+            else:
+                dev.write(binding, inputs[name])
+        host_steps = plan.host_steps
         for split, prog, steps in zip(plan.schedule.splits, plan.programs, plan.copy_steps):
             for step in steps:
                 step.run()
             if split.host:
-                run_host(self.name, split, plan.split_bindings[split.index], self.devices[split.device],
-                         self.callbacks, self)
+                host_steps[split.index].run(self.name, self.callbacks, self)
             else:
                 prog.run()
         self.stats["executes"] += 1
