@@ -160,3 +160,5 @@ def make_bindings(plan: EntryPlan, growth: Growth, store: PersistentStore, devic
     for name, t in plan.graph.outputs.items():
         buf, base = _home(plan, growth, store, t.storage)
         plan.outputs[name] = (devices[sched.device_of[t.storage.id]], _bind_tensor(t, buf, base))
+    plan.output_reads = [(name, dev, b, dev.host_view(b) if dev.backend == "cpu" else None)
+                         for name, (dev, b) in plan.outputs.items()]

@@ -52,7 +52,7 @@ class HostStep:
             raise InputError(f"host callback {self.name!r} returned {result.shape}, node {node.name!r} expects {node.shape}")
         result = result.astype(self.dtype, copy=False)
         if self.out_view is not None:
-            np.copyto(self.out_view, result, casting="same_kind")   # what the CPU device's write does
+            self.out_view[...] = result   # the CPU device's write (result already has the node's dtype)
         else:
             self.device.write(self.out, result)
 

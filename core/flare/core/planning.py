@@ -54,6 +54,7 @@ class EntryPlan:
     input_check: tuple[tuple[str, Any, tuple], ...] = ()
     # per input: (name, device, binding, the host view execute copies into or None: device.write)
     input_writes: list[tuple[str, Device, Binding, Any]] = field(default_factory=list)
+    output_reads: list[tuple[str, Device, Binding, Any]] = field(default_factory=list)   # the same for outputs
     host_steps: dict[int, "HostStep"] = field(default_factory=dict)   # split index -> its host node
 
     def chunks(self) -> dict[str, list[int]]:

@@ -309,7 +309,7 @@ class PreparedGraph:
         plan = self._plan_for_inputs(entry, inputs)
         for name, dev, binding, view in plan.input_writes:
             if view is not None:
-                np.copyto(view, inputs[name], casting="same_kind")   # the CPU device's write
+                view[...] = inputs[name]   # the CPU device's write (dtype checked equal above)
             else:
                 dev.write(binding, inputs[name])
         host_steps = plan.host_steps
@@ -321,7 +321,8 @@ class PreparedGraph:
             else:
                 prog.run()
         self.stats["executes"] += 1
-        outputs = {name: dev.read(binding) for name, (dev, binding) in plan.outputs.items()}
+        outputs = {name: dev.read(binding) if view is None else view.copy()
+                   for name, dev, binding, view in plan.output_reads}
         self._hook.flare_graph_executed(graph=self, entry=entry, seconds=time.perf_counter() - start)
         return outputs
 
