@@ -118,3 +118,36 @@ def test_token_lm_inputs_match_the_elementwise_layout(case):
         assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape, name
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
         assert got[name].flags.c_contiguous, name
+
+
+def _cache_entry(b, shapes):
+    table = b.cache("table", (5, 2, 3))
+    x = b.input("x", shapes["x"])
+    b.output("out", b.add(b.reshape(table, shape=(30,)), x))
+
+
+def test_write_rows_writes_whole_rows_and_refuses_the_rest(backend):
+    """write_rows (expert staging, KV reuse): on a CPU device one slice assignment into a view
+    resolved once, elsewhere the device's write; the same rows, casts and typed errors either way."""
+    sess = backend.fallback_session()
+    g = sess.prepare({"main": _cache_entry}, {"main": {"x": (30,)}}, name="rows")
+    try:
+        want = np.zeros((5, 2, 3), np.float32)
+        rows = np.arange(12, dtype=np.float64).reshape(2, 6)          # float64: cast to the tensor's f32
+        g.write_rows("table", 1, rows)
+        want[1:3] = rows.reshape(2, 2, 3)
+        strided = np.arange(24, dtype=np.float32).reshape(2, 12)[:, ::2]   # not contiguous
+        g.write_rows("table", 3, strided)
+        want[3:5] = strided.reshape(2, 2, 3)
+        np.testing.assert_array_equal(g.state("table"), want)
+        np.testing.assert_array_equal(g.read_rows("table", 1, 2), want[1:3])
+        np.testing.assert_array_equal(g.execute("main", x=np.ones(30, np.float32))["out"], want.reshape(30) + 1)
+        for row, arr in ((4, np.ones((2, 6), np.float32)), (-1, np.ones(6, np.float32)), (0, np.ones(5, np.float32))):
+            with pytest.raises(InputError, match="does not fit"):
+                g.write_rows("table", row, arr)
+        np.testing.assert_array_equal(g.state("table"), want)      # nothing half-written
+        g.reset()                                                  # a cache survives reset
+        np.testing.assert_array_equal(g.state("table"), want)
+    finally:
+        g.release()
+        sess.close()

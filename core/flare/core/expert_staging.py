@@ -221,7 +221,8 @@ class ExpertStager:
         self.slots = int(slots)
         self.scratch_row = int(scratch_row)
         self._names = [tuple(tensors(i)) for i in range(self.n_layers)]
-        self._sources = [tuple(source(n) for n in names) for names in self._names]
+        # plain ndarray views (np.asarray drops numpy.memmap's subclass: slicing one costs ~1 us more)
+        self._sources = [tuple(np.asarray(source(n)) for n in names) for names in self._names]
         self._expert_bytes = [sum(int(src[0].nbytes) for src in srcs) for srcs in self._sources]
         self.trace = trace
         self.records: list[StageRecord] = []
