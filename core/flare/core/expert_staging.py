@@ -73,7 +73,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .errors import ModelError
+from .errors import InputError, ModelError
 
 AGE_EVERY = 64   # staging calls of a layer between halvings of its use counts
 
@@ -352,10 +352,12 @@ class ExpertStager:
         return out
 
     def _copy(self, layer: int, runs: list[Run], ctx: Any) -> None:
-        """Copy `runs` of `layer` from the source into the caches (staging thread)."""
+        """Copy `runs` of `layer` from the source into the caches (staging thread, inside the
+        execute: the graph's lock is held, so its lock-free row writers are safe here too)."""
+        writers = self._layer_writers(layer, ctx)
         for first, slot, count in runs:
-            for name, src in zip(self._names[layer], self._sources[layer]):
-                ctx.write_rows(name, slot, src[first: first + count])
+            for write, src in zip(writers, self._sources[layer]):
+                write(slot, src[first: first + count])
             self.stats.bytes_staged += self._expert_bytes[layer] * count
         self.stats.copies += len(runs)
         self.stats.writes += len(runs) * len(self._names[layer])
@@ -375,18 +377,23 @@ class ExpertStager:
         self._start_prefetch(layer, hidden, ctx)
 
     def _layer_writers(self, layer: int, ctx: Any) -> tuple[Callable[[int, np.ndarray], None], ...]:
-        """How the helper writes `layer`'s caches: the graph's lock-free `row_writer` (its copies
-        may outlive the execute that queued them), else `ctx.write_rows` (tests, reference ctx)."""
+        """How `layer`'s caches are written: the graph's lock-free `row_writer` where the cache is
+        in host memory (the helper's copies may outlive the execute that queued them; demand
+        copies skip write_rows' guard), else `ctx.write_rows` (caches on another device, whose
+        writes prefetch never makes; tests and the reference ctx, which have no row_writer)."""
         if ctx is not self._writer_ctx:
             self._writer_ctx, self._writers = ctx, []
         while len(self._writers) <= layer:
             i = len(self._writers)
             make = getattr(ctx, "row_writer", None)
-            if make is not None:
-                self._writers.append(tuple(make(name) for name in self._names[i]))
-            else:
-                self._writers.append(tuple((lambda n: lambda row, a: ctx.write_rows(n, row, a))(name)
-                                           for name in self._names[i]))
+            try:
+                if make is None:
+                    raise InputError("no row_writer")
+                writers = tuple(make(name) for name in self._names[i])
+            except InputError:                # not in host memory: the guarded write
+                writers = tuple((lambda n: lambda row, a: ctx.write_rows(n, row, a))(name)
+                                for name in self._names[i])
+            self._writers.append(writers)
         return self._writers[layer]
 
     def _start_prefetch(self, layer: int, hidden: np.ndarray | Callable[[], np.ndarray], ctx: Any,
