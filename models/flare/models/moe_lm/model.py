@@ -139,19 +139,21 @@ class MoeLM:
         chunk, `mixed` for several chunks of which one has several tokens (or `entry`).
         """
         self._check_alive()
-        n = sum(len(c.tokens) for c in chunks)
+        lengths = [len(c.tokens) for c in chunks]      # once: this runs on every decode step
+        n = sum(lengths)
+        single = max(lengths, default=1) == 1          # all(...) of the chunks: True for none
         if self.experts == OFFLOAD and self.cfg.slots_needed(n) > self.slots:  # padding selects no experts
             raise ExpertCacheError(
                 f"moe-lm: a step of {n} token(s) may need {self.cfg.slots_needed(n)} experts per layer; the "
                 f"expert cache has {self.slots} slot(s) per layer (prefill_chunk is {self.prefill_chunk})")
         if entry is None:
-            if pad_to is None and all(len(c.tokens) == 1 for c in chunks):
+            if pad_to is None and single:
                 entry = "decode"
             else:
                 entry = "prefill" if len(chunks) == 1 else "mixed"
         if entry not in ENTRIES:
             raise ModelError(f"moe-lm: unknown entry {entry!r}; entries are {', '.join(ENTRIES)}")
-        if entry == "decode" and any(len(c.tokens) != 1 for c in chunks):
+        if entry == "decode" and not single:
             raise ModelError("moe-lm: the decode entry takes one token per sequence")
         inputs = make_inputs(self.cfg, chunks, pad_to=pad_to, out_rows=entry != "decode")
         if entry not in self._prepared_entries:
