@@ -28,3 +28,27 @@ def test_gguf_workload_counts_and_agrees(count, work, tmp_path):
     result = run_bench(a, b, blocks=1, requests=1, warmup=0)
     assert result.ok, result.outputs       # chunks of 8 vs 4: the same logits within the workload tolerance
     assert [r.work for r in result.requests] == [work]
+
+
+def test_moe_experts_resident_vs_staged_with_prefetch_agree_in_fewer_bytes(tmp_path, monkeypatch):
+    """The MoE staging benchmark's pair on a tiny MoE file: `bench-moe` resolves to a file written
+    once into the cache folder; resident and staged (with prefetch) experts give identical logits,
+    and the staged run's peak device bytes are below the resident one's."""
+    from flare.models.gguf import testing
+
+    monkeypatch.setenv("FLARE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(testing, "BENCH_MOE", TinySpec(n_experts=16, top_k=2, qtype="q4_0", n_layers=3, d_ff=256,
+                                                       seed=3))
+    path = testing.ensure_bench_moe()
+    assert path.parent == tmp_path / "cache" / "gguf" and testing.ensure_bench_moe() == path
+    assert [p.name for p in path.parent.iterdir()] == [path.name]            # no temp file left behind
+    opts = {"target": "bench-moe", "prompt_tokens": 8, "new_tokens": 4, "prefill_chunk": 4, "max_ctx": 32,
+            "count": "decode"}
+    a = parse_config({"model": "gguf", "threads": 1, "options": {**opts, "experts": "resident"}}, name="a",
+                     known_backends=["cpu"])
+    b = parse_config({"model": "gguf", "threads": 1, "options": {**opts, "experts": "offload", "prefetch": 2}},
+                     name="b", known_backends=["cpu"])
+    result = run_bench(a, b, blocks=1, requests=1, warmup=0)
+    assert result.ok and result.outputs.identical, result.outputs
+    peaks = [sum(result.summaries[k].ledger_peak_bytes.values()) for k in result.summaries]
+    assert peaks[1] < peaks[0], peaks

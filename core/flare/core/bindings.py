@@ -22,6 +22,7 @@ import numpy as np
 from .backend import Binding, Buffer, Device, PreparedSplit, SplitProgram
 from .dtypes import to_numpy
 from .graph import Tensor
+from .host_calls import HostStep
 from .partition import Copy
 from .persistent import PersistentStore
 from .planning import EntryPlan
@@ -148,7 +149,16 @@ def make_bindings(plan: EntryPlan, growth: Growth, store: PersistentStore, devic
     for name, t in plan.graph.inputs.items():
         dev = sched.device_of[t.id]
         plan.inputs[name] = (devices[dev], _bind_tensor(t, store.inputs[(name, dev)], 0))
+    # execute writes inputs every step: on a CPU device (host memory, written synchronously)
+    # straight into a view resolved here, elsewhere through device.write
+    plan.input_writes = [(name, dev, b, dev.host_view(b) if dev.backend == "cpu" else None)
+                         for name, (dev, b) in plan.inputs.items()]
+    plan.host_steps = {split.index: HostStep(split, plan.split_bindings[split.index],
+                                             devices[split.device])
+                       for split in sched.splits if split.host}
     plan.outputs = {}
     for name, t in plan.graph.outputs.items():
         buf, base = _home(plan, growth, store, t.storage)
         plan.outputs[name] = (devices[sched.device_of[t.storage.id]], _bind_tensor(t, buf, base))
+    plan.output_reads = [(name, dev, b, dev.host_view(b) if dev.backend == "cpu" else None)
+                         for name, (dev, b) in plan.outputs.items()]

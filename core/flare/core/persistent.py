@@ -36,6 +36,9 @@ class PersistentStore:
         self.states: dict[str, tuple[str, Buffer, Tensor]] = {}     # name -> (device, buffer, declaration)
         self.inputs: dict[tuple[str, str], Buffer] = {}             # (name, device) -> buffer
         self.generation = 0                                         # bumped when an input buffer is replaced
+        # name -> (whole-tensor host view, elements per row) of state/cache tensors in host memory
+        # (CPU devices), resolved on first use by state_rows: their buffers never move once allocated
+        self.state_views: dict[str, tuple[np.ndarray, int]] = {}
 
     def pins(self) -> dict[str, str]:
         """Where existing weights and state live (tensor name -> device): a new plan must
@@ -104,6 +107,7 @@ class PersistentStore:
             del self.weights[key]
         for key in [k for k, v in self.states.items() if id(v[1]) in ids]:
             del self.states[key]
+            self.state_views.pop(key, None)
         for key in [k for k, b in self.inputs.items() if id(b) in ids]:
             del self.inputs[key]
         for buf in new:
@@ -140,6 +144,7 @@ class PersistentStore:
                 buf.release()
             except BaseException as exc:
                 first_error = first_error or exc
+        self.state_views.clear()
         self.inputs.clear()
         self.states.clear()
         self.weights.clear()

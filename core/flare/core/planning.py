@@ -26,6 +26,7 @@ from .planner import DevicePlan, plan_schedule
 
 if TYPE_CHECKING:
     from .bindings import CopyStep
+    from .host_calls import HostStep
 
 EntryBuilder = Callable[[GraphBuilder, Mapping[str, tuple]], None]
 MAX_PLANS_PER_ENTRY = 8
@@ -48,6 +49,13 @@ class EntryPlan:
     inputs: dict[str, tuple[Device, Binding]] = field(default_factory=dict)
     outputs: dict[str, tuple[Device, Binding]] = field(default_factory=dict)
     prepare_s: float = 0.0  # wall seconds of the prepare that built this plan (graph, plan, memory, compile)
+    # (name, NumPy dtype, shape) of every input: execute's check that a call matches this plan
+    # exactly (the common case: the same shapes every step) before it looks any further
+    input_check: tuple[tuple[str, Any, tuple], ...] = ()
+    # per input: (name, device, binding, the host view execute copies into or None: device.write)
+    input_writes: list[tuple[str, Device, Binding, Any]] = field(default_factory=list)
+    output_reads: list[tuple[str, Device, Binding, Any]] = field(default_factory=list)   # the same for outputs
+    host_steps: dict[int, "HostStep"] = field(default_factory=dict)   # split index -> its host node
 
     def chunks(self) -> dict[str, list[int]]:
         """Arena chunk sizes per device this plan needs (devices needing none left out)."""

@@ -41,7 +41,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -51,7 +51,7 @@ from .bindings import CopyStep, bind, tuning_for
 from .errors import GraphError, InputError, ReleasedError
 from .dtypes import to_numpy
 from .graph import STATE, Tensor, integer_shape
-from .host_calls import HostCallback, run_host
+from .host_calls import HostCallback
 from .ops import OPS
 from .partition import PlacementFn
 from .persistent import PersistentStore
@@ -100,6 +100,7 @@ class PreparedGraph:
         # entry -> {"BACKEND.op": variant}: tuned kernel variants (from an exported core)
         self.tuning = {e: dict(t) for e, t in (tuning or {}).items()}
         self.devices = {d.name: d for d in session.devices}
+        self._device_list = tuple(self.devices.values())
         self.plans = PlanCache(entries)
         self.persistent = PersistentStore(name)
         self.released = False
@@ -146,12 +147,15 @@ class PreparedGraph:
 
     def execute(self, entry: str, **inputs: np.ndarray) -> dict[str, np.ndarray]:
         """Run `entry` on `inputs`; returns a dict of output arrays (fresh copies)."""
-        with self._guard():
-            self._executing = True
-            try:
-                return self._execute(entry, inputs)
-            finally:
-                self._executing = False
+        # the guard spelled out (no generator, no ExitStack for one device): it is paid per step
+        with self._lock:
+            self._check_alive()
+            with self.workspace.lock, _uses(self._device_list):
+                self._executing = True
+                try:
+                    return self._execute(entry, inputs)
+                finally:
+                    self._executing = False
 
     def reset(self) -> None:
         """Zero per-request state (LSTM state, KV caches). Memory and captures stay."""
@@ -215,6 +219,30 @@ class PreparedGraph:
         with self._callback_guard():
             state_rows.write_rows(self.persistent, self.devices, name, row, array)
 
+    def hold(self) -> contextlib.AbstractContextManager:
+        """The graph's own (re-entrant) lock, for a caller that must do something right before an
+        execute with no other thread's call in between (a model queueing an expert prefetch for
+        the step it is about to run); `execute` inside it takes the same lock again."""
+        return self._lock
+
+    def row_writer(self, name: str) -> Callable[[int, np.ndarray], None]:
+        """`write_rows` for one state/cache tensor that takes no lock, for a helper thread of a
+        host callback's owner (expert prefetch) whose copies may run on between executes, where
+        `write_rows` would take the graph's lock and deadlock against an execute waiting for the
+        helper. The owner keeps the helper off rows an execute uses and stops it before
+        `release()`. Only for tensors on a CPU device (host memory: a write is a copy with no
+        queue to order it against); InputError otherwise."""
+        with self._lock:
+            self._check_alive()
+            if name not in self.persistent.states:
+                raise InputError(f"{self.name}: no state or cache tensor {name!r}")
+            dev = self.persistent.states[name][0]
+            if self.devices[dev].backend != "cpu":
+                raise InputError(f"{self.name}: {name!r} is on {dev}, not in host memory: a lock-free writer "
+                                 f"would race the device's queue")
+        store, devices = self.persistent, self.devices
+        return lambda row, array: state_rows.write_rows(store, devices, name, row, array)
+
     def __enter__(self) -> "PreparedGraph":
         return self
 
@@ -241,9 +269,7 @@ class PreparedGraph:
         """The graph's lock, then its workspace's, then a use of every device; refuses after release."""
         with self._lock:
             self._check_alive()
-            with self.workspace.lock, contextlib.ExitStack() as uses:
-                for dev in self.devices.values():
-                    uses.enter_context(dev.in_use())
+            with self.workspace.lock, _uses(self._device_list):
                 yield
 
     def _shapes(self, entry: str, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple]:
@@ -281,22 +307,39 @@ class PreparedGraph:
     def _execute(self, entry: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         start = time.perf_counter()
         plan = self._plan_for_inputs(entry, inputs)
-        for name, (dev, binding) in plan.inputs.items():
-            dev.write(binding, inputs[name])
+        for name, dev, binding, view in plan.input_writes:
+            if view is not None:
+                view[...] = inputs[name]   # the CPU device's write (dtype checked equal above)
+            else:
+                dev.write(binding, inputs[name])
+        host_steps = plan.host_steps
         for split, prog, steps in zip(plan.schedule.splits, plan.programs, plan.copy_steps):
             for step in steps:
                 step.run()
             if split.host:
-                run_host(self.name, split, plan.split_bindings[split.index], self.devices[split.device],
-                         self.callbacks, self)
+                host_steps[split.index].run(self.name, self.callbacks, self)
             else:
                 prog.run()
         self.stats["executes"] += 1
-        outputs = {name: dev.read(binding) for name, (dev, binding) in plan.outputs.items()}
+        outputs = {name: dev.read(binding) if view is None else view.copy()
+                   for name, dev, binding, view in plan.output_reads}
         self._hook.flare_graph_executed(graph=self, entry=entry, seconds=time.perf_counter() - start)
         return outputs
 
     def _plan_for_inputs(self, entry: str, inputs: Mapping[str, np.ndarray]) -> EntryPlan:
+        plan = self.plans.current.get(entry)
+        if plan is not None and plan.input_check and len(inputs) == len(plan.input_check):
+            # fast path: the current plan's exact names, dtypes and shapes (every decode step)
+            for name, dtype, shape in plan.input_check:
+                arr = inputs.get(name)
+                if type(arr) is not np.ndarray or arr.dtype != dtype or arr.shape != shape:
+                    break
+            else:
+                self._bind(plan)
+                return plan
+        return self._plan_for_inputs_checked(entry, inputs)
+
+    def _plan_for_inputs_checked(self, entry: str, inputs: Mapping[str, np.ndarray]) -> EntryPlan:
         if entry not in self.entries:
             raise InputError(f"unknown entry point {entry!r}; {self.name} has {sorted(self.entries)}")
         plan = self.plans.current.get(entry)
@@ -321,6 +364,9 @@ class PreparedGraph:
             plan = self._prepare_impl(entry, shapes, replan=True)   # new shapes: re-plan (and grow if needed)
         else:
             self._bind(plan)
+        if not plan.input_check:
+            plan.input_check = tuple((name, np.dtype(to_numpy(t.dtype)), plan.shapes[name])
+                                     for name, t in plan.graph.inputs.items())
         return plan
 
     def _describe(self) -> dict[str, Any]:
@@ -345,6 +391,20 @@ class PreparedGraph:
             info["prepare_s"] = round(plan.prepare_s, 4)
             out["entries"][entry] = info
         return out
+
+
+def _uses(devices: Sequence[Any]) -> contextlib.AbstractContextManager:
+    """A use of every device (`Device.in_use`) for the block; with one device, its own."""
+    if len(devices) == 1:
+        return devices[0].in_use()
+    stack = contextlib.ExitStack()
+    try:
+        for dev in devices:
+            stack.enter_context(dev.in_use())
+    except BaseException:
+        stack.close()
+        raise
+    return stack
 
 
 def _node_label(node: Tensor, fused: Mapping[str, Any]) -> str:

@@ -6,6 +6,7 @@ KV-cache reuse (a served prefix copied into a new sequence's rows), host callbac
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import numpy as np
@@ -25,7 +26,7 @@ def whole(store: PersistentStore, name: str) -> tuple[str, Binding]:
 def rows(store: PersistentStore, name: str, row: int, count: int) -> tuple[str, Binding]:
     """(device, binding) of rows [row, row+count) of `name`; InputError outside it."""
     dev, buf, t = store.states[name]
-    row_elems = int(np.prod(t.shape[1:], dtype=np.int64))
+    row_elems = math.prod(t.shape[1:])   # math.prod: a tuple of ints, no NumPy reduction per call
     if count < 0 or row < 0 or row + count > t.shape[0]:
         raise InputError(f"rows [{row}, {row + count}) are outside {name!r} {t.shape}")
     itemsize = to_numpy(t.dtype).itemsize
@@ -34,10 +35,32 @@ def rows(store: PersistentStore, name: str, row: int, count: int) -> tuple[str, 
 
 
 def write_rows(store: PersistentStore, devices: Mapping[str, Device], name: str, row: int, array: np.ndarray) -> None:
-    """Write `array` (any shape holding whole rows) into `name` from `row` on."""
+    """Write `array` (any shape holding whole rows) into `name` from `row` on.
+
+    Expert staging writes a few rows per layer per step: on a CPU device the tensor's
+    host view is resolved once (`store.state_views`) and a write is one slice assignment."""
+    cached = store.state_views.get(name)
+    if cached is None:
+        dev, buf, t = store.states[name]
+        if devices[dev].backend != "cpu":
+            _write_rows_device(store, devices, name, row, array)
+            return
+        view = devices[dev].host_view(Binding(buf, 0, t.shape, t.strides, t.dtype))
+        cached = store.state_views[name] = (view, math.prod(t.shape[1:]))
+    view, row_elems = cached
+    a = array if type(array) is np.ndarray and array.dtype == view.dtype else np.asarray(array, view.dtype)
+    count, rest = divmod(a.size, row_elems)
+    if rest or row < 0 or row + count > view.shape[0]:
+        raise InputError(f"write_rows: {a.shape} at row {row} does not fit {name!r} {view.shape}")
+    view[row: row + count] = a.reshape((count, *view.shape[1:]))
+
+
+def _write_rows_device(store: PersistentStore, devices: Mapping[str, Device], name: str, row: int,
+                       array: np.ndarray) -> None:
+    """`write_rows` through the device's `write` (memory the host does not address directly)."""
     _, _, t = store.states[name]
     array = np.ascontiguousarray(array, to_numpy(t.dtype))
-    row_elems = int(np.prod(t.shape[1:], dtype=np.int64))
+    row_elems = math.prod(t.shape[1:])
     if array.size % row_elems or row < 0 or row + array.size // row_elems > t.shape[0]:
         raise InputError(f"write_rows: {array.shape} at row {row} does not fit {name!r} {t.shape}")
     dev, binding = rows(store, name, row, array.size // row_elems)

@@ -7,7 +7,10 @@ work: bench/configs/smollm2_prefill_*.toml count a 128-token prompt,
 smollm2_decode_*.toml 32 decoded tokens after an 8-token prompt); its output is the stacked logits
 of every chosen token, so configurations are compared on identical work and
 a flipped token shows. `flare bench smollm2_cpu.toml smollm2_vulkan.toml`
-compares backends; llama.cpp as a peer comes with its own runner.
+compares backends; llama.cpp as a peer comes with its own runner. MoE files take
+`experts` (resident / offload), `cache_mb` and `prefetch`; the target `bench-moe`
+is a small Mixtral-style file written once into the cache folder
+(`testing.ensure_bench_moe`), for bench/configs/gguf_moe_*.toml.
 """
 from __future__ import annotations
 
@@ -40,6 +43,15 @@ class _Loaded:
         self.lm.release()
 
 
+def _target(target: str) -> str:
+    """`bench-moe` is the benchmark MoE file (written on first use); anything else is GgufLM's target."""
+    if target == "bench-moe":
+        from .testing import ensure_bench_moe
+
+        return str(ensure_bench_moe())
+    return target
+
+
 class GgufWorkload(Workload):
     model = "gguf"
     metric = TOKENS_PER_S
@@ -48,11 +60,19 @@ class GgufWorkload(Workload):
     entries_separable = False
     threads_supported = True
     options = {
-        "target": Option(str, "smollm2", "a named GGUF model (smollm2) or a .gguf path", shapes_requests=True),
+        "target": Option(str, "smollm2", "a named GGUF model (smollm2), a .gguf path, or bench-moe (a small "
+                         "Mixtral-style file written once into the cache folder: testing.BENCH_MOE)",
+                         shapes_requests=True),
         "prompt_tokens": Option(int, 128, "prompt tokens per request", minimum=1, shapes_requests=True),
         "new_tokens": Option(int, 16, "greedy tokens decoded per request", minimum=1, shapes_requests=True),
         "prefill_chunk": Option(int, 128, "most tokens per prefill step (power of two)", minimum=1),
         "max_ctx": Option(int, 512, "KV-cache positions", minimum=2),
+        "experts": Option(str, "resident", "MoE files: resident experts, or offload to a bounded cache filled "
+                          "from the mapped file per step", choices=("resident", "offload")),
+        "cache_mb": Option(float, 0.0, "offload: expert cache MiB over all layers (0: a quarter of the experts)",
+                           minimum=0.0),
+        "prefetch": Option(int, 0, "offload: experts per token of the next layer to guess and copy ahead (0: off)",
+                           minimum=0),
         "count": Option(str, "all", "tokens a request's work counts: prefill (prompt tokens; use new_tokens = 1), "
                         "decode (new tokens; use a short prompt) or all", choices=("all", "prefill", "decode")),
     }
@@ -61,7 +81,7 @@ class GgufWorkload(Workload):
         from .weights import GGUFModel
 
         o = config.options
-        tok = GGUFModel.open(o["target"], max_ctx=o["max_ctx"], prefill_chunk=1).tokenizer()
+        tok = GGUFModel.open(_target(o["target"]), max_ctx=o["max_ctx"], prefill_chunk=1).tokenizer()
         ids = tok.encode(" ".join([TEXT] * 8))[: o["prompt_tokens"]]
         work = {"all": len(ids) + o["new_tokens"], "prefill": len(ids), "decode": o["new_tokens"]}[o["count"]]
         return [Request(i, ids, float(work), f"{len(ids)}-token prompt, {o['new_tokens']} new")
@@ -73,8 +93,11 @@ class GgufWorkload(Workload):
         o = config.options
 
         def build(session: Any) -> _Loaded:
-            return _Loaded(GgufLM.load(o["target"], session=session, max_ctx=o["max_ctx"],
-                                       prefill_chunk=o["prefill_chunk"]))
+            offload = o["experts"] == "offload"
+            return _Loaded(GgufLM.load(_target(o["target"]), session=session, max_ctx=o["max_ctx"],
+                                       prefill_chunk=o["prefill_chunk"], experts=o["experts"],
+                                       cache_mb=(o["cache_mb"] or None) if offload else None,
+                                       prefetch=o["prefetch"] if offload else 0))
 
         def infer(loaded: _Loaded, request: Request) -> np.ndarray:
             lm = loaded.lm

@@ -162,7 +162,7 @@ def _moe(b: GraphBuilder, spec: GraphSpec, i: int, x: Tensor, kv_rows: Tensor, w
         for part in EXPERT_PARTS:
             info = spec.infos[expert_tensor(i, part)]
             parts[part] = b.cache(expert_tensor(i, part), (spec.slots, *info.shape[1:]), info.dtype)
-        sel = b.host(ids, kv_rows, h, callback=STAGE_EXPERTS, shape=ids.shape, dtype="i32", args={"layer": i},
+        sel = b.host(ids, kv_rows, x, callback=STAGE_EXPERTS, shape=ids.shape, dtype="i32", args={"layer": i},
                      name=f"{e}.stage")                                                   # [T, k] cache slots
     else:
         parts = {part: w(expert_tensor(i, part)) for part in EXPERT_PARTS}

@@ -20,6 +20,7 @@ import numpy as np
 
 from flare.core.errors import ModelError
 from flare.core.ledger import LEDGER
+from flare.core.ops.quant import as_float
 from flare.core.session import Session
 from flare.core.specs import STAGE_EXPERTS
 
@@ -181,7 +182,13 @@ class GgufLM:
             self.graph.prepare(entry, {k: v.shape for k, v in inputs.items()})
             self._prepared.add(entry)
         t0 = time.perf_counter()
-        out = self.graph.execute(entry, **inputs)["logits"]
+        with self.graph.hold():                # no other thread's step between the prefetch and its step
+            if self.stager is not None and self.stager.prefetch:
+                ids = np.fromiter((t for c in chunks for t in c.tokens), np.int64)
+                embd = self.model.tensor("token_embd.weight")
+                # layer 0 guesses from the tokens' embeddings, dequantized on the helper thread
+                self.stager.prefetch_layer(0, lambda: as_float(np.asarray(embd[ids])), self.graph)
+            out = self.graph.execute(entry, **inputs)["logits"]
         self.seconds += time.perf_counter() - t0
         self.steps += 1
         self.tokens_in += n

@@ -155,3 +155,33 @@ def tensor_offset_field(path: str | os.PathLike, tensor: str) -> int:
     t = next(t for t in r.tensors if t.name == tensor)
     parts = t.field.parts
     return int(t.field.offset) + sum(int(p.nbytes) for p in parts[:-1])
+
+
+# The MoE file of the staging benchmarks (bench/configs/gguf_moe_*.toml; the shape bench/gguf_moe_offload.py
+# writes too): Mixtral-style, experts ~90% of the weight bytes (as in real MoE files), small enough to write
+# in seconds and to run on the 2-core box.
+BENCH_MOE = TinySpec(n_layers=4, d_model=256, n_heads=8, n_kv_heads=2, d_ff=512, n_experts=32, top_k=2,
+                     context_length=512, qtype="q4_0", seed=7)
+
+
+def ensure_bench_moe() -> Path:
+    """The benchmark MoE file in Flare's cache folder, written once (through a temp file and a
+    rename, so a concurrent or interrupted writer leaves no half file behind)."""
+    import tempfile
+
+    from flare.core.cache import cache_dir
+
+    s = BENCH_MOE
+    folder = cache_dir("gguf")
+    path = folder / (f"bench-moe-l{s.n_layers}-d{s.d_model}-f{s.d_ff}-e{s.n_experts}k{s.top_k}-{s.qtype}"
+                     f"-s{s.seed}.gguf")
+    if not path.is_file():
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=folder)
+        os.close(fd)
+        try:
+            write_tiny(tmp, s)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return path

@@ -9,6 +9,8 @@ shape) write the scratch row and attend only to it.
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -45,7 +47,7 @@ def make_inputs(cfg: MoeConfig, chunks: Sequence[SeqChunk], *, pad_to: int | Non
     (`flare.plugins.export.serving.batch.token_lm_inputs`); moe-lm implements it,
     so it builds its steps with the contract's own function after checking what
     only the model knows (vocabulary, its own limits, with moe-lm's messages)."""
-    from flare.plugins.export.serving.batch import Chunk, token_lm_inputs
+    from flare.plugins.export.serving.batch import token_lm_inputs
 
     if not chunks:
         raise ModelError("moe-lm: a step needs at least one sequence chunk")
@@ -60,19 +62,21 @@ def make_inputs(cfg: MoeConfig, chunks: Sequence[SeqChunk], *, pad_to: int | Non
         if c.start < 0 or c.start + len(c.tokens) > cfg.max_ctx:
             raise ModelError(f"moe-lm: sequence {c.seq} positions {c.start}..{c.start + len(c.tokens) - 1} exceed "
                              f"the context of {cfg.max_ctx} tokens")
-        bad = [t for t in c.tokens if not 0 <= t < cfg.vocab]
-        if bad:
+        if min(c.tokens) < 0 or max(c.tokens) >= cfg.vocab:
+            bad = [t for t in c.tokens if not 0 <= t < cfg.vocab]
             raise ModelError(f"moe-lm: token ids {bad[:4]} outside the vocabulary 0..{cfg.vocab - 1}")
     n = sum(len(c.tokens) for c in chunks)
     total = n if pad_to is None else pad_to
     if total < n:
         raise ModelError(f"moe-lm: {n} tokens do not fit a padded step of {total}")
-    return token_lm_inputs(serving_contract(cfg), [Chunk(c.seq, c.start, c.tokens) for c in chunks], tokens=total,
-                           batch=len(chunks) if out_rows else None)
+    # SeqChunk has Chunk's fields (seq, start, a tuple of int tokens): passed as they are
+    return token_lm_inputs(serving_contract(cfg), chunks, tokens=total, batch=len(chunks) if out_rows else None)
 
 
+@functools.lru_cache(maxsize=16)
 def serving_contract(cfg: MoeConfig) -> "Serving":
-    """moe-lm's sizes as the `token-lm/1` serving contract (what an exported core's manifest says)."""
+    """moe-lm's sizes as the `token-lm/1` serving contract (what an exported core's manifest says).
+    Cached per config (frozen, so hashable): every step asks for it, and building it costs ~10 us."""
     from flare.plugins.export.schema import Serving
 
     from .sampling import NEVER

@@ -123,8 +123,9 @@ def _moe(b: GraphBuilder, spec: GraphSpec, i: int, x: Tensor, kv_rows: Tensor, w
         gate_w = b.cache(f"L{i}.experts.gate", (spec.slots, cfg.d_ff, cfg.d_model))
         up_w = b.cache(f"L{i}.experts.up", (spec.slots, cfg.d_ff, cfg.d_model))
         down_w = b.cache(f"L{i}.experts.down", (spec.slots, cfg.d_model, cfg.d_ff))
-        # ids, the KV rows (padding tokens stage nothing) and the FFN input (prefetch guesses layer i+1)
-        sel = b.host(ids, kv_rows, h, callback=STAGE_CALLBACK, shape=ids.shape, dtype="i32", args={"layer": i},
+        # ids, the KV rows (padding tokens stage nothing) and the residual stream before this layer's
+        # FFN norm (prefetch guesses layer i+1's experts from it with layer i+1's norm and router)
+        sel = b.host(ids, kv_rows, x, callback=STAGE_CALLBACK, shape=ids.shape, dtype="i32", args={"layer": i},
                      name=f"{e}.stage")                                                   # [T, k] cache slots
     else:
         gate_w, up_w, down_w = w(f"L{i}.experts.gate"), w(f"L{i}.experts.up"), w(f"L{i}.experts.down")

@@ -62,6 +62,7 @@ class MoeLM:
                    "expert_source": expert_source, "trace": trace}
         self.graph = session.prepare_model("moe-lm", options, placement=placement)
         self.stager: ExpertStager | None = self.graph.callbacks.get(STAGE_EXPERTS)
+        self._tok_emb = weight_file.tensor("tok_emb")   # [vocab, D]: layer 0's prefetch guesses from it
         self._prepared_entries = set(self.graph.entries) & {"prefill", "decode"}
         self.released = False
 
@@ -138,26 +139,32 @@ class MoeLM:
         chunk, `mixed` for several chunks of which one has several tokens (or `entry`).
         """
         self._check_alive()
-        n = sum(len(c.tokens) for c in chunks)
+        lengths = [len(c.tokens) for c in chunks]      # once: this runs on every decode step
+        n = sum(lengths)
+        single = max(lengths, default=1) == 1          # all(...) of the chunks: True for none
         if self.experts == OFFLOAD and self.cfg.slots_needed(n) > self.slots:  # padding selects no experts
             raise ExpertCacheError(
                 f"moe-lm: a step of {n} token(s) may need {self.cfg.slots_needed(n)} experts per layer; the "
                 f"expert cache has {self.slots} slot(s) per layer (prefill_chunk is {self.prefill_chunk})")
         if entry is None:
-            if pad_to is None and all(len(c.tokens) == 1 for c in chunks):
+            if pad_to is None and single:
                 entry = "decode"
             else:
                 entry = "prefill" if len(chunks) == 1 else "mixed"
         if entry not in ENTRIES:
             raise ModelError(f"moe-lm: unknown entry {entry!r}; entries are {', '.join(ENTRIES)}")
-        if entry == "decode" and any(len(c.tokens) != 1 for c in chunks):
+        if entry == "decode" and not single:
             raise ModelError("moe-lm: the decode entry takes one token per sequence")
         inputs = make_inputs(self.cfg, chunks, pad_to=pad_to, out_rows=entry != "decode")
         if entry not in self._prepared_entries:
             self.graph.prepare(entry, {k: v.shape for k, v in inputs.items()})
             self._prepared_entries.add(entry)
         t0 = time.perf_counter()
-        out = self.graph.execute(entry, **inputs)["logits"][: len(chunks)]  # decode: padding rows dropped
+        with self.graph.hold():                # no other thread's step between the prefetch and its step
+            if self.stager is not None and self.stager.prefetch:
+                tokens = np.fromiter((t for c in chunks for t in c.tokens), np.int64)
+                self.stager.prefetch_layer(0, self._tok_emb[tokens], self.graph)   # layer 0: from embeddings
+            out = self.graph.execute(entry, **inputs)["logits"][: len(chunks)]  # decode: padding rows dropped
         self.counters.seconds += time.perf_counter() - t0
         self.counters.steps += 1
         self.counters.tokens_in += n
@@ -235,7 +242,7 @@ class MoeLM:
                 self.session.close()
             if self.stager is not None:
                 self.stager.invalidate()
-            self.spec = None  # drop the views into the file mapping before closing it
+            self.spec = self._tok_emb = None  # drop the views into the file mapping before closing it
             self.weight_file.close()
 
     def _check_alive(self) -> None:
@@ -263,5 +270,4 @@ def _enable_prefetch(stager: ExpertStager, cfg: MoeConfig, wf: weights_mod.Weigh
         if dev.backend != "cpu":
             raise ModelError(f"moe-lm: expert prefetch needs the expert caches on a CPU device; layer {i}'s are on "
                              f"{dev.name} (background writes would race its queue)")
-    stager.prefetch = int(prefetch)
-    stager.set_routers({n: wf.tensor(n) for n in wf.names() if ".router" in n})
+    stager.set_routers({n: wf.tensor(n) for n in wf.names() if ".router" in n or ".ffn_norm" in n}, prefetch)

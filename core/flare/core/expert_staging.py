@@ -1,0 +1,548 @@
+"""Expert staging: keep only the experts a step selects resident in a bounded cache.
+
+A mixture-of-experts model in offload mode gives each MoE layer a few `cache`
+tensors (gate, up, down) of S expert slots on the device and calls a
+`stage_experts` host node between the router's top-k and the expert matmuls
+(`flare.core.specs.STAGE_EXPERTS`). `ExpertStager` is that callback, shared by
+every model with experts stored as `[E, ...]` tensors (moe-lm's safetensors
+file, a GGUF file's `ffn_*_exps`): it reads the selected ids, copies the
+missing experts from the source (a memory-mapped file or host memory, rows
+exactly as stored, quantized or not) into slots with `ctx.write_rows`, and
+returns the slot of every (token, choice) so `mul_mat_id` indexes the cache.
+
+Rules that keep outputs identical to resident experts:
+- an expert the current step needs is never evicted, and a step needing more
+  experts than there are slots is an `ExpertCacheError` (models check the
+  largest planned step at load time; this checks every step again);
+- one expert occupies at most one slot, so the matmul groups tokens exactly as
+  it does with expert ids.
+Consecutive missing experts bound for consecutive slots are copied with one
+write per tensor, since the source stores experts contiguously.
+
+Eviction: the least *often* used expert that the step does not need, ties by
+least recently used. Trained routers (and moe-lm's skewed synthetic one) have
+popular experts; counting uses keeps them resident where plain LRU lets a burst
+of rare ones (a prefill chunk) push them out. Counts are halved every
+`AGE_EVERY` calls of a layer so a shift in popularity wins in time. On the
+moe-lm `mid` benchmark this copies ~16% fewer experts than LRU (an offline
+replay of its routing: LRU 388, this 323, Belady's optimum 263 misses).
+
+Prefetch (`prefetch=n`, off by default): the router of layer i+1 needs layer
+i's output, which is not known while layer i is staged. So after staging
+layer i, the stager hands layer i's FFN input (the residual stream; the host
+node's third input) to one helper thread, which guesses layer i+1's experts by
+applying layer i+1's own FFN RMS norm and router to it (the stream changes
+little in one layer: the guess is what layer i+1 would pick if layer i's FFN
+and layer i+1's attention added nothing), takes each token's top n, picks
+slots for the missing ones and copies them, one run at a time, while the
+device computes layer i's experts and layer i+1's attention. The staging
+thread only queues the job: guessing and copying are off the critical path.
+Layer 0 has no layer before it: the model queues its job right before the
+execute (`prefetch_layer`) from the step's token embeddings, which is what
+layer 0's FFN sees but for layer 0's attention.
+Layer i+1's staging call settles the job first, then stages as always, so
+outputs never change. Settling cancels a job the helper has not begun, takes
+back the runs it has not started (copying the ones this step needs itself,
+freeing the slots of wrong guesses) and waits only for the run in flight. So
+on a busy machine, where the helper may not get a core in time, prefetch costs
+little more than staging without it; where a core is free, copies of right
+guesses leave the critical path and a wrong guess costs a copy (and possibly
+an eviction). The helper writes the caches from another thread, which only
+host-memory (CPU) caches allow; models refuse prefetch where an expert cache
+lives on another device.
+
+Threads: one stager belongs to one prepared graph. Its calls come from that
+graph's executes, which take turns on the graph's lock, so it takes no lock of
+its own for them. While a job is pending, the helper alone touches the target
+layer's cache records (the staging thread works on the layer before) and the
+job's own counters; the job's condition orders the hand-over; every method
+that reads caches or counters settles the job first (`drain`). `close()` stops
+the helper; the helper thread itself holds only its queue (the stager only
+through a pending job), so a stager dropped without `close()` is collected and
+its finalizer stops the thread.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .errors import InputError, ModelError
+
+AGE_EVERY = 64   # staging calls of a layer between halvings of its use counts
+
+# layer -> the names of its expert cache tensors (the source uses the same names)
+TensorNames = Callable[[int], Sequence[str]]
+# name -> the source tensor [E, ...] (a view of a mapped file, or host memory)
+Source = Callable[[str], np.ndarray]
+# layer -> (router weight [E, D], bias [E] or None, FFN RMS-norm weight [D]), for prefetch guesses
+Router = Callable[[int], "tuple[np.ndarray, np.ndarray | None, np.ndarray]"]
+Run = tuple[int, int, int]   # (first expert, first slot, count)
+
+
+class ExpertCacheError(ModelError):
+    """The expert cache cannot hold the experts one step of one layer needs."""
+
+
+@dataclass
+class StagingStats:
+    """Counters since the last `reset_stats()`. `experts_staged` counts demand misses (including
+    guessed experts the helper had not copied yet); `copies` (merged runs), `writes` (write_rows
+    calls) and `bytes_staged` include the helper's copies."""
+
+    calls: int = 0
+    selected: int = 0
+    hits: int = 0
+    experts_staged: int = 0
+    copies: int = 0
+    writes: int = 0
+    bytes_staged: int = 0
+    evictions: int = 0
+    seconds: float = 0.0                # in staging calls, including their demand copies
+    prefetched: int = 0                 # experts the helper copied ahead of time
+    prefetch_hits: int = 0              # selected experts resident only thanks to the helper
+    prefetch_seconds: float = 0.0       # the helper's guessing and copying (off the critical path)
+    prefetch_wait_seconds: float = 0.0  # staging calls waiting for the helper's run in flight
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.selected if self.selected else 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "hit_rate": self.hit_rate}
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """What one staging call did (kept when tracing): for tests and debugging."""
+
+    layer: int
+    selected: tuple[int, ...]
+    staged: tuple[int, ...]
+    runs: tuple[Run, ...]
+    evicted: tuple[int, ...]
+    prefetched: tuple[int, ...] = ()        # experts of layer+1 the helper guessed (and had slots for)
+
+
+class _LayerCache:
+    """Which expert each slot of one layer holds, with use counts and recency for eviction."""
+
+    def __init__(self, slots: int, n_experts: int):
+        self.expert_in: list[int | None] = [None] * slots
+        self.slot_of: dict[int, int] = {}
+        self.table = np.zeros(n_experts, np.int32)        # expert -> slot (valid where resident)
+        self.uses = [0.0] * n_experts
+        self.lru: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self.unused_prefetch: set[int] = set()
+        self.calls = 0
+
+    def take(self, slot: int) -> int | None:
+        """Empty `slot`; returns the expert it held."""
+        old = self.expert_in[slot]
+        if old is not None:
+            del self.slot_of[old], self.lru[old]
+            self.unused_prefetch.discard(old)
+            self.expert_in[slot] = None
+        return old
+
+    def place(self, runs: list[Run]) -> None:
+        for first, slot, count in runs:
+            for j in range(count):
+                self.expert_in[slot + j] = first + j
+                self.slot_of[first + j] = slot + j
+                self.table[first + j] = slot + j
+                self.lru[first + j] = None
+
+    def use(self, needed: list[int]) -> None:
+        """Count a step's selections (halving all counts every AGE_EVERY calls); most recent last."""
+        self.calls += 1
+        if self.calls % AGE_EVERY == 0:
+            self.uses = [u * 0.5 for u in self.uses]
+        uses, lru = self.uses, self.lru
+        for e in needed:
+            uses[e] += 1.0
+            lru.move_to_end(e)
+
+    def victims(self, count: int, keep: set[int]) -> list[int]:
+        """Up to `count` slots: free ones first, then the least used experts not in `keep`
+        (ties: least recently used first)."""
+        out = [s for s, e in enumerate(self.expert_in) if e is None][:count]
+        if len(out) < count:
+            order = [e for e in self.lru if e not in keep]          # oldest first
+            order.sort(key=self.uses.__getitem__)                   # stable: ties stay oldest first
+            out += [self.slot_of[e] for e in order[: count - len(out)]]
+        return out
+
+
+QUEUED, PLANNING, COPYING, DONE, CANCELLED = range(5)
+
+
+class _PrefetchJob:
+    """One layer's guess-and-copy on the helper thread. `cond` orders the hand-over: the staging
+    thread may cancel it while QUEUED, waits while PLANNING (the helper then edits the layer's
+    cache records), takes back the runs not yet started while COPYING and waits for `busy`."""
+
+    def __init__(self, stager: "ExpertStager", layer: int, hidden: np.ndarray | Callable[[], np.ndarray], writers: Sequence[Callable[[int, np.ndarray], None]]):
+        self.stager = stager                 # the helper reaches the stager only through a pending job
+        self.layer = layer
+        self.hidden = hidden
+        self.writers = writers
+        self.cond = threading.Condition()
+        self.state = QUEUED
+        self.runs: list[Run] = []
+        self.next = 0
+        self.busy = False
+        self.guessed: tuple[int, ...] = ()
+        self.copied: list[Run] = []
+        self.seconds = 0.0
+        self.error: BaseException | None = None
+        self.record: int | None = None      # index of the traced staging call that queued it
+
+
+class ExpertStager:
+    """The `stage_experts` host callback of one prepared MoE model (see the module docstring).
+
+    label: the model's name for messages; tensors(layer): its cache tensor names, which are
+    also the source's names; source(name): [E, ...] experts as stored; scratch_row: the KV row
+    of padding tokens (they stage nothing); router(layer): for prefetch guesses."""
+
+    def __init__(self, *, label: str, n_layers: int, n_experts: int, slots: int, scratch_row: int,
+                 tensors: TensorNames, source: Source, trace: bool = False, prefetch: int = 0,
+                 router: Router | None = None):
+        self.label = label
+        self.n_layers = int(n_layers)
+        self.n_experts = int(n_experts)
+        self.slots = int(slots)
+        self.scratch_row = int(scratch_row)
+        self._names = [tuple(tensors(i)) for i in range(self.n_layers)]
+        # plain ndarray views (np.asarray drops numpy.memmap's subclass: slicing one costs ~1 us more)
+        self._sources = [tuple(np.asarray(source(n)) for n in names) for names in self._names]
+        self._expert_bytes = [sum(int(src[0].nbytes) for src in srcs) for srcs in self._sources]
+        self.trace = trace
+        self.records: list[StageRecord] = []
+        self.stats = StagingStats()
+        self._layers = self._empty_layers()
+        self.prefetch = 0
+        self._routers: list[tuple[np.ndarray, np.ndarray | None]] = []
+        self._jobs: queue.SimpleQueue | None = None
+        self._helper: threading.Thread | None = None
+        self._stop_helper: weakref.finalize | None = None
+        self._job: _PrefetchJob | None = None
+        self._writer_ctx: Any = None
+        self._writers: list[tuple[Callable[[int, np.ndarray], None], ...]] = []
+        # False: settling waits for the whole job instead of taking unstarted copies back (the
+        # counters then do not depend on thread timing: tests use it to check the guesses)
+        self.take_back = True
+        if prefetch:
+            self.enable_prefetch(prefetch, router)
+
+    def _empty_layers(self) -> list[_LayerCache]:
+        return [_LayerCache(self.slots, self.n_experts) for _ in range(self.n_layers)]
+
+    def enable_prefetch(self, prefetch: int, router: Router | None) -> None:
+        """Guess `prefetch` experts per token of the next layer with `router` (see the module docstring)."""
+        if router is None:
+            raise ModelError(f"{self.label}: expert prefetch needs the router weights")
+        routers = []
+        for i in range(self.n_layers):
+            weight, bias, norm = router(i)
+            folded = np.asarray(weight, np.float32) * np.asarray(norm, np.float32)[None, :]  # router(norm_w * x)
+            routers.append((np.ascontiguousarray(folded.T), None if bias is None else np.asarray(bias, np.float32)))
+        self._routers = routers
+        self.prefetch = int(prefetch)
+
+    # -- lifecycle ----------------------------------------------------------------
+    def invalidate(self) -> None:
+        """Forget what the caches hold (a new prepared graph starts empty)."""
+        self.drain()
+        self._layers = self._empty_layers()
+        self._writer_ctx, self._writers = None, []
+
+    def drain(self) -> None:
+        """Settle a pending prefetch (before anything else reads the caches or counters): cancel
+        it if not begun, drop the copies it has not started, wait for the one in flight."""
+        if self._job is not None:
+            self._settle(())
+
+    def close(self) -> None:
+        """Drain and stop the helper thread (idempotent); call before the caches are released."""
+        self.drain()
+        helper, self._helper = self._helper, None
+        if helper is not None:
+            assert self._stop_helper is not None
+            self._stop_helper()               # queues the helper's stop (once)
+            helper.join()
+        self._jobs = self._stop_helper = None
+
+    def reset_stats(self) -> None:
+        self.drain()
+        self.stats = StagingStats()
+        self.records = []
+
+    def resident(self, layer: int) -> dict[int, int]:
+        """expert -> slot of a layer's cache right now (after settling a pending prefetch, so every
+        slot listed holds its expert's bytes)."""
+        self.drain()
+        return dict(self._layers[layer].slot_of)
+
+    # -- the host callback --------------------------------------------------------
+    def __call__(self, node: Any, ids: np.ndarray, rows: np.ndarray | None = None, hidden: np.ndarray | None = None,
+                 *, ctx: Any) -> np.ndarray:
+        layer = int(node.params["args"]["layer"])
+        ids = np.asarray(ids)
+        valid = None
+        # padding rows stage nothing; a decode step has none (a list test, no NumPy temporaries)
+        if rows is not None and self.scratch_row in np.asarray(rows).ravel().tolist():
+            valid = np.asarray(rows).reshape(-1) != self.scratch_row
+        out = self.stage(layer, ids, valid, ctx)
+        if self.prefetch and hidden is not None and layer + 1 < self.n_layers:
+            h = np.asarray(hidden)
+            self._start_prefetch(layer + 1, h if valid is None else h[valid], ctx, queued_by_stage=True)
+        return out
+
+    def stage(self, layer: int, ids: np.ndarray, valid: np.ndarray | None, ctx: Any) -> np.ndarray:
+        """Make the experts in `ids` (rows of tokens where `valid`) resident; return their slots."""
+        t0 = time.perf_counter()
+        chosen = ids if valid is None else ids[valid]
+        needed = sorted(set(chosen.ravel().tolist()))
+        taken_back = 0
+        if self._job is not None:
+            taken_back = self._settle(needed if self._job.layer == layer else (), ctx)
+        if len(needed) > self.slots:
+            raise ExpertCacheError(
+                f"{self.label}: layer {layer}: a step selects {len(needed)} distinct experts for "
+                f"{chosen.shape[0]} token(s), but the expert cache has {self.slots} slot(s) per layer")
+        if needed and (needed[0] < 0 or needed[-1] >= self.n_experts):
+            raise ExpertCacheError(f"{self.label}: layer {layer}: expert id out of range 0..{self.n_experts - 1}")
+        cache = self._layers[layer]
+        slot_of = cache.slot_of
+        missing = [e for e in needed if e not in slot_of]
+        prefetch_hits = 0
+        if cache.unused_prefetch:
+            prefetch_hits = len(cache.unused_prefetch.intersection(needed))
+            cache.unused_prefetch.difference_update(needed)
+        evicted: list[int] = []
+        runs: list[Run] = []
+        if missing:
+            victims = cache.victims(len(missing), set(needed))
+            if len(victims) < len(missing):  # guarded by the slot check above; kept as a last line
+                raise ExpertCacheError(f"{self.label}: layer {layer}: no slot to evict ({self.slots} slots)")
+            evicted = [old for old in (cache.take(slot) for slot in victims) if old is not None]
+            runs = _runs(missing, sorted(victims))
+            cache.place(runs)
+            self._copy(layer, runs, ctx)
+        cache.use(needed)
+        out = cache.table[ids]
+        st = self.stats
+        st.calls += 1
+        st.selected += len(needed)
+        st.hits += len(needed) - len(missing) - taken_back
+        st.experts_staged += len(missing) + taken_back
+        st.evictions += len(evicted)
+        st.prefetch_hits += prefetch_hits
+        st.seconds += time.perf_counter() - t0
+        if self.trace:
+            self.records.append(StageRecord(layer, tuple(needed), tuple(missing), tuple(runs), tuple(evicted)))
+        return out
+
+    def _copy(self, layer: int, runs: list[Run], ctx: Any) -> None:
+        """Copy `runs` of `layer` from the source into the caches (staging thread, inside the
+        execute: the graph's lock is held, so its lock-free row writers are safe here too)."""
+        writers = self._layer_writers(layer, ctx)
+        for first, slot, count in runs:
+            for write, src in zip(writers, self._sources[layer]):
+                write(slot, src[first: first + count])
+            self.stats.bytes_staged += self._expert_bytes[layer] * count
+        self.stats.copies += len(runs)
+        self.stats.writes += len(runs) * len(self._names[layer])
+
+    # -- prefetch -------------------------------------------------------------------
+    def prefetch_layer(self, layer: int, hidden: np.ndarray | Callable[[], np.ndarray], ctx: Any) -> None:
+        """Start guessing and copying `layer`'s experts now from `hidden`, an estimate of the
+        residual stream entering it ([T, D], padding rows left out; or a function the helper
+        calls for it, so work such as dequantizing embedding rows leaves the caller's thread):
+        a model calls it right before an execute, holding the graph (`PreparedGraph.hold()`),
+        with the step's token embeddings, so layer 0, for which no earlier layer can guess, gets
+        its copies started while the inputs are written and layer 0's attention runs. `ctx` is
+        the prepared graph. No-op without prefetch."""
+        if not self.prefetch or not 0 <= layer < self.n_layers:
+            return
+        self.drain()
+        self._start_prefetch(layer, hidden, ctx)
+
+    def _layer_writers(self, layer: int, ctx: Any) -> tuple[Callable[[int, np.ndarray], None], ...]:
+        """How `layer`'s caches are written: the graph's lock-free `row_writer` where the cache is
+        in host memory (the helper's copies may outlive the execute that queued them; demand
+        copies skip write_rows' guard), else `ctx.write_rows` (caches on another device, whose
+        writes prefetch never makes; tests and the reference ctx, which have no row_writer)."""
+        if ctx is not self._writer_ctx:
+            self._writer_ctx, self._writers = ctx, []
+        while len(self._writers) <= layer:
+            i = len(self._writers)
+            make = getattr(ctx, "row_writer", None)
+            try:
+                if make is None:
+                    raise InputError("no row_writer")
+                writers = tuple(make(name) for name in self._names[i])
+            except InputError:                # not in host memory: the guarded write
+                writers = tuple((lambda n: lambda row, a: ctx.write_rows(n, row, a))(name)
+                                for name in self._names[i])
+            self._writers.append(writers)
+        return self._writers[layer]
+
+    def _start_prefetch(self, layer: int, hidden: np.ndarray | Callable[[], np.ndarray], ctx: Any,
+                        queued_by_stage: bool = False) -> None:
+        """Queue the guess-and-copy of `layer` for the helper thread (started on first use)."""
+        if self._helper is None:
+            # the thread holds only the queue, so a stager dropped without close() is collected,
+            # and its finalizer stops the thread
+            self._jobs = jobs = queue.SimpleQueue()
+            self._helper = threading.Thread(target=_helper_loop, args=(jobs,),
+                                            name=f"{self.label}-expert-prefetch", daemon=True)
+            self._helper.start()
+            self._stop_helper = weakref.finalize(self, jobs.put, None)
+        job = _PrefetchJob(self, layer, hidden, self._layer_writers(layer, ctx))
+        if queued_by_stage and self.trace and self.records:
+            job.record = len(self.records) - 1
+        self._job = job
+        assert self._jobs is not None
+        self._jobs.put(job)
+
+    def _run_job(self, job: _PrefetchJob) -> None:
+        """The helper thread: guess, pick slots, then copy run by run until the job is taken back."""
+        with job.cond:
+            if job.state == CANCELLED:
+                return
+            job.state = PLANNING
+        t0 = time.perf_counter()
+        try:
+            hidden = job.hidden() if callable(job.hidden) else job.hidden
+            job.guessed, job.runs = self._plan(job.layer, np.asarray(hidden)) if np.size(hidden) else ((), [])
+        except BaseException as exc:          # handed to the staging thread by _settle
+            job.error = exc
+        with job.cond:
+            job.state = COPYING
+            job.cond.notify_all()
+        sources = self._sources[job.layer]
+        while job.error is None:
+            with job.cond:
+                if job.next >= len(job.runs):
+                    break
+                run = job.runs[job.next]
+                job.next += 1
+                job.busy = True
+            try:
+                first, slot, count = run
+                for write, src in zip(job.writers, sources):
+                    write(slot, src[first: first + count])
+                job.copied.append(run)
+            except BaseException as exc:
+                job.error = exc
+            finally:
+                with job.cond:
+                    job.busy = False
+                    job.cond.notify_all()
+        job.seconds = time.perf_counter() - t0
+        with job.cond:
+            job.state = DONE
+            job.stager = None                  # type: ignore[assignment]  # no reference once done
+            job.cond.notify_all()
+
+    def _plan(self, layer: int, hidden: np.ndarray) -> tuple[tuple[int, ...], list[Run]]:
+        """Guess `layer`'s experts from the residual stream and give them slots (helper thread)."""
+        weight_t, bias = self._routers[layer]
+        x = hidden.reshape(-1, weight_t.shape[0]).astype(np.float32, copy=False)
+        x = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-6)       # the RMS norm, its weight folded in
+        logits = x @ weight_t
+        if bias is not None:
+            logits += bias
+        n = min(self.prefetch, self.n_experts)
+        top = np.argpartition(-logits, n - 1, axis=-1)[:, :n] if n < self.n_experts else np.argsort(-logits, -1)
+        guess = sorted(set(top.ravel().tolist()))
+        cache = self._layers[layer]
+        missing = [e for e in guess if e not in cache.slot_of][: self.slots]
+        victims = cache.victims(len(missing), set(guess)) if missing else []
+        missing = missing[: len(victims)]
+        if not missing:
+            return (), []
+        for slot in victims:
+            cache.take(slot)
+        runs = _runs(missing, sorted(victims))
+        cache.place(runs)
+        cache.unused_prefetch.update(missing)
+        return tuple(missing), runs
+
+    def _settle(self, needed: Sequence[int], ctx: Any = None) -> int:
+        """End the pending job (staging thread): cancel it if not begun, else wait for its plan,
+        take back its unstarted runs and wait for the run in flight; copy the taken-back experts
+        in `needed` here (with `ctx`), free the slots of the others; count what the helper did.
+        Returns how many experts it copied here."""
+        job, self._job = self._job, None
+        assert job is not None
+        with job.cond:
+            if job.state == QUEUED and self.take_back:
+                job.state = CANCELLED
+                return 0
+            t0 = time.perf_counter()
+            if not self.take_back:
+                job.cond.wait_for(lambda: job.state == DONE)
+            job.cond.wait_for(lambda: job.state != PLANNING)
+            rest, job.next = job.runs[job.next:], len(job.runs)
+            job.cond.wait_for(lambda: not job.busy)
+            self.stats.prefetch_wait_seconds += time.perf_counter() - t0
+        if job.error is not None:             # the layer's records may be half-updated: forget them all
+            self._layers[job.layer] = _LayerCache(self.slots, self.n_experts)
+            raise job.error
+        if job.record is not None and job.guessed and job.record < len(self.records):
+            last = self.records[job.record]
+            self.records[job.record] = StageRecord(last.layer, last.selected, last.staged, last.runs, last.evicted,
+                                                   job.guessed)
+        cache = self._layers[job.layer]
+        copied = job.copied
+        st = self.stats
+        st.prefetched += sum(n for _, _, n in copied)
+        st.copies += len(copied)
+        st.writes += len(copied) * len(self._names[job.layer])
+        st.bytes_staged += self._expert_bytes[job.layer] * sum(n for _, _, n in copied)
+        st.prefetch_seconds += job.seconds
+        want = set(needed)
+        mine: list[int] = []
+        for first, slot, count in rest:
+            for j in range(count):
+                if first + j in want:
+                    mine.append(first + j)
+                else:
+                    cache.take(slot + j)      # a wrong guess nobody copied: the slot is free again
+        if mine:                              # needed now: copied here, as a demand copy would be
+            self._copy(job.layer, _runs(mine, sorted(cache.slot_of[e] for e in mine)), ctx)
+            cache.unused_prefetch.difference_update(mine)
+        return len(mine)
+
+
+def _helper_loop(jobs: queue.SimpleQueue) -> None:
+    """The helper thread: run queued jobs until a None (close(), or the stager's finalizer)."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        stager = job.stager
+        if stager is not None:
+            stager._run_job(job)
+        job = stager = None                    # hold nothing while waiting
+
+
+def _runs(experts: list[int], slots: list[int]) -> list[Run]:
+    """Pair sorted experts with sorted slots; merge where both are consecutive."""
+    runs: list[Run] = []
+    for e, s in zip(sorted(experts), slots):
+        if runs and e == runs[-1][0] + runs[-1][2] and s == runs[-1][1] + runs[-1][2]:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((e, s, 1))
+    return runs
