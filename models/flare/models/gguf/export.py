@@ -34,7 +34,10 @@ class GgufAdapter(ExportAdapter):
         target = target or path
         if target is None:
             raise ModelError("gguf export: give the file with --option path=FILE.gguf")
-        self.target = str(target)
+        from .weights import NAMED
+
+        # a file by its absolute path: `flare serve NAME.core` reads the tokenizer from it, from any directory
+        self.target = str(target) if str(target) in NAMED else str(Path(target).resolve())
         self.model = GGUFModel.open(self.target, max_seqs=int(max_seqs), max_ctx=int(max_ctx),
                                     prefill_chunk=int(prefill_chunk))
         self.cfg = self.model.cfg
