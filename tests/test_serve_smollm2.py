@@ -9,9 +9,11 @@
 - 8 concurrent streaming chat clients each get their sequential answer; the ledger is back at its
   start after SIGTERM.
 A handful of tokens per answer: about 100 s on 2 shared cores (one export, one `flare run`, two
-server). Prompts are ones whose greedy answers have no near-tie in the first tokens: programs of
-different step sizes (prefill chunk, decode, verify) round differently (~1e-6), which can flip a
-tie (see plugins/flare/plugins/serve/README.md, "Sampling").
+servers). Prompts are ones whose greedy answers have no near-tie in the first tokens: programs of
+different step sizes (prefill chunk, decode, verify) round differently (~1e-6), and the CPU's int8
+activations amplify that to ~0.5 in the logits, which can flip a tie (see
+plugins/flare/plugins/serve/README.md, "Quantized models and identical tokens"); the concurrent test
+serves with float activations for that reason.
 """
 from __future__ import annotations
 
