@@ -222,18 +222,19 @@ def serve(core: Any, args: argparse.Namespace, comm: Any) -> int:
         config = uvicorn.Config(server.api.app(), log_level=args.log_level, lifespan="on",
                                 http=timed_h11(args.read_timeout),
                                 timeout_graceful_shutdown=args.graceful_seconds + 5.0)
-        print(f"flare serve: {server.api.model} on http://{host}:{port}/v1 ({server.describe()}); ready, "
-              f"chat page at http://{host}:{port}/", file=sys.stderr, flush=True)
-        # uvicorn re-raises the signal that stopped it once it has shut down; with these handlers in
-        # place that re-raise lands here instead of killing the process before the release below
-        stopped_by: list[int] = []
-        old = {sig: signal.signal(sig, lambda signum, _f: stopped_by.append(signum))
-               for sig in (signal.SIGTERM, signal.SIGINT)}
         import threading
 
         drain = threading.Timer(args.graceful_seconds, server.loop.drain)
         drain.daemon = True
         userver = GracefulServer(config, on_exit=drain.start)
+        # Until uvicorn installs its own handlers, a SIGTERM/SIGINT (a client may send one as soon as the
+        # ready line appears) asks the server to stop before it serves; uvicorn re-raises the signal that
+        # stopped it once it has shut down, and with these handlers in place that re-raise lands here
+        # instead of killing the process before the release below.
+        old = {sig: signal.signal(sig, lambda signum, _f: userver.handle_exit(signum, None))
+               for sig in (signal.SIGTERM, signal.SIGINT)}
+        print(f"flare serve: {server.api.model} on http://{host}:{port}/v1 ({server.describe()}); ready, "
+              f"chat page at http://{host}:{port}/", file=sys.stderr, flush=True)
         if comm is not None:     # under mpirun the spawning process forwards SIGTERM/SIGINT as SIGUSR1
             old[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda _s, _f: userver.handle_exit(signal.SIGTERM, None))
         try:
