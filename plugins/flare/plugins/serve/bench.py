@@ -53,7 +53,7 @@ def prompt_set(kind: str, clients: int, new_tokens: int, index: int) -> list[Ite
         return [(REPEAT, new_tokens, None)] * clients
     if kind == "no-copy":
         return [(NO_COPY[i % len(NO_COPY)], new_tokens, None) for i in range(clients)]
-    if kind == "unique":
+    if kind == "unique":    # the runner puts its call count first: a new prefix at every call
         return [(f"Question {index}.{i}: " + NO_COPY[i % len(NO_COPY)], new_tokens,
                  f"Session {index}.{i}. You are a helpful assistant.") for i in range(clients)]
     return burst(clients, new_tokens)
@@ -90,6 +90,8 @@ class HttpRunner:
         self.server = ServerProcess(path, *argv)
         self.stream = o["stream"]
         self.chat = o["api"] == "chat"
+        self.unique = o["prompts"] == "unique"
+        self.calls = 0      # `unique`: each call's system messages name it, so warm-up and repeats never hit
         self.description = (f"flare serve {path.name} ({' '.join(argv[4:])}), {o['clients']} concurrent "
                             f"{'streaming ' if self.stream else ''}clients")
 
@@ -104,10 +106,14 @@ class HttpRunner:
                 return complete(c, self.server.url, prompt, n, stream=self.stream, chat=self.chat, system=system,
                                 temperature=0)
 
+        payload = list(request.payload)
+        if self.unique:    # the same sequence of calls in every run of every configuration: comparable outputs
+            payload = [(p, n, f"Call {self.calls}. {system}") for p, n, system in payload]
+        self.calls += 1
         before = httpx.get(f"{self.server.url}/metrics").text
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(len(request.payload)) as pool:
-            answers = list(pool.map(one, request.payload))
+        with ThreadPoolExecutor(len(payload)) as pool:
+            answers = list(pool.map(one, payload))
         seconds = time.perf_counter() - t0
         after = httpx.get(f"{self.server.url}/metrics").text
         ids = [t for a in answers for t in a.token_ids]
