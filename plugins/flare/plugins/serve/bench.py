@@ -3,15 +3,15 @@
 A configuration is a server (core: moe-lm or SmolLM2, mixed prefill, prefix
 cache, speculative K, draft) and what clients ask (`api` completions or chat,
 `prompts`: a burst, a prompt whose answer repeats it, prompts with nothing to
-copy, or prompts sharing no prefix); it is started once per run (outside the timings) on a free loopback port
-and stopped with SIGTERM at the end. One benchmark request is a whole burst:
-`clients` concurrent greedy completions (streaming or not) of different
-prompts, a third of them sharing a prefix; its time is the burst's wall
-time, its speed generated tokens per second, and each burst also reports the
-clients' mean time to first token, the prompt tokens served from the
-prefix cache and the speculative acceptance (accepted / proposed draft tokens). The output compared is every generated token id: greedy
-answers must be identical across mixed prefill, prefix cache and speculative
-decoding on or off.
+copy, or prompts sharing no prefix); the server is started once per run
+(outside the timings) on a free loopback port and stopped with SIGTERM at the
+end. One benchmark request is a whole burst: `clients` concurrent greedy
+requests (streaming or not); its time is the burst's wall time, its speed
+generated tokens per second, and each burst also reports the clients' mean
+time to first token, the prompt tokens served from the prefix cache and the
+speculative acceptance (accepted / proposed draft tokens, from /metrics). The
+output compared is every generated token id: greedy answers must be identical
+across mixed prefill, prefix cache and speculative decoding on or off.
 """
 from __future__ import annotations
 
