@@ -14,7 +14,8 @@ start. Reports requests, tokens/s, time to first token (p50/p95) and the
 server's /metrics prefix-cache and step counts at the end.
 
     OPENBLAS_NUM_THREADS=1 python bench/serve_load.py [--clients 64] [--seconds 60] [--chat] [--replay 64]
-                                                      [-- extra flare serve options]
+                                                      [--model smollm2 [--max-seqs 2]] [-- extra flare serve options]
+    OPENBLAS_NUM_THREADS=1 python bench/serve_load.py --model smollm2 --chat --clients 32 --seconds 60  # the issue's figure
 """
 from __future__ import annotations
 
@@ -121,6 +122,13 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--chat", action="store_true", help="clients use /v1/chat/completions")
     ap.add_argument("--replay", type=int, default=64, help="answers asked again alone and compared (0: none)")
+    ap.add_argument("--model", choices=("moe-lm", "smollm2"), default="moe-lm",
+                    help="smollm2: SmolLM2 exported once (512-token context, --max-seqs sequences); use with --chat")
+    ap.add_argument("--max-seqs", type=int, default=2, help="smollm2: sequences the exported core runs at once")
+    ap.add_argument("--activations", choices=("float", "int8"), default=None,
+                    help="smollm2: FLARE_CPU_QUANT_ACTIVATIONS of the server (default float: the CPU's int8 "
+                         "activations turn the rounding differences between step sizes into different tokens, "
+                         "so answers under load would not all equal their sequential runs; int8 is faster)")
     ap.add_argument("serve_options", nargs="*", help="extra `flare serve` options (after --)")
     args = ap.parse_args()
     import httpx
@@ -129,10 +137,20 @@ def main() -> int:
     from flare.plugins.export import export_core
     from flare.plugins.serve.process import ServerProcess, ledger_after_stop
 
-    core = Path(args.workdir) / "tiny-ctx512-self-draft.core"
-    if not core.exists():
-        export_core("moe-lm", core, options={"size": "tiny", "max_ctx": 512}, progress=False)
-    server = ServerProcess(core, "--host", "127.0.0.1", "--max-queue", str(4 * args.clients), *args.serve_options)
+    if args.model == "smollm2":
+        core = Path(args.workdir) / f"smollm2-ctx512-seqs{args.max_seqs}.core"
+        if not core.exists():
+            export_core("smollm2", core, options={"max_ctx": 512, "max_seqs": args.max_seqs}, progress=False)
+    else:
+        core = Path(args.workdir) / "tiny-ctx512-self-draft.core"
+        if not core.exists():
+            export_core("moe-lm", core, options={"size": "tiny", "max_ctx": 512}, progress=False)
+    env = None
+    if args.model == "smollm2":
+        args.activations = args.activations or "float"
+        env = {"FLARE_CPU_QUANT_ACTIVATIONS": args.activations}
+    server = ServerProcess(core, "--host", "127.0.0.1", "--max-queue", str(4 * args.clients), *args.serve_options,
+                           env=env)
     try:
         stats = asyncio.run(drive(server.url, args.clients, args.seconds, args.chat))
         metrics = httpx.get(f"{server.url}/metrics").text
@@ -144,7 +162,7 @@ def main() -> int:
     pick = {k: float(m.group(1)) for k in ("flare_prefix_cache_reused_tokens", "flare_prefix_cache_evictions",
                                              "flare_requests_total{outcome=\"cancelled\"}")
             if (m := re.search(rf"^{re.escape(k)} ([0-9.e+-]+)$", metrics, re.M))}
-    out = {"clients": args.clients, "chat": args.chat, "identical_to_sequential": sequential,
+    out = {"model": args.model, "activations": args.activations, "clients": args.clients, "chat": args.chat, "identical_to_sequential": sequential,
            "seconds": stats["seconds"], "requests": stats["requests"],
            "tokens": stats["tokens"], "tokens_per_s": stats["tokens"] / stats["seconds"],
            "ttft_ms": {"p50": float(np.percentile(ttft, 50) * 1000) if ttft.size else None,

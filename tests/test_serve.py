@@ -345,6 +345,36 @@ def test_ngram_proposals() -> None:
     assert ngram_proposals([3, 1, 3, 2, 3], 2) == [2, 3]                # the latest earlier occurrence
 
 
+def test_prompt_lookup_backs_off_and_fills_verify_buckets() -> None:
+    """A sequence whose proposals miss stops proposing for 1, 2, 4 ... 16 rounds (text with nothing to copy
+    pays a verify step only now and then); a hit resets it. Drafts are trimmed so a verify step is
+    exactly a bucket's size (a padded row costs as much as a real one)."""
+    from types import SimpleNamespace
+
+    from flare.plugins.export.serving.engine import Bucket
+    from flare.plugins.serve.speculative import BACKOFF_MAX, Speculator
+
+    engine = SimpleNamespace(serving=SimpleNamespace(max_ctx=512),
+                             buckets={"verify": [Bucket(f"v{t}", "verify", t, 2) for t in (2, 4, 8, 10)]})
+    spec = Speculator(engine, 4)
+    s = SimpleNamespace(prompt=(5, 6, 7, 5, 6), tokens=[7], draft_wait=0, draft_backoff=0)
+    waits = []
+    for _ in range(7):
+        spec._back_off(s, hit=False)
+        waits.append(s.draft_wait)
+    assert waits == [1, 2, 4, 8, 16, 16, 16] and BACKOFF_MAX == 16
+    assert spec._propose_ngram([s], [4]) == [[]] and s.draft_wait == 15       # waiting: no lookup
+    s.draft_wait = 0
+    assert spec._propose_ngram([s], [4]) == [[5, 6, 7]]
+    spec._back_off(s, hit=True)
+    assert (s.draft_wait, s.draft_backoff) == (0, 0)
+    assert spec._fit_bucket([[1, 2, 3, 4]]) == [[1, 2, 3]]                   # 5 tokens -> the 4-token bucket
+    assert spec._fit_bucket([[1, 2, 3], [4, 5, 6, 7]]) == [[1, 2, 3], [4, 5, 6]]   # 9 -> 8, the longest trimmed
+    assert spec._fit_bucket([[1, 2, 3], [4, 5, 6, 7, 8]]) == [[1, 2, 3], [4, 5, 6, 7, 8]]   # 10: a bucket
+    assert spec._fit_bucket([[1, 2, 3], [4, 5]]) == [[1], [4]]               # 7 -> 4: both sequences keep one
+    assert spec._fit_bucket([[1]]) == [[1]]                                  # 2 tokens: a bucket already
+
+
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1e-308, seed=1), SamplingParams(temperature=5e-324),
                                     SamplingParams(temperature=1.0, top_p=0.0, seed=2),
                                     SamplingParams(temperature=2.0, top_k=1, seed=3), SamplingParams(temperature=0.0)])

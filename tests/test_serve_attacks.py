@@ -257,7 +257,7 @@ def test_serve_a_model_by_name_exports_it_once(tmp_path, monkeypatch, capsys) ->
     core = resolve_core("moe-lm")
     assert core == tmp_path / "serve" / "cores" / "moe-lm.core" and "exporting moe-lm once" in capsys.readouterr().err
     assert resolve_core("moe-lm") == core and "exporting" not in capsys.readouterr().err     # reused
-    with pytest.raises(InputError, match="not a core directory, nor an exportable model"):
+    with pytest.raises(InputError, match="not a core directory, a .gguf file, nor an exportable model"):
         resolve_core("no-such-model")
     s = ServerProcess("moe-lm", env={"FLARE_CACHE_DIR": str(tmp_path)})
     try:

@@ -35,6 +35,14 @@ from flare.plugins.serve.process import ServerProcess  # noqa: E402
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    """moe-lm tiny (quick); FLARE_BROWSER_MODEL=smollm2 serves SmolLM2 instead (the docs' screenshot:
+    `FLARE_BROWSER_MODEL=smollm2 FLARE_SCREENSHOT=docs/images/chat-page.png pytest tests/test_serve_browser.py`)."""
+    model = os.environ.get("FLARE_BROWSER_MODEL")
+    if model:
+        s = ServerProcess(model, timeout=600)
+        yield s
+        s.stop()
+        return
     core = export_core("moe-lm", tmp_path_factory.mktemp("browser") / "tiny.core", progress=False)
     s = ServerProcess(str(core))
     yield s
@@ -69,16 +77,17 @@ def test_type_a_message_and_see_a_streamed_answer(server, browser) -> None:
     browser.get(server.url + "/")
     assert "Flare chat" in browser.title
     box = browser.find_element(By.ID, "input")
-    box.send_keys("Hello, who are you?")
+    box.send_keys(os.environ.get("FLARE_BROWSER_MESSAGE", "Hello, who are you?"))
     box.send_keys(Keys.ENTER)
-    WebDriverWait(browser, 60).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-state") == "done")
+    WebDriverWait(browser, 300).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-state") == "done")
     answer = browser.find_element(By.CSS_SELECTOR, ".assistant")
     stats = browser.find_element(By.CSS_SELECTOR, ".stats").text
     assert "error" not in answer.get_attribute("class"), answer.text
     assert "tokens/s" in stats and "tokens" in stats, stats
     events = int(browser.find_element(By.CSS_SELECTOR, ".stats").get_attribute("data-events"))
     assert events >= 3 and answer.text, (events, answer.text)   # role, tokens..., finish: a stream rendered
-    assert browser.find_element(By.CSS_SELECTOR, ".user").text == "Hello, who are you?"
+    assert browser.find_element(By.CSS_SELECTOR, ".user").text == os.environ.get("FLARE_BROWSER_MESSAGE",
+                                                                                 "Hello, who are you?")
     shot = os.environ.get("FLARE_SCREENSHOT")
     if shot:
         Path(shot).parent.mkdir(parents=True, exist_ok=True)

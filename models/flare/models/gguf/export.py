@@ -25,7 +25,7 @@ KNOWN = ("target", "path", "max_ctx", "max_seqs", "prefill_chunk")
 class GgufAdapter(ExportAdapter):
     name = "gguf"
 
-    def __init__(self, target: str | None = None, path: str | None = None, max_ctx: int = 512, max_seqs: int = 2,
+    def __init__(self, target: str | None = None, path: str | None = None, max_ctx: int | None = None, max_seqs: int = 2,
                  prefill_chunk: int = 32, **unknown: Any):
         from .weights import GGUFModel
 
@@ -34,7 +34,12 @@ class GgufAdapter(ExportAdapter):
         target = target or path
         if target is None:
             raise ModelError("gguf export: give the file with --option path=FILE.gguf")
-        self.target = str(target)
+        from .weights import NAMED
+
+        # a file by its absolute path: `flare serve NAME.core` reads the tokenizer from it, from any directory
+        self.target = str(target) if str(target) in NAMED else str(Path(target).resolve())
+        if max_ctx is None:     # 512 positions, or the file's whole context when it is shorter
+            max_ctx = min(512, GGUFModel.open(self.target, max_ctx=2, prefill_chunk=1).cfg.context_length)
         self.model = GGUFModel.open(self.target, max_seqs=int(max_seqs), max_ctx=int(max_ctx),
                                     prefill_chunk=int(prefill_chunk))
         self.cfg = self.model.cfg

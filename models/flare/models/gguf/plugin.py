@@ -107,4 +107,26 @@ def flare_export_adapters() -> list:
     def smollm2(**options: Any) -> GgufAdapter:
         return GgufAdapter(target="smollm2", **options)
 
-    return [AdapterSpec("gguf", GgufAdapter), AdapterSpec("smollm2", smollm2)]
+    return [AdapterSpec("gguf", GgufAdapter, serving_tokenizer), AdapterSpec("smollm2", smollm2, serving_tokenizer)]
+
+
+def serving_tokenizer(core_dir: Any, manifest: Any):
+    """`flare serve NAME.core` of an exported GGUF model: the tokenizer and chat template of the file the
+    core was exported from (its `target` in the manifest: `smollm2` or the file's absolute path), checked
+    against the core's vocabulary. ModelError when the file is gone or is not the exported one."""
+    from flare.core.errors import ModelError
+
+    from .tokenizer import ServingTokenizer
+    from .weights import GGUFModel, open_gguf, resolve
+
+    target = manifest.config.get("target")
+    if target is None:
+        raise ModelError(f"{core_dir}: the manifest names no GGUF file (config.target) to read its tokenizer from")
+    f = open_gguf(resolve(target))
+    tok = GGUFModel.open(target, max_seqs=1, max_ctx=2, prefill_chunk=1).tokenizer()
+    vocab = manifest.config.get("vocab")
+    if vocab is not None and tok.vocab_size != vocab:
+        raise ModelError(f"{core_dir}: exported with a vocabulary of {vocab} tokens, but {target} now has "
+                         f"{tok.vocab_size}: not the file this core was exported from")
+    eot = f.metadata("tokenizer.ggml.eot_token_id", None)
+    return ServingTokenizer(tok, eot)

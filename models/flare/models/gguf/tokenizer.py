@@ -122,3 +122,77 @@ class GGUFTokenizer:
 # llama.cpp's LLAMA_VOCAB_PRE_TYPE_LLAMA3 expression
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: the printable character standing for each byte -> the byte
+    (the table `tokenizers`' ByteLevel decoder uses; written out because it exposes no lookup)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + n)] = b
+            n += 1
+    return chars
+
+
+class _BytesDecoder:
+    """Incremental ids -> text for one answer: each token's bytes through one UTF-8 decoder, so a
+    character split over tokens comes out whole; special tokens have no text (as `decode`)."""
+
+    def __init__(self, pieces: Sequence[bytes]):
+        import codecs
+
+        self._pieces = pieces
+        self._dec = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def push(self, token: int) -> str:
+        return self._dec.decode(self._pieces[token]) if 0 <= token < len(self._pieces) else ""
+
+    def flush(self) -> str:
+        return self._dec.decode(b"", final=True)
+
+
+class ServingTokenizer:
+    """A GGUF file's tokenizer in the shape `flare serve` asks for
+    (`flare.plugins.export.serving.tokenizer.Tokenizer`): completion prompts encoded as `flare run
+    --no-chat` does, chat prompts as `flare run` does (`chat_ids`: the file's template, specials parsed),
+    and the answer decoded token by token. Immutable after construction: shared by every request
+    thread."""
+
+    END_OF_TURN_NAMES = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+
+    def __init__(self, tok: GGUFTokenizer, eot: int | None = None):
+        self._tok = tok
+        self.bos = tok.bos
+        self.eos = tok.eos
+        self.vocab_size = tok.vocab_size
+        self.chat_template = tok.chat_template
+        index = {t: i for i, t in enumerate(tok.tokens) if i in tok.special_ids}
+        ends = {tok.eos, *(index[n] for n in self.END_OF_TURN_NAMES if n in index)}
+        if eot is not None:
+            ends.add(int(eot))
+        self.end_of_turn = frozenset(ends)
+        table = _byte_decoder()
+        self._pieces = tuple(b"" if i in tok.special_ids else bytes(table.get(c, 0x3F) for c in t)
+                             for i, t in enumerate(tok.tokens))
+
+    def encode(self, text: str) -> list[int]:
+        text.encode("utf-8")                 # UnicodeEncodeError for a lone surrogate, as the byte tokenizer
+        return self._tok.encode(text)
+
+    def decoder(self) -> _BytesDecoder:
+        return _BytesDecoder(self._pieces)
+
+    def chat_prompt(self, messages: Sequence[dict]) -> list[int] | None:
+        if self.chat_template is None:
+            return None
+        from jinja2.exceptions import TemplateError
+
+        try:
+            text = self._tok.render_chat(messages)
+        except GGUFError as exc:             # the template's raise_exception or a failed render
+            raise TemplateError(str(exc)) from None
+        return self._tok.encode(text, add_bos=False)

@@ -37,9 +37,9 @@ DESCRIPTION = ("Serve an exported core over an OpenAI-compatible HTTP API (/v1/c
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("core", metavar="NAME.core|MODEL",
-                   help="exported core directory (flare export MODEL -o NAME.core), or an exportable model's name "
-                        "(exported once into the cache on first use)")
+    p.add_argument("core", metavar="NAME.core|MODEL|FILE.gguf",
+                   help="exported core directory (flare export MODEL -o NAME.core), an exportable model's name "
+                        "(e.g. smollm2) or a .gguf file (exported once into the cache on first use)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port; the line printed says which)")
     mixed = p.add_mutually_exclusive_group()
@@ -115,19 +115,35 @@ def resolve_core(arg: str) -> Path:
     from flare.plugins.export.exporter import export_core
 
     adapters = get_plugin_manager().collect("flare_export_adapters", AdapterSpec)
-    if arg not in adapters:
-        raise InputError(f"{arg!r}: not a core directory, nor an exportable model (exportable: "
+    model, options, name = arg, None, arg
+    if arg.endswith(".gguf") and "gguf" in adapters:
+        model, options, name = "gguf", {"path": str(path.resolve())}, _file_core_name(path)
+    elif arg not in adapters:
+        raise InputError(f"{arg!r}: not a core directory, a .gguf file, nor an exportable model (exportable: "
                          f"{', '.join(sorted(adapters)) or 'none'})")
-    core = cache_dir("serve", "cores") / f"{arg}.core"
+    core = cache_dir("serve", "cores") / f"{name}.core"
     if not core.is_dir():
         from flare.plugins.export.files import CoreExistsError
 
         _say(f"exporting {arg} once into {core} (first use; later starts reuse it)")
         try:
-            export_core(arg, core, progress=False)   # written aside and renamed: never half a core
+            export_core(model, core, options=options, progress=False)   # written aside and renamed: never half a core
         except CoreExistsError:
             pass                                     # another server exported it meanwhile
     return core
+
+
+def _file_core_name(path: Path) -> str:
+    """The cached core's name of a model file: its stem and a digest of its absolute path, size and
+    modification time, so an edited or replaced file is exported again (InputError if it is missing)."""
+    import hashlib
+
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the model file: {exc.strerror or exc}") from None
+    key = f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode()
+    return f"{path.stem}-{hashlib.sha256(key).hexdigest()[:12]}"
 
 
 def _say(what: str) -> None:
@@ -206,18 +222,19 @@ def serve(core: Any, args: argparse.Namespace, comm: Any) -> int:
         config = uvicorn.Config(server.api.app(), log_level=args.log_level, lifespan="on",
                                 http=timed_h11(args.read_timeout),
                                 timeout_graceful_shutdown=args.graceful_seconds + 5.0)
-        print(f"flare serve: {server.api.model} on http://{host}:{port}/v1 ({server.describe()}); ready, "
-              f"chat page at http://{host}:{port}/", file=sys.stderr, flush=True)
-        # uvicorn re-raises the signal that stopped it once it has shut down; with these handlers in
-        # place that re-raise lands here instead of killing the process before the release below
-        stopped_by: list[int] = []
-        old = {sig: signal.signal(sig, lambda signum, _f: stopped_by.append(signum))
-               for sig in (signal.SIGTERM, signal.SIGINT)}
         import threading
 
         drain = threading.Timer(args.graceful_seconds, server.loop.drain)
         drain.daemon = True
         userver = GracefulServer(config, on_exit=drain.start)
+        # Until uvicorn installs its own handlers, a SIGTERM/SIGINT (a client may send one as soon as the
+        # ready line appears) asks the server to stop before it serves; uvicorn re-raises the signal that
+        # stopped it once it has shut down, and with these handlers in place that re-raise lands here
+        # instead of killing the process before the release below.
+        old = {sig: signal.signal(sig, lambda signum, _f: userver.handle_exit(signum, None))
+               for sig in (signal.SIGTERM, signal.SIGINT)}
+        print(f"flare serve: {server.api.model} on http://{host}:{port}/v1 ({server.describe()}); ready, "
+              f"chat page at http://{host}:{port}/", file=sys.stderr, flush=True)
         if comm is not None:     # under mpirun the spawning process forwards SIGTERM/SIGINT as SIGUSR1
             old[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda _s, _f: userver.handle_exit(signal.SIGTERM, None))
         try:

@@ -7,7 +7,8 @@ last token, through `out_rows`); `decode`, `draft` and `verify` give a row for
 every token, which speculative verification needs.
 
 The prefix cache keeps KV blocks in buffers of its own, allocated on the KV
-state's device through the ledger: `save_block` copies a sequence's rows into
+state's device through the ledger (one buffer per device per block, every
+state's rows in it): `save_block` copies a sequence's rows into
 a new block, `load_block` copies a block into a sequence's rows, `drop_block`
 frees it. Under MPI every rank holds the same KV (attention is replicated;
 only experts are split), so rank 0 broadcasts each operation as JSON before
@@ -30,6 +31,7 @@ from flare.plugins.export.serving.engine import Bucket, Engine
 
 EVERY_ROW = frozenset({"decode", "draft", "verify"})   # kinds without out_rows: logits of every token
 BLOCK_TAG = "prefix-cache"
+ALIGN = 256          # byte alignment of each state's rows inside a block's buffer
 
 
 class StepEngine(Engine):
@@ -40,7 +42,7 @@ class StepEngine(Engine):
         super().__init__(runtime, comm if comm is not None and comm.Get_size() > 1 else None)
         # the KV states: every state indexed by KV row (token-lm/1 writes row seq * max_ctx + pos)
         self.kv = {n: info for n, info in runtime.graph.states().items() if info[1][0] == self.serving.kv_rows}
-        self.blocks: dict[int, list[Buffer]] = {}
+        self.blocks: dict[int, list[tuple[Buffer, str, int]]] = {}    # block -> (buffer, device, tokens)
 
     def run(self, kind: str, chunks: Sequence[Chunk]) -> tuple[np.ndarray, Bucket]:
         """Logits: a row per chunk (`prefill`, `mixed`) or per token (`decode`, `draft`, `verify`)."""
@@ -57,9 +59,26 @@ class StepEngine(Engine):
         return logits[: n if every else len(chunks)], b
 
     # ------------------------------------------------------------ KV blocks
+    # A block is one buffer per device holding every KV state's rows back to back (each part starting on
+    # an ALIGN-byte boundary): one allocation instead of one per state (60 on SmolLM2), so storing a
+    # block costs a few copies, not dozens of trips through the ledger.
+    def _layout(self, tokens: int) -> dict[str, list[tuple[str, int, tuple[int, ...], str]]]:
+        """Per device: (state, byte offset, shape of `tokens` rows, dtype) of each part of a block."""
+        out: dict[str, list[tuple[str, int, tuple[int, ...], str]]] = {}
+        ends: dict[str, int] = {}
+        for name, (dev, shape, dtype) in self.kv.items():
+            off = -(-ends.get(dev, 0) // ALIGN) * ALIGN
+            rows = (tokens, *shape[1:])
+            out.setdefault(dev, []).append((name, off, rows, dtype))
+            ends[dev] = off + int(np.prod(rows)) * to_numpy(dtype).itemsize
+        return out
+
+    def _part_bytes(self, parts: list[tuple[str, int, tuple[int, ...], str]]) -> int:
+        _, off, rows, dtype = parts[-1]
+        return off + int(np.prod(rows)) * to_numpy(dtype).itemsize
+
     def block_bytes(self, tokens: int) -> int:
-        return sum(tokens * int(np.prod(shape[1:])) * to_numpy(dtype).itemsize
-                   for _, shape, dtype in self.kv.values())
+        return sum(self._part_bytes(parts) for parts in self._layout(tokens).values())
 
     def save_block(self, bid: int, seq: int, start: int, tokens: int) -> None:
         """Copy KV rows of positions [start, start+tokens) of slot `seq` into a new block `bid`."""
@@ -70,16 +89,16 @@ class StepEngine(Engine):
         if bid in self.blocks:
             raise InputError(f"prefix-cache block {bid} exists already")
         graph, row = self.runtime.graph, seq * self.serving.max_ctx + start
-        bufs: list[Buffer] = []
+        bufs: list[tuple[Buffer, str, int]] = []
         try:
-            for name, (dev, shape, dtype) in self.kv.items():
-                rows = graph.read_rows(name, row, tokens)
+            for dev, parts in self._layout(tokens).items():
                 device = graph.devices[dev]
-                buf = device.alloc(rows.nbytes, tag=BLOCK_TAG)
-                bufs.append(buf)
-                device.write(self._binding(buf, rows.shape, dtype), rows)
+                buf = device.alloc(self._part_bytes(parts), tag=BLOCK_TAG)
+                bufs.append((buf, dev, tokens))
+                for name, off, rows, dtype in parts:
+                    device.write(self._binding(buf, rows, dtype, off), graph.read_rows(name, row, tokens))
         except BaseException:
-            for buf in bufs:
+            for buf, _, _ in bufs:
                 buf.release()
             raise
         self.blocks[bid] = bufs
@@ -91,23 +110,21 @@ class StepEngine(Engine):
 
     def _load(self, bid: int, seq: int, start: int) -> None:
         graph, row = self.runtime.graph, seq * self.serving.max_ctx + start
-        for (name, (dev, shape, dtype)), buf in zip(self.kv.items(), self.blocks[bid]):
-            row_elems = int(np.prod(shape[1:]))
-            tokens = buf.nbytes // (row_elems * to_numpy(dtype).itemsize)
-            rows = graph.devices[dev].read(self._binding(buf, (tokens, *shape[1:]), dtype))
-            graph.write_rows(name, row, rows)
+        for buf, dev, tokens in self.blocks[bid]:
+            for name, off, rows, dtype in self._layout(tokens)[dev]:
+                graph.write_rows(name, row, graph.devices[dev].read(self._binding(buf, rows, dtype, off)))
 
     def drop_block(self, bid: int) -> None:
         self._tell({"op": "drop", "bid": bid})
         self._drop(bid)
 
     def _drop(self, bid: int) -> None:
-        for buf in self.blocks.pop(bid, []):
+        for buf, _, _ in self.blocks.pop(bid, []):
             buf.release()
 
     @staticmethod
-    def _binding(buf: Buffer, shape: tuple[int, ...], dtype: str) -> Binding:
-        return Binding(buf, 0, tuple(shape), contiguous_strides(shape), dtype)
+    def _binding(buf: Buffer, shape: tuple[int, ...], dtype: str, offset: int = 0) -> Binding:
+        return Binding(buf, offset, tuple(shape), contiguous_strides(shape), dtype)
 
     def close(self) -> None:
         """Free every block (rank 0 tells the others with `stop`)."""

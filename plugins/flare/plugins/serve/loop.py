@@ -83,6 +83,8 @@ class _Seq:
     served: int = -1
     held: list[Block] = field(default_factory=list)
     stored: bool = False
+    draft_wait: int = 0          # prompt lookup backs off: rounds left without proposals (speculative.py)
+    draft_backoff: int = 0       # the next wait after a round whose proposals all missed
 
     @property
     def tokens(self) -> list[int]:

@@ -13,9 +13,14 @@ recently used first, when a new block would pass the byte budget (a chain is
 evicted from its tail, never leaving an orphan). A block the device cannot
 allocate is simply not cached: the cache is an optimisation, never a failure. A request always prefills at
 least its last prompt token itself (its logits are needed), so at most
-`len(prompt) - 1` tokens, rounded down to whole blocks, come from the cache.
+`len(prompt) - 1` tokens, rounded down to whole blocks, come from the cache,
+and further down to a multiple of the core's prefill chunk (`align`).
 Output is identical to a cold run: a reused block holds the very KV rows a
-cold prefill of the same tokens at the same positions writes.
+cold prefill of the same tokens at the same positions writes, and the rest of
+the prompt is read in the same chunks as a cold run reads it. The alignment
+matters for quantized models: the CPU's integer kernels round activations to
+8 bits, which turns the ~1e-6 difference between a 16- and a 32-token chunk's
+float sums into logits ~0.5 apart on SmolLM2, enough to change a greedy token.
 """
 from __future__ import annotations
 
@@ -41,9 +46,12 @@ class Block:
 class PrefixCache:
     """The index (rank 0 only); KV bytes are moved by `engine` (every rank)."""
 
-    def __init__(self, engine: Any, budget_bytes: int, block_tokens: int = 16):
+    def __init__(self, engine: Any, budget_bytes: int, block_tokens: int = 16, align: int | None = None):
         if block_tokens < 1:
             raise ValueError("block_tokens must be >= 1")
+        # reuse ends on a multiple of the prefill chunk (default: the core's), so the prompt's remaining
+        # chunks are the very chunks a cold run computes: bit-identical logits, not just close ones
+        self.align = engine.serving.max_prefill_tokens if align is None else int(align)
         self.engine = engine
         self.block_tokens = block_tokens
         self.block_bytes = engine.block_bytes(block_tokens)
@@ -96,6 +104,8 @@ class PrefixCache:
             self._hold(b)
             held.append(b)
             parent = b
+        while self.align and held and (len(held) * n) % self.align:   # the rest starts on a chunk boundary
+            self._unhold(held.pop())
         for i, b in enumerate(held):
             self.engine.load_block(b.bid, slot, i * n)
         if held:

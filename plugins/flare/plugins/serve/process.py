@@ -83,23 +83,31 @@ class Answer:
 
 
 def complete(client: Any, url: str, prompt: str | Sequence[int], max_tokens: int, *, stream: bool = True,
-             **fields: Any) -> Answer:
-    """One /v1/completions request with an `httpx.Client`; raises on any HTTP or in-stream error."""
-    body = {"prompt": prompt if isinstance(prompt, str) else list(prompt), "max_tokens": max_tokens,
-            "stream": stream, **fields}
+             chat: bool = False, system: str | None = None, **fields: Any) -> Answer:
+    """One /v1/completions request with an `httpx.Client` (`chat`: /v1/chat/completions of the user message
+    `prompt` after an optional `system` message); raises on any HTTP or in-stream error."""
+    if chat:
+        route = "chat/completions"
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        body = {"messages": messages, "max_tokens": max_tokens, "stream": stream, **fields}
+    else:
+        route = "completions"
+        body = {"prompt": prompt if isinstance(prompt, str) else list(prompt), "max_tokens": max_tokens,
+                "stream": stream, **fields}
     t0 = time.perf_counter()
     if not stream:
-        r = client.post(f"{url}/v1/completions", json=body)
+        r = client.post(f"{url}/v1/{route}", json=body)
         r.raise_for_status()
         t = time.perf_counter() - t0
         data = r.json()
         ch = data["choices"][0]
-        return Answer(ch["token_ids"], ch["text"], ch["finish_reason"], data["usage"], t, t)
+        return Answer(ch["token_ids"], ch["message"]["content"] if chat else ch["text"], ch["finish_reason"],
+                      data["usage"], t, t)
     ids: list[int] = []
     text: list[str] = []
     first = None
     finish, usage = None, {}
-    with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+    with client.stream("POST", f"{url}/v1/{route}", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: "):
@@ -113,7 +121,7 @@ def complete(client: Any, url: str, prompt: str | Sequence[int], max_tokens: int
             if ch["token_ids"] and first is None:
                 first = time.perf_counter() - t0
             ids += ch["token_ids"]
-            text.append(ch["text"])
+            text.append(ch["delta"].get("content") or "" if chat else ch["text"])
             finish = ch["finish_reason"] or finish
             usage = ev.get("usage") or usage
     return Answer(ids, "".join(text), finish, usage, first if first is not None else float("nan"),

@@ -41,6 +41,7 @@ from .engine import StepEngine
 
 DRAFTERS = ("ngram", "self")
 NGRAM_MAX, NGRAM_MIN = 3, 1
+BACKOFF_MAX = 16   # most rounds a sequence whose proposals keep missing goes without proposing
 
 
 class Speculating(Protocol):
@@ -49,6 +50,8 @@ class Speculating(Protocol):
     slot: int
     tokens: list[int]
     chooser: TokenChooser
+    draft_wait: int              # prompt lookup's back-off (ngram): rounds left without proposals
+    draft_backoff: int           # the wait after the next round whose proposals all miss
 
     @property
     def prompt(self) -> Sequence[int]: ...
@@ -106,8 +109,7 @@ class Speculator:
     def round(self, seqs: Sequence[Speculating]) -> dict[int, list[int]]:
         """New tokens of each sequence (by index in `seqs`): its accepted proposals and one more."""
         ks = [self._k(s) for s in seqs]
-        drafts = self._propose_self(seqs, ks) if self.draft == "self" else \
-            [ngram_proposals([*s.prompt, *s.tokens], k) for s, k in zip(seqs, ks)]
+        drafts = self._propose_self(seqs, ks) if self.draft == "self" else self._propose_ngram(seqs, ks)
         out: dict[int, list[int]] = {}
         if not any(drafts):                 # nothing to check: one plain decode step
             rows = self._batched("decode", [Chunk(s.slot, s.position, (s.tokens[-1],)) for s in seqs],
@@ -117,6 +119,7 @@ class Speculator:
                 out[j] = [s.chooser(rows[j], len(s.tokens))]
             self.stats.rounds += 1
             return out
+        drafts = self._fit_bucket(drafts)
         chunks = [Chunk(s.slot, s.position, (s.tokens[-1], *drafts[j])) for j, s in enumerate(seqs)]
         rows = self._batched("verify", chunks, [1 + len(d) for d in drafts])
         at = 0
@@ -124,10 +127,54 @@ class Speculator:
             n = 1 + len(drafts[j])
             out[j] = self.accept(s.chooser, len(s.tokens), drafts[j], rows[at: at + n])
             at += n
+            if self.draft == "ngram" and drafts[j]:
+                self._back_off(s, hit=len(out[j]) > 1)
             self.stats.proposed += len(drafts[j])
             self.stats.accepted += len(out[j]) - 1
         self.stats.rounds += 1
         return out
+
+    def _fit_bucket(self, drafts: list[list[int]]) -> list[list[int]]:
+        """Drafts trimmed (last proposals of the longest first) so that one verify step is exactly a
+        bucket's size: a padded row costs as much as a real one (on the CPU a step's cost grows with its
+        rows), and a proposal near the end of a draft is the least likely to be accepted. Unchanged when
+        the step is already a bucket's size, spans several steps, or no smaller bucket holds it."""
+        n = len(drafts)
+        total = n + sum(map(len, drafts))
+        sizes = [b.tokens for b in self.engine.buckets.get("verify", []) if b.batch >= n]
+        if not sizes or total > max(sizes) or total in sizes:
+            return drafts
+        target = max((t for t in sizes if n <= t < total), default=None)
+        if target is None:
+            return drafts
+        out = [list(d) for d in drafts]
+        while total > target:
+            longest = max(range(n), key=lambda j: len(out[j]))
+            out[longest].pop()
+            total -= 1
+        return out
+
+    def _propose_ngram(self, seqs: Sequence[Speculating], ks: list[int]) -> list[list[int]]:
+        """Prompt lookup for each sequence not backing off (see `_back_off`)."""
+        drafts: list[list[int]] = []
+        for s, k in zip(seqs, ks):
+            if s.draft_wait > 0:
+                s.draft_wait -= 1
+                drafts.append([])
+            else:
+                drafts.append(ngram_proposals([*s.prompt, *s.tokens], k))
+        return drafts
+
+    @staticmethod
+    def _back_off(s: Speculating, hit: bool) -> None:
+        """After a round with proposals: a hit resets the back-off; a miss (not even the first proposal
+        accepted) stops proposing for 1, 2, 4 ... up to BACKOFF_MAX rounds, so text with nothing to copy
+        pays a verify step only every so often instead of every round."""
+        if hit:
+            s.draft_wait = s.draft_backoff = 0
+        else:
+            s.draft_backoff = min(BACKOFF_MAX, max(1, 2 * s.draft_backoff))
+            s.draft_wait = s.draft_backoff
 
     def _propose_self(self, seqs: Sequence[Speculating], ks: list[int]) -> list[list[int]]:
         """K batched steps of the draft programs; each proposal chosen as the model would choose it."""
