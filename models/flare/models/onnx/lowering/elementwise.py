@@ -215,21 +215,32 @@ def _clip(tr, node, ins, attrs):
 
 @lowers("Cast", "CastLike")
 def _cast(tr, node, ins, attrs):
-    from ..values import np_dtype_of
+    """Cast between Flare's dtypes; a target Flare lacks is computed in its carrier (values.CARRIER)
+    and brought to its range there: float16 rounded through f16, narrow integers wrapped."""
+    from ..values import CARRIER, np_dtype_of
+
+    from .base import NARROW_INTS, wrap_int
 
     x = ins[0]
-    to = ins[1].dtype if node.op_type == "CastLike" else np_dtype_of(attrs["to"], "Cast.to")
-    to = np.dtype(to)
-    if to not in (F32, I32, I64, BOOL):
+    if node.op_type == "CastLike":
+        to = np.dtype(ins[1].carried_from or ins[1].dtype)
+    else:
+        to = np.dtype(np_dtype_of(attrs["to"], "Cast.to"))
+    held = CARRIER.get(to, to)
+    if held not in (F32, I32, I64, BOOL):
         raise OnnxError(f"cast to {to.name} is not supported")
     t = tr.t(x)
-    if to == BOOL:
+    if held == BOOL:
         zero = _full(tr, 0, x.dtype if x.dtype != BOOL else np.int32)
         out = tr.op("logical_not", tr.op("equal", t, zero))
-    elif _fd(to) == _fd(x.dtype):
+    elif _fd(held) == _fd(x.dtype):
         out = tr.op("contiguous", t)
     else:
-        out = tr.op("cast", t, dtype=_fd(to))
+        out = tr.op("cast", t, dtype=_fd(held))
+    if to == np.dtype(np.float16):
+        out = tr.op("cast", tr.op("cast", out, dtype="f16"), dtype="f32")
+    elif to in NARROW_INTS:
+        out = wrap_int(tr, out, to)
     return [tr.val(out, x.shape, to)]
 
 
