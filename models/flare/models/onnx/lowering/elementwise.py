@@ -43,6 +43,40 @@ def _mod(tr, node, ins, attrs):
     return [tr.val(tr.op("mod", tr.t(a), tr.t(b), fmod=bool(attrs.get("fmod", 0))), _bshape(a, b), a.dtype)]
 
 
+_BITWISE = {"BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or", "BitwiseXor": "bitwise_xor"}
+
+
+@lowers(*_BITWISE)
+def _bitwise(tr, node, ins, attrs):
+    a, b = ins
+    if a.dtype != b.dtype or a.dtype not in INTS:
+        raise OnnxError(f"inputs have dtypes {a.dtype} and {b.dtype}; integers of one dtype expected")
+    return [tr.val(tr.op(_BITWISE[node.op_type], tr.t(a), tr.t(b)), _bshape(a, b), a.dtype)]
+
+
+@lowers("BitwiseNot")
+def _bitwise_not(tr, node, ins, attrs):
+    x = ins[0]
+    if x.dtype not in INTS:
+        raise OnnxError(f"input has dtype {x.dtype}; an integer dtype expected")
+    return [tr.val(tr.op("bitwise_not", tr.t(x)), x.shape, x.dtype)]
+
+
+@lowers("BitShift")
+def _bit_shift(tr, node, ins, attrs):
+    """Shifts on the carrier (values.CARRIER): a narrow result is wrapped to its width afterwards
+    (lowering.base), and uint64, carried in int64, shifts right logically."""
+    a, b = ins
+    if a.dtype != b.dtype or a.dtype not in INTS:
+        raise OnnxError(f"inputs have dtypes {a.dtype} and {b.dtype}; integers of one dtype expected")
+    direction = attrs.get("direction", "")
+    if direction not in ("LEFT", "RIGHT"):
+        raise OnnxError(f"direction {direction!r} is not LEFT or RIGHT")
+    mode = "left" if direction == "LEFT" else \
+        "right_logical" if a.carried_from == np.dtype(np.uint64) else "right"
+    return [tr.val(tr.op("bit_shift", tr.t(a), tr.t(b), mode=mode), _bshape(a, b), a.dtype)]
+
+
 _VARIADIC = {"Min": "minimum", "Max": "maximum", "Sum": None, "Mean": None}
 
 

@@ -40,6 +40,17 @@ def onnx_op_cases() -> list[Case]:
     for op in ("int_add", "int_sub", "int_mul", "int_div"):
         cases.append(simple(op, op, EXACT, lambda b, r, i, op=op: b.op(
             op, _in(b, i, "a", _ints(r, 3, 4, lo=-50, hi=50)), _in(b, i, "b", _ints(r, 1, 4, lo=1, hi=7)))))
+    for op in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+        cases.append(simple(op, op, EXACT, lambda b, r, i, op=op: b.op(
+            op, _in(b, i, "a", _ints(r, 3, 4, lo=-300, hi=300)), _in(b, i, "b", _ints(r, 1, 4, lo=-300, hi=300)))))
+    cases.append(simple("bitwise_not", "bitwise_not", EXACT, lambda b, r, i: b.op(
+        "bitwise_not", _in(b, i, "a", _ints(r, 3, 4, lo=-300, hi=300, dtype=np.int32)))))
+    for mode in ("left", "right", "right_logical"):
+        for dtype in (np.int32, np.int64):  # counts past the width and negative ones included
+            cases.append(simple(f"bit_shift_{mode}_{np.dtype(dtype).name}", "bit_shift", EXACT,
+                                lambda b, r, i, mode=mode, dtype=dtype: b.op(
+                "bit_shift", _in(b, i, "a", _ints(r, 3, 5, lo=-1000, hi=1000, dtype=dtype)),
+                _in(b, i, "b", np.array([0, 3, -1, 64, 31], dtype=dtype)), mode=mode)))
     for op in ("equal", "less", "less_equal", "greater", "greater_equal"):
         cases.append(simple(op, op, EXACT, lambda b, r, i, op=op: b.op(
             op, _in(b, i, "a", np.round(f32(r, 3, 4))), _in(b, i, "b", np.round(f32(r, 1, 4))))))
