@@ -46,13 +46,14 @@ def _keep(tr, v: Val, label: str) -> Val:
     return v
 
 
-def _run_body(tr, graph: Any, bound: list[Val]) -> list[Val]:
-    """Bind the body's inputs, step its nodes, return its outputs (copies, as an If branch does)."""
+def _run_body(tr, graph: Any, bound: list[Val], suffix: str) -> list[Val]:
+    """Bind the body's inputs, step its nodes, return its outputs (copies, as an If branch does).
+
+    The body runs under names of its own per iteration (`suffix`): a segment keys its leaves
+    and weights by value name, and an iteration's constants differ from the last one's."""
     if len(bound) != len(graph.input):
         raise OnnxError(f"body {graph.name!r} takes {len(graph.input)} inputs, the loop gives {len(bound)}")
-    # the segment's leaves are keyed by value name: the body's names hold new constants each iteration
-    for name in [i.name for i in graph.input] + [o for n in graph.node for o in n.output]:
-        tr.leaves.pop(name, None)
+    graph = _renamed(graph, suffix)
     for inp, v in zip(graph.input, bound):
         tr.env[inp.name] = Val(inp.name, v.shape, v.dtype, const=v.const, tensor=v.tensor, runtime=v.runtime,
                                fixed=v.fixed)
@@ -60,6 +61,40 @@ def _run_body(tr, graph: Any, bound: list[Val]) -> list[Val]:
             tr.live_tensors[inp.name] = tr.env[inp.name]
         tr.last_use[inp.name] = tr.position
     return tr.run_branch(graph)
+
+
+def _renamed(graph: Any, suffix: str) -> Any:
+    """A copy of `graph` whose own values (inputs, initializers, node outputs) end in `suffix`,
+    read under those names by its nodes and by the subgraphs inside them."""
+    import onnx
+
+    g = onnx.GraphProto()
+    g.CopyFrom(graph)
+    own = {v.name for v in g.input} | {t.name for t in g.initializer} | {o for n in g.node for o in n.output if o}
+    new = {name: f"{name}{suffix}" for name in own}
+    for v in g.input:
+        v.name = new[v.name]
+    for t in g.initializer:
+        t.name = new[t.name]
+    for v in g.output:
+        v.name = new.get(v.name, v.name)
+    _rename_reads(g.node, new)
+    for n in g.node:
+        n.output[:] = [new.get(o, o) for o in n.output]
+    return g
+
+
+def _rename_reads(nodes: Any, new: dict[str, str]) -> None:
+    for n in nodes:
+        n.input[:] = [new.get(x, x) for x in n.input]
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                shadowed = {v.name for v in sub.input} | {t.name for t in sub.initializer} | \
+                    {o for m in sub.node for o in m.output}
+                inner = {k: v for k, v in new.items() if k not in shadowed}
+                _rename_reads(sub.node, inner)
+                for v in sub.output:
+                    v.name = inner.get(v.name, v.name)
 
 
 def _stack(tr, slices: list[Val], axis: int, reverse: bool) -> Val:
@@ -97,7 +132,7 @@ def _scan(tr, node, ins, attrs):
         for v, axis, rev in zip(scanned, in_axes, in_dirs):
             index = steps - 1 - i if rev else i
             slices.append(_call(tr, "Gather", [v, cval(np.array(index, dtype=np.int64))], axis=axis % len(v.shape)))
-        outs = _run_body(tr, body, states + slices)
+        outs = _run_body(tr, body, states + slices, f"#{node.output[0]}{i}")
         states = [_keep(tr, v, f"{node.output[j] or 'state'}#{j}") for j, v in enumerate(outs[:n])]
         for j, v in enumerate(outs[n:]):
             collected[j].append(_keep(tr, v, f"{node.output[n + j]}#{i}"))
@@ -120,7 +155,7 @@ def _loop(tr, node, ins, attrs):
         if i >= MAX_ITERATIONS:
             raise OnnxError(f"more than {MAX_ITERATIONS} iterations (they are unrolled)")
         cond_in = cond if cond is not None else cval(np.array(True))
-        outs = _run_body(tr, body, [cval(np.array(i, dtype=np.int64)), cond_in] + states)
+        outs = _run_body(tr, body, [cval(np.array(i, dtype=np.int64)), cond_in] + states, f"#{node.output[0]}{i}")
         cond = _keep(tr, outs[0], f"{node.name or 'loop'}#cond")
         states = [_keep(tr, v, f"{node.output[j] or 'state'}#{j}") for j, v in enumerate(outs[1:1 + n])]
         for j, v in enumerate(outs[1 + n:]):
