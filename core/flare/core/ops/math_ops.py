@@ -14,6 +14,10 @@ touching them:
   (`mode` left / right / right_logical) over i32/i64: shifts by a negative
   count or by the width or more give 0 (-1 for an arithmetic right shift of a
   negative value), as ONNX's BitShift defines it rather than C's masking;
+- `round_float`: f32 values rounded (to nearest even) to a narrower float
+  format (`mode`: bfloat16, float16, the float8 formats, float4_e2m1fn; the
+  formats are ml_dtypes' ones) and held in f32 again, clamped to the format's
+  finite range first when `saturate`; what an ONNX Cast to such a format does;
 - comparisons (`equal`, `less`, ...) and logic (`logical_and`, ...): booleans
   are i32 0/1 (Flare has no bool dtype; the importer converts at the edges);
 - `where(cond i32, a, b)`: selection with three-way broadcasting;
@@ -38,6 +42,7 @@ PARAMS.setdefault("hi", (lambda v: v is None or _is_num(v), "a number finite in 
 PARAMS.setdefault("fmod", (lambda v: isinstance(v, bool), "true or false"))
 PARAMS.setdefault("exclusive", (lambda v: isinstance(v, bool), "true or false"))
 PARAMS.setdefault("reverse", (lambda v: isinstance(v, bool), "true or false"))
+PARAMS.setdefault("saturate", (lambda v: isinstance(v, bool), "true or false"))
 PARAMS.setdefault("select_last", (lambda v: isinstance(v, bool), "true or false"))
 
 INTS = ("i32", "i64")
@@ -181,6 +186,35 @@ def _shift_infer(node, srcs, params):
 
 
 register(OpDef("bit_shift", (2, 2), _shift_infer, lambda x, p: bit_shift(x[0], x[1], p["mode"]), required=("mode",)))
+
+
+FLOAT_FORMATS = ("bfloat16", "float16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+                 "float4_e2m1fn")
+
+
+def round_float(x: np.ndarray, fmt: str, saturate: bool) -> np.ndarray:
+    """x (f32) rounded to the float format `fmt` and back to f32; with `saturate` values beyond the
+    format's range (infinities too) become its largest finite value, else they become what the
+    format makes of them (inf, or NaN where it has no inf). The formats are ml_dtypes' dtypes."""
+    import ml_dtypes
+
+    dtype = np.dtype(getattr(ml_dtypes, fmt) if fmt != "float16" else np.float16)
+    if saturate:
+        info = ml_dtypes.finfo(dtype)
+        x = np.clip(x, np.float32(info.min), np.float32(info.max))
+    with np.errstate(all="ignore"):
+        return x.astype(dtype).astype(np.float32)
+
+
+def _round_float_infer(node, srcs, params):
+    need_dtype(node, "round_float", srcs[0], ("f32",))
+    if params["mode"] not in FLOAT_FORMATS:
+        raise DTypeError(f"round_float: mode {params['mode']!r} is not one of {', '.join(FLOAT_FORMATS)}", node)
+    return srcs[0].shape, "f32"
+
+
+register(OpDef("round_float", (1, 1), _round_float_infer, lambda x, p: round_float(x[0], p["mode"], p["saturate"]),
+               defaults={"saturate": False}, required=("mode",)))
 
 
 def _not_infer(node, srcs, params):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import OnnxError
@@ -43,6 +44,9 @@ def lowers(*names: str):
 # integer dtypes narrower than their carrier: (bits, signed); arithmetic re-wraps them to their width
 NARROW_INTS = {np.dtype(np.int8): (8, True), np.dtype(np.uint8): (8, False), np.dtype(np.int16): (16, True),
                np.dtype(np.uint16): (16, False), np.dtype(np.uint32): (32, False)}
+SUB_BYTE_INTS = {np.dtype(getattr(ml_dtypes, n)): (bits, n[0] == "i")
+                 for n, bits in (("int4", 4), ("uint4", 4), ("int2", 2), ("uint2", 2))}
+NARROW_INTS.update(SUB_BYTE_INTS)
 # ops whose integer results may leave their inputs' range
 WRAPPING = {"Add", "Sub", "Mul", "Div", "Neg", "Abs", "Sum", "Pow", "BitShift", "CumSum", "MatMul", "Gemm",
             "ReduceSum", "ReduceProd", "ReduceSumSquare", "Einsum", "BitwiseNot"}

@@ -251,9 +251,9 @@ def _clip(tr, node, ins, attrs):
 def _cast(tr, node, ins, attrs):
     """Cast between Flare's dtypes; a target Flare lacks is computed in its carrier (values.CARRIER)
     and brought to its range there: float16 rounded through f16, narrow integers wrapped."""
-    from ..values import CARRIER, np_dtype_of
+    from ..values import CARRIER, NARROW_FLOATS, np_dtype_of
 
-    from .base import NARROW_INTS, wrap_int
+    from .base import NARROW_INTS, SUB_BYTE_INTS, wrap_int
 
     x = ins[0]
     if node.op_type == "CastLike":
@@ -273,6 +273,16 @@ def _cast(tr, node, ins, attrs):
         out = tr.op("cast", t, dtype=_fd(held))
     if to == np.dtype(np.float16):
         out = tr.op("cast", tr.op("cast", out, dtype="f16"), dtype="f32")
+    elif to in NARROW_FLOATS:  # saturate (opset 19+) is defined for the float8 formats only
+        fmt = NARROW_FLOATS[to]
+        out = tr.op("round_float", out, mode=fmt, saturate=fmt.startswith("float8") and bool(attrs.get("saturate", 1)))
+    elif to in SUB_BYTE_INTS and x.dtype == F32:
+        # ml_dtypes' int4/uint4/int2/uint2 from a float, as onnx's reference casts: truncated, 0 out of range
+        bits, signed = NARROW_INTS[to]
+        lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+        inside = tr.op("logical_and", tr.op("greater_equal", out, _full(tr, lo, np.int32)),
+                       tr.op("less_equal", out, _full(tr, hi, np.int32)))
+        out = tr.op("where", inside, out, _full(tr, 0, np.int32))
     elif to in NARROW_INTS:
         out = wrap_int(tr, out, to)
     return [tr.val(out, x.shape, to)]

@@ -51,6 +51,13 @@ def onnx_op_cases() -> list[Case]:
                                 lambda b, r, i, mode=mode, dtype=dtype: b.op(
                 "bit_shift", _in(b, i, "a", _ints(r, 3, 5, lo=-1000, hi=1000, dtype=dtype)),
                 _in(b, i, "b", np.array([0, 3, -1, 64, 31], dtype=dtype)), mode=mode)))
+    for fmt in ("bfloat16", "float8_e4m3fn", "float8_e5m2fnuz", "float4_e2m1fn"):
+        for saturate in (False, True):  # values past each format's range, infinities and a NaN included
+            cases.append(simple(f"round_float_{fmt}_sat{int(saturate)}", "round_float", EXACT,
+                                lambda b, r, i, fmt=fmt, saturate=saturate: b.op(
+                "round_float", _in(b, i, "x", np.concatenate([f32(r, 12, lo=-20.0, hi=20.0), np.array(
+                    [1e6, -1e6, np.inf, -np.inf, np.nan, 0.0, 3.3e-3, 448.0], dtype=np.float32)]).reshape(4, 5)),
+                mode=fmt, saturate=saturate)))
     for op in ("equal", "less", "less_equal", "greater", "greater_equal"):
         cases.append(simple(op, op, EXACT, lambda b, r, i, op=op: b.op(
             op, _in(b, i, "a", np.round(f32(r, 3, 4))), _in(b, i, "b", np.round(f32(r, 1, 4))))))
