@@ -32,9 +32,34 @@ def _arith(tr, node, ins, attrs):
 @lowers("Pow")
 def _pow(tr, node, ins, attrs):
     a, b = ins
+    if a.dtype in INTS:
+        return [_int_pow(tr, a, b)]
     _need(a, "base")
     e = tr.t(b) if b.dtype == F32 else tr.op("cast", tr.t(b), dtype="f32")
     return [tr.val(tr.op("pow", tr.t(a), e), _bshape(a, b), F32)]
+
+
+def _int_pow(tr, a, b):
+    """An integer base: by squaring for an integer exponent (exact, wrapping like integer
+    multiplication; the exponent's bits are read on the host to bound the loop, negative ones
+    give 0 as onnx's reference does for |base| > 1), through f32 and truncated for a float one."""
+    fd = _fd(a.dtype)
+    if b.dtype == F32:
+        out = tr.op("cast", tr.op("pow", tr.op("cast", tr.t(a), dtype="f32"), tr.t(b)), dtype=fd)
+        return tr.val(out, _bshape(a, b), a.dtype)
+    exps = np.asarray(tr.c(b))
+    if (exps < 0).any():
+        raise OnnxError("integer Pow with a negative exponent is not supported")
+    e = tr.t(b) if b.dtype == a.dtype else tr.op("cast", tr.t(b), dtype=fd)
+    zero, one = _full(tr, 0, a.dtype), _full(tr, 1, a.dtype)
+    # ones of the broadcast shape: a * 0 + e * 0 + 1
+    result = tr.op("int_add", tr.op("int_add", tr.op("int_mul", tr.t(a), zero), tr.op("int_mul", e, zero)), one)
+    base = tr.t(a)
+    for bit in range(int(exps.max()).bit_length() if exps.size else 0):
+        set_bit = tr.op("bitwise_and", tr.op("bit_shift", e, _full(tr, bit, a.dtype), mode="right"), one)
+        result = tr.op("where", tr.op("equal", set_bit, one), tr.op("int_mul", result, base), result)
+        base = tr.op("int_mul", base, base)
+    return tr.val(result, _bshape(a, b), a.dtype)
 
 
 @lowers("Mod")

@@ -291,3 +291,26 @@ def _dft(tr, node, ins, attrs):
     shape = list(x.shape)
     shape[axis], shape[-1] = n_out, parts
     return [tr.val(tr.op("contiguous", tr.op("permute", t, axes=inverse)), tuple(shape), F32)]
+
+
+@lowers("LRN")
+def _lrn(tr, node, ins, attrs):
+    """x / (bias + alpha / size * sum of x^2 over the channel window) ** beta: the window sum as
+    `size` shifted slices of the channel-padded squares."""
+    x = _need(ins[0], "X")
+    if not 3 <= len(x.shape) <= 4:
+        raise OnnxError(f"LRN of a rank-{len(x.shape)} input (3 and 4 are supported)")
+    size = int(attrs["size"])
+    alpha, beta, bias = float(attrs.get("alpha", 1e-4)), float(attrs.get("beta", 0.75)), float(attrs.get("bias", 1.0))
+    t = tr.t(x)
+    channels = x.shape[1]
+    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    pads = [[0, 0] for _ in x.shape]
+    pads[1] = [before, after]
+    sq = tr.op("pad", tr.op("mul", t, t), pads=pads)
+    total = None
+    for k in range(size):
+        part = tr.op("slice", sq, axis=1, start=k, stop=k + channels)
+        total = part if total is None else tr.op("add", total, part)
+    denom = tr.op("pow", tr.op("scale", total, scale=alpha / size, bias=bias), _full(tr, beta, np.float32))
+    return [tr.val(tr.op("div", t, denom), x.shape, F32)]

@@ -101,7 +101,11 @@ def _transpose(tr, node, ins, attrs):
     if is_wide(x.shape):
         src, merged_perm = merged_permutation(x.shape, perm)
         if len(src) > MAX_RANK:
-            raise OnnxError(f"transpose {perm} of {x.shape} needs rank {len(src)} even with axes merged")
+            # no permute of that rank: gather the flat elements in the transposed order (a constant index)
+            size = int(np.prod(x.shape, dtype=np.int64))
+            order = np.arange(size, dtype=np.int64).reshape(x.shape).transpose(perm).reshape(-1)
+            flat = tr.op("reshape", tr.t(x), shape=[size])
+            return [tr.val(tr.op("take", flat, tr.t(cval(order)), axis=0), out_shape, x.dtype)]
         t = tr.op("reshape", tr.t(x), shape=list(src))
         return [tr.val(tr.op("contiguous", tr.op("permute", t, axes=merged_perm)), out_shape, x.dtype)]
     out = tr.op("permute", tr.t(x), axes=perm)
