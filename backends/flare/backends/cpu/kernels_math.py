@@ -95,6 +95,7 @@ KERNELS.update(bitwise_and=_binary(np.bitwise_and), bitwise_or=_binary(np.bitwis
                bitwise_xor=_binary(np.bitwise_xor))
 KERNELS["bitwise_not"] = lambda out, x, p: np.invert(x[0], out=out)
 KERNELS["bit_shift"] = lambda out, x, p: out.__setitem__(Ellipsis, bit_shift(x[0], x[1], p["mode"]))
+KERNELS["bitcast"] = lambda out, x, p: out.view(x[0].dtype).__setitem__(Ellipsis, x[0])
 KERNELS["round_float"] = lambda out, x, p: out.__setitem__(Ellipsis, round_float(x[0], p["mode"], p["saturate"]))
 KERNELS.update(equal=_compare(np.equal), less=_compare(np.less), less_equal=_compare(np.less_equal),
                greater=_compare(np.greater), greater_equal=_compare(np.greater_equal))

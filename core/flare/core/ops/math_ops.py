@@ -18,6 +18,8 @@ touching them:
   format (`mode`: bfloat16, float16, the float8 formats, float4_e2m1fn; the
   formats are ml_dtypes' ones) and held in f32 again, clamped to the format's
   finite range first when `saturate`; what an ONNX Cast to such a format does;
+- `bitcast`: the bits of an f32/i32 (or i64) tensor read as the other dtype
+  of the same width;
 - comparisons (`equal`, `less`, ...) and logic (`logical_and`, ...): booleans
   are i32 0/1 (Flare has no bool dtype; the importer converts at the edges);
 - `where(cond i32, a, b)`: selection with three-way broadcasting;
@@ -215,6 +217,19 @@ def _round_float_infer(node, srcs, params):
 
 register(OpDef("round_float", (1, 1), _round_float_infer, lambda x, p: round_float(x[0], p["mode"], p["saturate"]),
                defaults={"saturate": False}, required=("mode",)))
+
+
+def _bitcast_infer(node, srcs, params):
+    src, dtype = srcs[0], params["dtype"]
+    need_dtype(node, "bitcast", src, NUMERIC)
+    if dtype not in NUMERIC or to_numpy(dtype).itemsize != to_numpy(src.dtype).itemsize:
+        raise DTypeError(f"bitcast: {src.dtype} to {dtype!r}: the dtypes must be of {'/'.join(NUMERIC)} and "
+                         f"of one width", node)
+    return src.shape, dtype
+
+
+register(OpDef("bitcast", (1, 1), _bitcast_infer,
+               lambda x, p: np.ascontiguousarray(x[0]).view(to_numpy(p["dtype"])), required=("dtype",)))
 
 
 def _not_infer(node, srcs, params):

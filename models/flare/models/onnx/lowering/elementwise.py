@@ -232,7 +232,11 @@ def _activation(tr, node, ins, attrs):
         cond = tr.op("greater", t, _full(tr, alpha, np.float32))
         out = tr.op("where", cond, t, _full(tr, 0.0, np.float32))
     elif kind == "Mish":
-        out = tr.op("mul", t, tr.op("tanh", tr.op("softplus", t)))
+        # tanh(softplus(x)) = n / (n + 2), n = e^x (e^x + 2): no cancellation for negative x, where
+        # tanh of a tiny softplus loses its relative precision; past x = 20 the ratio is 1 in f32
+        e = tr.op("exp", tr.op("clamp", t, lo=None, hi=20.0))
+        n = tr.op("mul", e, tr.op("scale", e, scale=1.0, bias=2.0))
+        out = tr.op("mul", t, tr.op("div", n, tr.op("scale", n, scale=1.0, bias=2.0)))
     elif kind == "Swish":
         out = tr.op("mul", t, tr.op("sigmoid", tr.op("scale", t, scale=float(attrs.get("alpha", 1.0)))))
     elif kind == "Shrink":
@@ -310,6 +314,31 @@ def _cast(tr, node, ins, attrs):
         out = tr.op("where", inside, out, _full(tr, 0, np.int32))
     elif to in NARROW_INTS:
         out = wrap_int(tr, out, to)
+    return [tr.val(out, x.shape, to)]
+
+
+@lowers("BitCast")
+def _bitcast(tr, node, ins, attrs):
+    """Same-width reinterpretation: f32 <-> int32 by op bitcast; between integers (carried
+    sign-extended in i32/i64) a cast and a wrap to the target's width; bool to a byte a cast."""
+    from ..values import CARRIER, np_dtype_of
+
+    from .base import NARROW_INTS, wrap_int
+
+    x = ins[0]
+    src = np.dtype(x.carried_from or x.dtype)
+    to = np.dtype(np_dtype_of(attrs["to"], "BitCast.to"))
+    held = CARRIER.get(to, to)
+    if src.itemsize != to.itemsize:
+        raise OnnxError(f"bitcast of {src.name} to {to.name}: widths differ")
+    t = tr.t(x)
+    if {src, to} == {F32, I32}:
+        out = tr.op("bitcast", t, dtype=_fd(to))
+    elif src.kind in "iub" and to.kind in "iu" and held in INTS:
+        out = t if _fd(held) == _fd(x.dtype) else tr.op("cast", t, dtype=_fd(held))
+        out = wrap_int(tr, out, to) if to in NARROW_INTS else tr.op("contiguous", out)
+    else:
+        raise OnnxError(f"bitcast of {src.name} to {to.name} is not supported (its carriers differ in width)")
     return [tr.val(out, x.shape, to)]
 
 

@@ -51,6 +51,10 @@ def onnx_op_cases() -> list[Case]:
                                 lambda b, r, i, mode=mode, dtype=dtype: b.op(
                 "bit_shift", _in(b, i, "a", _ints(r, 3, 5, lo=-1000, hi=1000, dtype=dtype)),
                 _in(b, i, "b", np.array([0, 3, -1, 64, 31], dtype=dtype)), mode=mode)))
+    cases.append(simple("bitcast_f32_i32", "bitcast", EXACT, lambda b, r, i: b.op(
+        "bitcast", _in(b, i, "x", f32(r, 3, 5)), dtype="i32")))
+    cases.append(simple("bitcast_i32_f32", "bitcast", EXACT, lambda b, r, i: b.op(
+        "bitcast", _in(b, i, "x", _ints(r, 3, 5, lo=-(1 << 30), hi=1 << 30, dtype=np.int32)), dtype="f32")))
     for fmt in ("bfloat16", "float8_e4m3fn", "float8_e5m2fnuz", "float4_e2m1fn"):
         for saturate in (False, True):  # values past each format's range, infinities and a NaN included
             cases.append(simple(f"round_float_{fmt}_sat{int(saturate)}", "round_float", EXACT,
