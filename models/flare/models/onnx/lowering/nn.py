@@ -314,3 +314,14 @@ def _lrn(tr, node, ins, attrs):
         total = part if total is None else tr.op("add", total, part)
     denom = tr.op("pow", tr.op("scale", total, scale=alpha / size, bias=bias), _full(tr, beta, np.float32))
     return [tr.val(tr.op("div", t, denom), x.shape, F32)]
+
+
+@lowers("GridSample")
+def _grid_sample(tr, node, ins, attrs):
+    x, grid = _need(ins[0], "X"), _need(ins[1], "grid")
+    if len(x.shape) != 4:
+        raise OnnxError(f"GridSample of a rank-{len(x.shape)} input (2-D, rank 4, is supported)")
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(attrs.get("mode", "linear"), attrs.get("mode", "linear"))
+    out = tr.op("grid_sample", tr.t(x), tr.t(grid), mode=mode, padding_mode=attrs.get("padding_mode", "zeros"),
+                align_corners=bool(attrs.get("align_corners", 0)))
+    return [tr.val(out, (x.shape[0], x.shape[1], grid.shape[1], grid.shape[2]), F32)]

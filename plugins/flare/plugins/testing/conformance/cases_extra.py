@@ -51,6 +51,11 @@ def onnx_op_cases() -> list[Case]:
                                 lambda b, r, i, mode=mode, dtype=dtype: b.op(
                 "bit_shift", _in(b, i, "a", _ints(r, 3, 5, lo=-1000, hi=1000, dtype=dtype)),
                 _in(b, i, "b", np.array([0, 3, -1, 64, 31], dtype=dtype)), mode=mode)))
+    for mode in ("linear", "nearest", "cubic"):
+        for pad in ("zeros", "border", "reflection"):  # grid points past the edges included
+            cases.append(simple(f"grid_sample_{mode}_{pad}", "grid_sample", ACCUM, lambda b, r, i, mode=mode, pad=pad: b.op(
+                "grid_sample", _in(b, i, "x", f32(r, 2, 3, 4, 5)), _in(b, i, "g", f32(r, 2, 3, 6, 2, lo=-1.3, hi=1.3)),
+                mode=mode, padding_mode=pad, align_corners=pad == "border")))
     cases.append(simple("bitcast_f32_i32", "bitcast", EXACT, lambda b, r, i: b.op(
         "bitcast", _in(b, i, "x", f32(r, 3, 5)), dtype="i32")))
     cases.append(simple("bitcast_i32_f32", "bitcast", EXACT, lambda b, r, i: b.op(
