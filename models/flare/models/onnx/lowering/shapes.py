@@ -264,8 +264,8 @@ def _pad(tr, node, ins, attrs):
         if len(ins) > 2 and ins[2] is not None and ins[2].shape != (0,):
             value = float(np.asarray(tr.c(ins[2])).reshape(-1)[0])
         axes = _ints(tr, ins[3]) if len(ins) > 3 and ins[3] is not None else list(range(rank))
-    if mode not in ("constant", "reflect", "edge"):
-        raise OnnxError(f"pad mode {mode!r} is not supported (constant, reflect, edge)")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise OnnxError(f"pad mode {mode!r} is not supported (constant, reflect, edge, wrap)")
     axes = [_axis(a, rank) for a in axes]
     n = len(axes)
     pairs = [[0, 0] for _ in range(rank)]
@@ -294,6 +294,23 @@ def _pad(tr, node, ins, attrs):
                 shape[a] += lo + hi
         if t is tr.t(x):
             t = tr.op("contiguous", t)
+    elif mode == "wrap":  # the far end's rows before, the near end's after
+        for a, (lo, hi) in enumerate(pairs):
+            if lo > shape[a] or hi > shape[a]:
+                raise OnnxError(f"wrap pad {(lo, hi)} wider than axis {a} ({shape[a]})")
+            pieces = ([tr.op("slice", t, axis=a, start=shape[a] - lo, stop=shape[a])] if lo else []) + [t] + \
+                ([tr.op("slice", t, axis=a, start=0, stop=hi)] if hi else [])
+            for p in pieces[1:]:
+                pieces[0] = tr.op("concat", pieces[0], p, axis=a)
+            t = pieces[0]
+            shape[a] += lo + hi
+        t = tr.op("contiguous", t)
+    elif any(lo or hi for lo, hi in pairs) and mode == "constant" and not np.isfinite(value):
+        # a pad op's value must be finite: pad with 0, then put the value where the mask says "padding"
+        inside = np.pad(np.ones(shape, np.int32), pairs)
+        t = tr.op("pad", t, pads=pairs, mode=mode, value=0.0)
+        shape = [d + lo + hi for d, (lo, hi) in zip(shape, pairs)]
+        t = tr.op("where", tr.t(cval(inside.reshape(flare_shape(tuple(shape))))), t, _full(tr, value, np.float32))
     elif any(lo or hi for lo, hi in pairs):
         t = tr.op("pad", t, pads=pairs, mode=mode, value=value)
         shape = [d + lo + hi for d, (lo, hi) in zip(shape, pairs)]
