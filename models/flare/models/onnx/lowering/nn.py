@@ -62,11 +62,11 @@ def _batch_norm(tr, node, ins, attrs):
     x, scale, bias, mean, var = ins[:5]
     _need(x, "X")
     eps = float(attrs.get("epsilon", 1e-5))
-    if attrs.get("training_mode", 0):
-        raise OnnxError("training_mode=1 is not supported (inference only)")
     n, c = x.shape[0], x.shape[1]
     rest = int(np.prod(x.shape[2:], dtype=np.int64))
     t = tr.op("reshape", tr.t(x), shape=[n, c, rest])  # any rank (wide ones too) as [N, C, rest]
+    if attrs.get("training_mode", 0):
+        return _batch_norm_training(tr, x, t, ins[1:5], eps, float(attrs.get("momentum", 0.9)))
     if all(v.is_const and not v.runtime for v in (scale, bias, mean, var)):
         a = (scale.const.astype(np.float64) / np.sqrt(var.const.astype(np.float64) + eps))
         b = bias.const.astype(np.float64) - mean.const.astype(np.float64) * a
@@ -77,6 +77,29 @@ def _batch_norm(tr, node, ins, attrs):
         a = tr.op("mul", inv, _channel_vec(tr, scale, 3))
         out = tr.op("add", tr.op("mul", tr.op("sub", t, _channel_vec(tr, mean, 3)), a), _channel_vec(tr, bias, 3))
     return [tr.val(out, x.shape, F32)]
+
+
+def _batch_norm_training(tr, x, t, params, eps, momentum):
+    """training_mode=1: normalized by the batch's own mean and (population) variance per channel;
+    also the running mean and variance, momentum-blended with the batch's."""
+    scale, bias, mean, var = params
+    c = x.shape[1]
+
+    def channel_mean(v):
+        return tr.op("mean", tr.op("mean", v, axis=2, keepdims=True), axis=0, keepdims=True)  # [1, C, 1]
+
+    m = channel_mean(t)
+    centered = tr.op("sub", t, m)
+    v = channel_mean(tr.op("mul", centered, centered))
+    inv = tr.op("reciprocal", tr.op("sqrt", tr.op("scale", v, scale=1.0, bias=eps)))
+    y = tr.op("add", tr.op("mul", tr.op("mul", centered, inv), _channel_vec(tr, scale, 3)), _channel_vec(tr, bias, 3))
+
+    def blend(running, batch):
+        flat = tr.op("reshape", batch, shape=[c])
+        return tr.val(tr.op("add", tr.op("scale", tr.t(running), scale=momentum),
+                            tr.op("scale", flat, scale=1.0 - momentum)), (c,), F32)
+
+    return [tr.val(y, x.shape, F32), blend(mean, m), blend(var, v)]
 
 
 @lowers("LayerNormalization", "RMSNormalization")

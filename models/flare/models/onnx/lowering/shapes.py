@@ -386,3 +386,24 @@ def _scatter_elements(tr, node, ins, attrs):
     axis = _axis(attrs.get("axis", 0), len(x.shape))
     out = tr.op("scatter_elements", tr.t(x), tr.t(idx), tr.t(upd), axis=axis, mode=attrs.get("reduction", "none"))
     return [tr.val(out, x.shape, x.dtype)]
+
+
+@lowers("ReverseSequence")
+def _reverse_sequence(tr, node, ins, attrs):
+    """The first sequence_lens[b] steps of each batch entry reversed: a gather along the time
+    axis by an index made on the host from the lengths (read there when computed)."""
+    x, lens_v = ins
+    time_axis, batch_axis = int(attrs.get("time_axis", 0)), int(attrs.get("batch_axis", 1))
+    lens = np.asarray(tr.c(lens_v)).reshape(-1).astype(np.int64)
+    steps, batch = x.shape[time_axis], x.shape[batch_axis]
+    if lens.shape != (batch,) or (lens < 0).any() or (lens > steps).any():
+        raise OnnxError(f"sequence_lens {lens.tolist()} do not fit {batch} sequences of {steps} steps")
+    t = np.arange(steps)[:, None]
+    order = np.where(t < lens[None, :], lens[None, :] - 1 - t, t)  # [time, batch]
+    if time_axis > batch_axis:
+        order = order.T
+    view = [1] * len(x.shape)
+    view[time_axis], view[batch_axis] = steps, batch
+    idx = np.broadcast_to(order.reshape(view), x.shape).astype(np.int64)
+    out = tr.op("take_along_axis", tr.t(x), tr.t(cval(np.ascontiguousarray(idx))), axis=time_axis)
+    return [tr.val(out, x.shape, x.dtype)]
