@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cases import ACCUM, ARITH, EXACT, TRANSC, Case, _in, f32, simple, unary
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .cases import Case
 
 
 def _ints(rng, *shape, lo=-9, hi=9, dtype=np.int64):
@@ -15,6 +18,10 @@ def _ints(rng, *shape, lo=-9, hi=9, dtype=np.int64):
 
 
 def onnx_op_cases() -> list[Case]:
+    # imported here, not above: cases.py builds CASES from this function at its own import, so a
+    # module-level import would be circular when this module is imported first
+    from .cases import ACCUM, ARITH, EXACT, TRANSC, _in, f32, simple, unary
+
     cases: list[Case] = []
     for op in ("abs", "ceil", "floor", "round", "sign"):
         cases.append(unary(op, EXACT))
