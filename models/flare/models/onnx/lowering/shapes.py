@@ -407,3 +407,94 @@ def _reverse_sequence(tr, node, ins, attrs):
     idx = np.broadcast_to(order.reshape(view), x.shape).astype(np.int64)
     out = tr.op("take_along_axis", tr.t(x), tr.t(cval(np.ascontiguousarray(idx))), axis=time_axis)
     return [tr.val(out, x.shape, x.dtype)]
+
+
+def _scatter_into_zeros(tr, values, index, total: int, dtype):
+    """A flat [rows, total] of zeros with `values` [rows, M] added at `index` [rows, M] (repeats add)."""
+    rows = values.shape[0]
+    zeros = tr.t(cval(np.zeros((rows, total), dtype=dtype)))
+    return tr.op("scatter_elements", zeros, index, values, axis=1, mode="add")
+
+
+@lowers("Col2Im")
+def _col2im(tr, node, ins, attrs):
+    """Blocks [N, C*K, L] summed back into an image [N, C, H, W] (2-D): a scatter-add at positions
+    made on the host from the shapes; positions in the padding are dropped."""
+    from .base import _need
+
+    x = _need(ins[0], "input")
+    image = _ints(tr, ins[1])
+    block = _ints(tr, ins[2])
+    if len(image) != 2 or len(block) != 2:
+        raise OnnxError(f"Col2Im of a {len(image)}-D image (2-D is supported)")
+    dil = list(attrs.get("dilations", [1, 1]))
+    strides = list(attrs.get("strides", [1, 1]))
+    pads = list(attrs.get("pads", [0, 0, 0, 0]))
+    n, ck, length = x.shape
+    k = block[0] * block[1]
+    c = ck // k
+    h, w = image
+    nb = [(image[i] + pads[i] + pads[i + 2] - dil[i] * (block[i] - 1) - 1) // strides[i] + 1 for i in range(2)]
+    if ck != c * k or nb[0] * nb[1] != length:
+        raise OnnxError(f"input {x.shape} does not hold {c} channels of {block} blocks at {nb[0]}x{nb[1]} positions")
+    ch, ki, kj, bi, bj = np.meshgrid(np.arange(c), np.arange(block[0]), np.arange(block[1]), np.arange(nb[0]),
+                                     np.arange(nb[1]), indexing="ij")
+    y = bi * strides[0] - pads[0] + ki * dil[0]
+    xx = bj * strides[1] - pads[1] + kj * dil[1]
+    inside = ((y >= 0) & (y < h) & (xx >= 0) & (xx < w)).reshape(-1)
+    target = ((ch * h + y) * w + xx).reshape(-1)[inside]
+    source = np.flatnonzero(inside)
+    flat = tr.op("reshape", tr.t(x), shape=[n, ck * length])
+    picked = tr.op("take", flat, tr.t(cval(source.astype(np.int64))), axis=1)
+    index = tr.t(cval(np.ascontiguousarray(np.broadcast_to(target, (n, target.size)).astype(np.int64))))
+    out = _scatter_into_zeros(tr, picked, index, c * h * w, np.float32)
+    return [tr.val(out, (n, c, h, w), x.dtype)]
+
+
+@lowers("MaxUnpool")
+def _max_unpool(tr, node, ins, attrs):
+    """Values put back at MaxPool's flat indices into a zero tensor of the unpooled shape."""
+    x, idx = ins[0], ins[1]
+    kernel, nd = list(attrs["kernel_shape"]), len(x.shape) - 2
+    strides = list(attrs.get("strides", [1] * nd))
+    pads = list(attrs.get("pads", [0] * (2 * nd)))
+    default = tuple(x.shape[:2]) + tuple((x.shape[2 + i] - 1) * strides[i] - pads[i] - pads[i + nd] + kernel[i]
+                                         for i in range(nd))
+    out_shape = tuple(_ints(tr, ins[2])) if len(ins) > 2 and ins[2] is not None else default
+    size = int(np.prod(x.shape, dtype=np.int64))
+    values = tr.op("reshape", tr.t(x), shape=[1, size])
+    index = tr.op("reshape", tr.t(idx), shape=[1, size])
+    if out_shape != default:  # the indices count in the default shape: same coordinates, the larger shape's strides
+        fd = "i64" if idx.dtype == np.dtype(np.int64) else "i32"
+        np_fd = np.int64 if fd == "i64" else np.int32
+        rest, coords = index, []
+        for d in reversed(default[2:]):
+            coords.append(tr.op("mod", rest, _full(tr, d, np_fd)))
+            rest = tr.op("int_div", rest, _full(tr, d, np_fd))
+        index = rest  # n * C + c
+        for d, coord in zip(out_shape[2:], reversed(coords)):
+            index = tr.op("int_add", tr.op("int_mul", index, _full(tr, d, np_fd)), coord)
+    out = _scatter_into_zeros(tr, values, index, int(np.prod(out_shape, dtype=np.int64)), np.float32)
+    return [tr.val(out, out_shape, x.dtype)]
+
+
+@lowers("TensorScatter")
+def _tensor_scatter(tr, node, ins, attrs):
+    """The update's rows written into the cache along `axis` from each batch entry's write index
+    (wrapping around in circular mode): one scatter at positions made on the host."""
+    past, update = ins[0], ins[1]
+    rank = len(past.shape)
+    axis = _axis(attrs.get("axis", -2), rank)
+    steps, count, batch = past.shape[axis], update.shape[axis], past.shape[0]
+    start = np.zeros(batch, np.int64) if len(ins) < 3 or ins[2] is None else \
+        np.asarray(tr.c(ins[2])).reshape(-1).astype(np.int64)
+    pos = start[:, None] + np.arange(count)[None, :]  # [batch, count]
+    if attrs.get("mode", "linear") == "circular":
+        pos %= steps
+    elif (pos >= steps).any() or (pos < 0).any():
+        raise OnnxError(f"write indices {start.tolist()} + {count} rows overrun axis {axis} ({steps})")
+    view = [1] * rank
+    view[0], view[axis] = batch, count
+    index = np.ascontiguousarray(np.broadcast_to(pos.reshape(view), update.shape).astype(np.int64))
+    out = tr.op("scatter_elements", tr.t(past), tr.t(cval(index)), tr.t(update), axis=axis)
+    return [tr.val(out, past.shape, past.dtype)]
