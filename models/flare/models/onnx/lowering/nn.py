@@ -39,6 +39,8 @@ def _pool(tr, node, ins, attrs):
     strides = list(attrs.get("strides", [1] * nd))
     dil = list(attrs.get("dilations", [1] * nd))
     pads = _spatial_pads(attrs, x.shape[2:], kernel, strides, dil)
+    if nd == 3:
+        return [_pool3d(tr, node, x, kernel, strides, dil, pads, attrs)]
     pp = [[0, 0], [pads[0], pads[1]]] if nd == 1 else [[pads[0], pads[2]], [pads[1], pads[3]]]
     params = dict(kernel=_pairs(kernel, nd, 1), strides=_pairs(strides, nd, 1), dilations=_pairs(dil, nd, 1),
                   pads=pp, ceil_mode=bool(attrs.get("ceil_mode", 0)))
@@ -47,6 +49,23 @@ def _pool(tr, node, ins, attrs):
     out = tr.op("max_pool2d" if node.op_type == "MaxPool" else "avg_pool2d", _as_2d(tr, x), **params)
     shape = tuple(out.shape) if nd == 2 else (out.shape[0], out.shape[1], out.shape[3])
     return [tr.val(out, shape, F32)]
+
+
+def _pool3d(tr, node, x, kernel, strides, dil, pads, attrs):
+    """3-D max/average pooling as two 2-D pools: (H, W) for every depth, then the depth axis.
+    Both are separable: a max of maxes, and an average whose divisor (valid cells, or the
+    window with count_include_pad) is the product of the per-axis ones, ceil_mode included."""
+    n, c, d, h, w = x.shape
+    op = "max_pool2d" if node.op_type == "MaxPool" else "avg_pool2d"
+    common = dict(ceil_mode=bool(attrs.get("ceil_mode", 0)))
+    if node.op_type == "AveragePool":
+        common["count_include_pad"] = bool(attrs.get("count_include_pad", 0))
+    plane = tr.op(op, tr.op("reshape", tr.t(x), shape=[n, c * d, h, w]), kernel=kernel[1:], strides=strides[1:],
+                  dilations=dil[1:], pads=[[pads[1], pads[4]], [pads[2], pads[5]]], **common)
+    ho, wo = plane.shape[2:]
+    depth = tr.op(op, tr.op("reshape", plane, shape=[n * c, 1, d, ho * wo]), kernel=[kernel[0], 1],
+                  strides=[strides[0], 1], dilations=[dil[0], 1], pads=[[pads[0], pads[3]], [0, 0]], **common)
+    return tr.val(depth, (n, c, depth.shape[2], ho, wo), F32)
 
 
 @lowers("GlobalAveragePool", "GlobalMaxPool")
