@@ -167,7 +167,7 @@ def _cumsum(tr, node, ins, attrs):
 
 @lowers("TopK")
 def _topk(tr, node, ins, attrs):
-    x = _need(ins[0], "X")
+    x = _need(ins[0], "X", (F32, np.dtype(np.int32), np.dtype(np.int64)))
     k = _ints(tr, ins[1])[0] if tr.opset >= 10 else int(attrs["k"])
     rank = len(x.shape)
     axis = _axis(attrs.get("axis", -1), rank)
@@ -176,14 +176,42 @@ def _topk(tr, node, ins, attrs):
         perm = list(range(rank))
         perm[axis], perm[-1] = perm[-1], perm[axis]
         t = tr.op("contiguous", tr.op("permute", t, axes=perm))
-    src = t if attrs.get("largest", 1) else tr.op("neg", t)
-    idx = tr.op("top_k", src, k=k)
+    if x.dtype == F32:
+        src = t if attrs.get("largest", 1) else tr.op("neg", t)
+        idx = tr.op("top_k", src, k=k)
+    else:
+        idx = _int_top_k(tr, t, k, bool(attrs.get("largest", 1)))
     vals = tr.op("take_along_axis", t, idx, axis=-1)
     if axis != rank - 1:
         vals = tr.op("permute", vals, axes=perm)
         idx = tr.op("permute", idx, axes=perm)
     shape = tuple(k if i == axis else d for i, d in enumerate(x.shape))
-    return [tr.val(tr.op("contiguous", vals), shape, F32), tr.val(tr.op("cast", idx, dtype="i64"), shape, I64)]
+    return [tr.val(tr.op("contiguous", vals), shape, x.dtype), tr.val(tr.op("cast", idx, dtype="i64"), shape, I64)]
+
+
+MAX_INT_TOPK = 2048  # the integer TopK compares every pair of a row's elements
+
+
+def _int_top_k(tr, t, k: int, largest: bool):
+    """TopK indices of an integer tensor, exactly (top_k is f32-only, and f32 cannot hold every
+    int64): each element's rank is the number of elements that beat it (larger, or equal at a
+    lower index), and the index of rank r is sum(i * (rank_i == r)) (exact in f32 for n < 2^24)."""
+    shape = list(t.shape)
+    n = shape[-1]
+    if not 1 <= k <= n or n > MAX_INT_TOPK:
+        raise OnnxError(f"integer TopK of {k} among {n} (at most {MAX_INT_TOPK} per row)")
+    rows = int(np.prod(shape[:-1], dtype=np.int64))
+    flat = tr.op("reshape", t, shape=[rows, n])
+    mine, other = tr.op("reshape", flat, shape=[rows, n, 1]), tr.op("reshape", flat, shape=[rows, 1, n])
+    before = tr.t(cval((np.arange(n)[None, :] < np.arange(n)[:, None]).astype(np.int32).reshape(1, n, n)))
+    beats = tr.op("logical_or", tr.op("greater" if largest else "less", other, mine),
+                  tr.op("logical_and", tr.op("equal", other, mine), before))
+    place = tr.op("sum", tr.op("cast", beats, dtype="f32"), axis=2, keepdims=False)  # [rows, n]
+    wanted = tr.t(cval(np.arange(k, dtype=np.float32).reshape(1, k, 1)))
+    hit = tr.op("cast", tr.op("equal", tr.op("reshape", place, shape=[rows, 1, n]), wanted), dtype="f32")
+    iota = tr.t(cval(np.arange(n, dtype=np.float32).reshape(1, 1, n)))
+    idx = tr.op("cast", tr.op("sum", tr.op("mul", hit, iota), axis=2, keepdims=False), dtype="i32")  # [rows, k]
+    return tr.op("reshape", idx, shape=shape[:-1] + [k])
 
 
 @lowers("LpNormalization")
