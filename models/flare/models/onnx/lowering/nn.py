@@ -367,3 +367,39 @@ def _grid_sample(tr, node, ins, attrs):
     out = tr.op("grid_sample", tr.t(x), tr.t(grid), mode=mode, padding_mode=attrs.get("padding_mode", "zeros"),
                 align_corners=bool(attrs.get("align_corners", 0)))
     return [tr.val(out, (x.shape[0], x.shape[1], grid.shape[1], grid.shape[2]), F32)]
+
+
+@lowers("Upsample")
+def _upsample(tr, node, ins, attrs):
+    """Upsample (opsets 7-9), like Resize: one constant matrix per scaled axis, made by onnx's
+    reference Upsample on an identity."""
+    from onnx import helper
+
+    x = _need(ins[0], "X")
+    scales = [float(s) for s in (attrs["scales"] if "scales" in attrs else np.asarray(tr.c(ins[1])).reshape(-1))]
+    if len(scales) != len(x.shape):
+        raise OnnxError(f"{len(scales)} scales for a rank-{len(x.shape)} input")
+    mode = attrs.get("mode", "nearest")
+    t = tr.t(x)
+    rank = len(x.shape)
+    shape = list(x.shape)
+    for a, s in enumerate(scales):
+        if s == 1.0:
+            continue
+        n = x.shape[a]
+        if "scales" in attrs:
+            probe = helper.make_node("Upsample", ["X"], ["Y"], mode=mode, scales=[1.0, s])
+            eye = fold(tr, probe, [cval(np.eye(n, dtype=np.float32))])[0].const
+        else:
+            probe = helper.make_node("Upsample", ["X", "scales"], ["Y"], mode=mode)
+            eye = fold(tr, probe, [cval(np.eye(n, dtype=np.float32)), cval(np.array([1.0, s], np.float32))])[0].const
+        mat = np.ascontiguousarray(eye.T.astype(np.float32))  # [m, n]
+        perm = list(range(rank))
+        perm[a], perm[-1] = perm[-1], perm[a]
+        moved = tr.op("permute", t, axes=perm) if a != rank - 1 else t
+        moved = tr.op("matmul", moved, tr.t(cval(mat)), transpose_b=True)
+        t = tr.op("contiguous", tr.op("permute", moved, axes=perm)) if a != rank - 1 else moved
+        shape[a] = mat.shape[0]
+    if t is tr.t(x):
+        t = tr.op("contiguous", t)
+    return [tr.val(t, tuple(shape), F32)]
