@@ -236,3 +236,59 @@ def _cumprod(tr, node, ins, attrs):
     out = tr.op("cumprod", tr.t(x), axis=axis, exclusive=bool(attrs.get("exclusive", 0)),
                 reverse=bool(attrs.get("reverse", 0)))
     return [tr.val(out, x.shape, x.dtype)]
+
+
+@lowers("TfIdfVectorizer")
+def _tfidf(tr, node, ins, attrs):
+    """N-gram counts of integer tokens, as onnx's reference counts them: for each skip distance d
+    (1 .. max_skip_count + 1) every window of g tokens d apart (g from min to max gram length;
+    unigrams at d = 1 only) that equals a pool n-gram adds one to that n-gram's output column.
+    Per (d, g): the windows gathered by a constant index, compared with the pool's n-grams of
+    length g, all-equal over the gram, summed over windows, placed by a constant one-hot matmul."""
+    x = ins[0]
+    if x.dtype not in INTS or "pool_strings" in attrs:
+        raise OnnxError("TfIdfVectorizer of strings is not supported (integer tokens are)")
+    if not 1 <= len(x.shape) <= 2:
+        raise OnnxError(f"TfIdfVectorizer of a rank-{len(x.shape)} input ([C] or [B, C])")
+    pool = np.asarray(attrs["pool_int64s"], dtype=np.int64)
+    counts = list(attrs["ngram_counts"]) + [pool.size]
+    indexes = list(attrs["ngram_indexes"])
+    lo, hi, skips = int(attrs["min_gram_length"]), int(attrs["max_gram_length"]), int(attrs["max_skip_count"])
+    out_size = max(indexes) + 1
+    rows, n = (1, x.shape[0]) if len(x.shape) == 1 else x.shape
+    tokens = tr.op("reshape", tr.t(x), shape=[rows, n])
+    held = np.int32 if x.dtype == np.dtype(np.int32) else np.int64
+    total, first_id = None, 0
+    for g in range(1, len(counts)):
+        grams = pool[counts[g - 1]:counts[g]].reshape(-1, g)
+        ids = list(range(first_id, first_id + len(grams)))
+        first_id += len(grams)
+        if not lo <= g <= hi or not len(grams):
+            continue
+        place = np.zeros((len(grams), out_size), np.float32)
+        place[np.arange(len(grams)), [indexes[i] for i in ids]] = 1.0
+        for d in range(1, skips + 2):
+            if g == 1 and d > 1:
+                break  # unigrams are counted once
+            windows = n - d * (g - 1)
+            if windows <= 0:
+                continue
+            where = (np.arange(windows)[:, None] + d * np.arange(g)[None, :]).reshape(-1)
+            picked = tr.op("reshape", tr.op("take", tokens, tr.t(cval(where.astype(np.int64))), axis=1),
+                           shape=[rows, windows, 1, g])
+            same = tr.op("equal", picked, tr.t(cval(grams.astype(held).reshape(1, 1, len(grams), g))))
+            every = tr.op("min", same, axis=3, keepdims=False)  # [rows, windows, M]: all tokens match
+            found = tr.op("sum", tr.op("cast", every, dtype="f32"), axis=1, keepdims=False)  # [rows, M]
+            part = tr.op("matmul", found, tr.t(cval(np.ascontiguousarray(place.T))), transpose_b=True)
+            total = part if total is None else tr.op("add", total, part)
+    if total is None:
+        total = tr.t(cval(np.zeros((rows, out_size), np.float32)))
+    mode = attrs.get("mode", "TF")
+    weights = attrs.get("weights")
+    if mode == "IDF":
+        hit = tr.op("cast", tr.op("greater", total, _full(tr, 0.0, np.float32)), dtype="f32")
+        total = tr.op("mul", hit, tr.t(cval(np.asarray(weights, np.float32)))) if weights else hit
+    elif mode == "TFIDF" and weights:
+        total = tr.op("mul", total, tr.t(cval(np.asarray(weights, np.float32))))
+    shape = (out_size,) if len(x.shape) == 1 else (rows, out_size)
+    return [tr.val(total, shape, F32)]
