@@ -27,7 +27,7 @@ Lowering = Callable[..., list]
 LOWERINGS: dict[str, Lowering] = {}
 # ops that take *wide* values (rank > 4, held contiguously in a merged Flare shape: values.flare_shape)
 WIDE_OK = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Identity", "Shape", "Size", "Dropout", "Cast", "CastLike",
-           "MaxPool", "AveragePool",  # 3-D pooling (rank 5) runs as two 2-D pools
+           "MaxPool", "AveragePool", "LpPool",  # 3-D pooling (rank 5) runs as two 2-D pools
            "BatchNormalization", "GatherND", "ScatterND",  # these two take wide *index* tensors
            "Concat", "GatherElements", "Slice", "Transpose", *("ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceL1 "
                                                    "ReduceL2 ReduceSumSquare ReduceLogSum ReduceLogSumExp").split()}

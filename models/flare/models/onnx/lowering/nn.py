@@ -40,7 +40,7 @@ def _pool(tr, node, ins, attrs):
     dil = list(attrs.get("dilations", [1] * nd))
     pads = _spatial_pads(attrs, x.shape[2:], kernel, strides, dil)
     if nd == 3:
-        return [_pool3d(tr, node, x, kernel, strides, dil, pads, attrs)]
+        return [_pool3d(tr, node.op_type, x, kernel, strides, dil, pads, attrs)]
     pp = [[0, 0], [pads[0], pads[1]]] if nd == 1 else [[pads[0], pads[2]], [pads[1], pads[3]]]
     params = dict(kernel=_pairs(kernel, nd, 1), strides=_pairs(strides, nd, 1), dilations=_pairs(dil, nd, 1),
                   pads=pp, ceil_mode=bool(attrs.get("ceil_mode", 0)))
@@ -51,14 +51,14 @@ def _pool(tr, node, ins, attrs):
     return [tr.val(out, shape, F32)]
 
 
-def _pool3d(tr, node, x, kernel, strides, dil, pads, attrs):
+def _pool3d(tr, op_type, x, kernel, strides, dil, pads, attrs):
     """3-D max/average pooling as two 2-D pools: (H, W) for every depth, then the depth axis.
     Both are separable: a max of maxes, and an average whose divisor (valid cells, or the
     window with count_include_pad) is the product of the per-axis ones, ceil_mode included."""
     n, c, d, h, w = x.shape
-    op = "max_pool2d" if node.op_type == "MaxPool" else "avg_pool2d"
+    op = "max_pool2d" if op_type == "MaxPool" else "avg_pool2d"
     common = dict(ceil_mode=bool(attrs.get("ceil_mode", 0)))
-    if node.op_type == "AveragePool":
+    if op_type == "AveragePool":
         common["count_include_pad"] = bool(attrs.get("count_include_pad", 0))
     plane = tr.op(op, tr.op("reshape", tr.t(x), shape=[n, c * d, h, w]), kernel=kernel[1:], strides=strides[1:],
                   dilations=dil[1:], pads=[[pads[1], pads[4]], [pads[2], pads[5]]], **common)
@@ -169,6 +169,12 @@ def _lp_pool(tr, node, ins, attrs):
     strides = list(attrs.get("strides", [1] * nd))
     dil = list(attrs.get("dilations", [1] * nd))
     pads = _spatial_pads(attrs, x.shape[2:], kernel, strides, dil)
+    if nd == 3:  # sum of |x|^p by the separable 3-D average pool (padding counted: zeros), then the root
+        powed = tr.val(tr.op("pow", tr.op("abs", tr.t(x)), _full(tr, p, np.float32)), x.shape, F32)
+        avg = _pool3d(tr, "AveragePool", powed, kernel, strides, dil, pads, {"ceil_mode": attrs.get("ceil_mode", 0),
+                                                                      "count_include_pad": 1})
+        total = tr.op("scale", tr.t(avg), scale=float(np.prod(kernel)))
+        return [tr.val(tr.op("pow", total, _full(tr, 1.0 / p, np.float32)), avg.shape, F32)]
     pp = [[0, 0], [pads[0], pads[1]]] if nd == 1 else [[pads[0], pads[2]], [pads[1], pads[3]]]
     powed = tr.op("pow", tr.op("abs", _as_2d(tr, x)), _full(tr, p, np.float32))
     avg = tr.op("avg_pool2d", powed, kernel=_pairs(kernel, nd, 1), strides=_pairs(strides, nd, 1),

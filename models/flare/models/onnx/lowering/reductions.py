@@ -292,3 +292,33 @@ def _tfidf(tr, node, ins, attrs):
         total = tr.op("mul", total, tr.t(cval(np.asarray(weights, np.float32))))
     shape = (out_size,) if len(x.shape) == 1 else (rows, out_size)
     return [tr.val(total, shape, F32)]
+
+
+@lowers("Det")
+def _det(tr, node, ins, attrs):
+    """Determinants of 2x2 and 3x3 matrices [..., n, n] by their cofactor expansion (products of
+    gathered entries); larger ones are not supported."""
+    x = _need(ins[0], "X")
+    n = x.shape[-1]
+    if len(x.shape) < 2 or x.shape[-2] != n or n not in (2, 3):
+        raise OnnxError(f"Det of {x.shape} (2x2 and 3x3 matrices are supported)")
+    batch = int(np.prod(x.shape[:-2], dtype=np.int64))
+    flat = tr.op("reshape", tr.t(x), shape=[batch, n * n])
+
+    def entry(i, j):
+        return tr.op("take", flat, tr.t(cval(np.array([i * n + j], np.int64))), axis=1)  # [batch, 1]
+
+    def product(*cells):
+        out = entry(*cells[0])
+        for cell in cells[1:]:
+            out = tr.op("mul", out, entry(*cell))
+        return out
+
+    if n == 2:
+        det = tr.op("sub", product((0, 0), (1, 1)), product((0, 1), (1, 0)))
+    else:
+        plus = [((0, 0), (1, 1), (2, 2)), ((0, 1), (1, 2), (2, 0)), ((0, 2), (1, 0), (2, 1))]
+        minus = [((0, 2), (1, 1), (2, 0)), ((0, 1), (1, 0), (2, 2)), ((0, 0), (1, 2), (2, 1))]
+        det = tr.op("sub", tr.op("add", tr.op("add", *[product(*c) for c in plus[:2]]), product(*plus[2])),
+                    tr.op("add", tr.op("add", *[product(*c) for c in minus[:2]]), product(*minus[2])))
+    return [tr.val(det, tuple(x.shape[:-2]), F32)]
