@@ -409,3 +409,31 @@ def _upsample(tr, node, ins, attrs):
     if t is tr.t(x):
         t = tr.op("contiguous", t)
     return [tr.val(t, tuple(shape), F32)]
+
+
+MAX_STFT_MATRIX = 1 << 24  # elements of STFT's constant matrix (signal length x outputs)
+
+
+@lowers("STFT")
+def _stft(tr, node, ins, attrs):
+    """STFT is linear in the signal once frame step, window and frame length are known: one
+    constant matrix, made by onnx's reference STFT on unit impulses (as DFT is lowered),
+    and a matmul per call. Real signals [B, L, 1]."""
+    from onnx import helper
+
+    x = _need(ins[0], "signal")
+    if len(x.shape) != 3 or x.shape[2] != 1:
+        raise OnnxError(f"STFT of a signal {x.shape} (real signals [batch, length, 1] are supported)")
+    b, length = x.shape[0], x.shape[1]
+    names = ["signal"] + [f"in{i}" if i < len(ins) and ins[i] is not None else "" for i in range(1, 4)]
+    probe = helper.make_node("STFT", names, ["y"], **attrs)
+    feeds = [cval(np.eye(length, dtype=np.float32).reshape(length, length, 1))]
+    feeds += [None if i >= len(ins) or ins[i] is None else cval(np.asarray(tr.c(ins[i]))) for i in range(1, 4)]
+    impulses = fold(tr, probe, feeds)[0].const  # [L, frames, bins, 2]
+    out_shape = (b,) + tuple(impulses.shape[1:])
+    width = int(np.prod(impulses.shape[1:], dtype=np.int64))
+    if length * width > MAX_STFT_MATRIX:
+        raise OnnxError(f"STFT's matrix would hold {length * width} elements (at most {MAX_STFT_MATRIX})")
+    mat = np.ascontiguousarray(impulses.reshape(length, width).T.astype(np.float32))  # [width, L]
+    flat = tr.op("matmul", tr.op("reshape", tr.t(x), shape=[b, length]), tr.t(cval(mat)), transpose_b=True)
+    return [tr.val(flat, out_shape, F32)]
