@@ -32,13 +32,15 @@ def _conv(tr, node, ins, attrs):
 @lowers("MaxPool", "AveragePool")
 def _pool(tr, node, ins, attrs):
     x = _need(ins[0], "X")
-    if node.op_type == "MaxPool" and len(node.output) > 1 and node.output[1]:
-        raise OnnxError("MaxPool's Indices output is not supported")
     nd = len(x.shape) - 2
     kernel = list(attrs["kernel_shape"])
     strides = list(attrs.get("strides", [1] * nd))
     dil = list(attrs.get("dilations", [1] * nd))
     pads = _spatial_pads(attrs, x.shape[2:], kernel, strides, dil)
+    if node.op_type == "MaxPool" and len(node.output) > 1 and node.output[1]:
+        if nd != 2:
+            raise OnnxError("MaxPool's Indices output is supported for 2-D pooling")
+        return _max_pool_with_indices(tr, x, kernel, strides, dil, pads, attrs)
     if nd == 3:
         return [_pool3d(tr, node.op_type, x, kernel, strides, dil, pads, attrs)]
     pp = [[0, 0], [pads[0], pads[1]]] if nd == 1 else [[pads[0], pads[2]], [pads[1], pads[3]]]
@@ -49,6 +51,40 @@ def _pool(tr, node, ins, attrs):
     out = tr.op("max_pool2d" if node.op_type == "MaxPool" else "avg_pool2d", _as_2d(tr, x), **params)
     shape = tuple(out.shape) if nd == 2 else (out.shape[0], out.shape[1], out.shape[3])
     return [tr.val(out, shape, F32)]
+
+
+LOWEST = float(np.finfo(np.float32).min)  # the padding of a max pool: never the maximum of a window
+
+
+def _max_pool_with_indices(tr, x, kernel, strides, dil, pads, attrs):
+    """2-D MaxPool with its Indices output: every window gathered from the (lowest-value padded)
+    input by a constant index, its first maximum taken, and that cell's flat position in the
+    unpadded [N, C, H, W] input (row-major, or column-major with storage_order=1) looked up."""
+    from flare.core.ops.spatial import out_size
+
+    n, c, h, w = x.shape
+    ceil = bool(attrs.get("ceil_mode", 0))
+    ho = out_size(h, kernel[0], strides[0], dil[0], pads[0], pads[2], ceil)
+    wo = out_size(w, kernel[1], strides[1], dil[1], pads[1], pads[3], ceil)
+    rows = np.arange(ho)[:, None, None, None] * strides[0] + np.arange(kernel[0])[None, None, :, None] * dil[0]
+    cols = np.arange(wo)[None, :, None, None] * strides[1] + np.arange(kernel[1])[None, None, None, :] * dil[1]
+    rows, cols = np.broadcast_arrays(rows, cols)  # [Ho, Wo, kh, kw], in padded coordinates
+    hp, wp = max(h + pads[0] + pads[2], int(rows.max()) + 1), max(w + pads[1] + pads[3], int(cols.max()) + 1)
+    k = kernel[0] * kernel[1]
+    padded = tr.op("pad", tr.t(x), pads=[[0, 0], [0, 0], [pads[0], hp - h - pads[0]], [pads[1], wp - w - pads[1]]],
+                   value=LOWEST)
+    table = (rows * wp + cols).reshape(-1).astype(np.int64)
+    windows = tr.op("reshape", tr.op("take", tr.op("reshape", padded, shape=[n * c, hp * wp]), tr.t(cval(table)),
+                                     axis=1), shape=[n * c, ho * wo, k])
+    best = tr.op("arg_max", windows, axis=2, keepdims=True)  # [N*C, Ho*Wo, 1], first maximum
+    values = tr.op("take_along_axis", windows, best, axis=2)
+    y, xx = rows - pads[0], cols - pads[1]
+    where = (xx * h + y) if attrs.get("storage_order", 0) else (y * w + xx)
+    where = np.broadcast_to(where.reshape(1, ho * wo, k), (n * c, ho * wo, k)).astype(np.int64)
+    where = where + (np.arange(n * c, dtype=np.int64) * h * w)[:, None, None]
+    index = tr.op("take_along_axis", tr.t(cval(np.ascontiguousarray(where))), best, axis=2)
+    shape = (n, c, ho, wo)
+    return [tr.val(values, shape, F32), tr.val(index, shape, np.dtype(np.int64))]
 
 
 def _pool3d(tr, op_type, x, kernel, strides, dil, pads, attrs):
