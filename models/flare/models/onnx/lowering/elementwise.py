@@ -181,6 +181,25 @@ def _unary(tr, node, ins, attrs):
 
 @lowers("Dropout")
 def _dropout(tr, node, ins, attrs):
+    """Identity at inference; with training_mode (read on the host) each element is kept with
+    probability 1 - ratio and scaled by 1 / (1 - ratio). The mask is drawn on the host by NumPy's
+    RandomState, seeded by the node's `seed` when it has one (as onnx's reference draws it), and
+    fed to the segment as an input: a fresh draw per call, never a cached weight."""
+    training = len(ins) > 2 and ins[2] is not None and bool(np.asarray(tr.c(ins[2])).reshape(-1)[0])
+    ratio = float(np.asarray(tr.c(ins[1])).reshape(-1)[0]) if len(ins) > 1 and ins[1] is not None else \
+        float(attrs.get("ratio", 0.5))
+    if training and ratio > 0:
+        x = _need(ins[0], "data")
+        rng = np.random.RandomState(int(attrs["seed"]) if "seed" in attrs else None)
+        keep = rng.uniform(0, 1.0, x.shape) >= ratio
+        scale = cval((keep / (1.0 - ratio)).astype(np.float32))
+        scale.runtime = True
+        out = [tr.val(tr.op("mul", tr.t(x), tr.t(scale)), x.shape, F32)]
+        if len(node.output) > 1 and node.output[1]:
+            mask = cval(keep)
+            mask.runtime = True
+            out.append(mask)
+        return out
     out = _identity(tr, node, ins, attrs)
     if len(node.output) > 1 and node.output[1]:
         out.append(cval(np.ones(ins[0].shape, dtype=bool)))

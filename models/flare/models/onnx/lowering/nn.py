@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import OnnxError
-from .base import (F32, _as_2d, _axis, _channel_vec, _full, _need, _norm_tail, _pairs, _reduce_chain,
+from .base import (F32, _as_2d, _identity, _axis, _channel_vec, _full, _need, _norm_tail, _pairs, _reduce_chain,
     _spatial_pads, _zero_upsample, cval, fold, lowers)
 
 
@@ -299,9 +299,9 @@ def _conv_transpose(tr, node, ins, attrs):
     if "output_shape" in attrs or auto in ("SAME_UPPER", "SAME_LOWER"):
         want = list(attrs["output_shape"])[-nd:] if "output_shape" in attrs else [i * s for i, s in zip(in_hw, strides)]
         for i in range(nd):
+            # a negative total (output_shape past the natural size) pads the output: the standard's split
             total = strides[i] * (in_hw[i] - 1) + out_pad[i] + (kernel[i] - 1) * dil[i] + 1 - want[i]
-            total = max(total, 0)
-            if auto == "SAME_UPPER" or (auto != "SAME_LOWER" and "output_shape" in attrs):
+            if auto == "SAME_UPPER":
                 pads[i], pads[i + nd] = total // 2, total - total // 2
             else:
                 pads[i], pads[i + nd] = total - total // 2, total // 2
@@ -448,6 +448,12 @@ def _upsample(tr, node, ins, attrs):
 
 
 MAX_STFT_MATRIX = 1 << 24  # elements of STFT's constant matrix (signal length x outputs)
+
+
+@lowers("OptionalGetElement")
+def _optional_get_element(tr, node, ins, attrs):
+    """Of a plain tensor (optional and sequence values are not supported): the tensor itself."""
+    return _identity(tr, node, ins, attrs)
 
 
 @lowers("STFT")
