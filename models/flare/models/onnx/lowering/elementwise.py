@@ -379,3 +379,78 @@ def _isinf(tr, node, ins, attrs):
     else:
         out = tr.op("logical_or", pos, neg)
     return [tr.val(out, x.shape, BOOL)]
+
+
+def _quant_param(tr, v, shape, axis: int, block: int, t=None):
+    """A scale or zero point (or `t`, a tensor made from it) shaped to broadcast over x: per
+    tensor, per axis (1-D along `axis`), or per block (repeated block_size times along `axis`
+    by a gather)."""
+    t = tr.t(v) if t is None else t
+    if int(np.prod(v.shape, dtype=np.int64)) == 1 and not block:
+        return t
+    if block:
+        return tr.op("take", t, tr.t(cval((np.arange(shape[axis]) // block).astype(np.int64))), axis=axis)
+    view = [1] * len(shape)
+    view[axis] = v.shape[0]
+    return tr.op("reshape", t, shape=view)
+
+
+def _as_f32(tr, t):
+    return t if t.dtype == "f32" else tr.op("cast", t, dtype="f32")
+
+
+@lowers("DequantizeLinear")
+def _dequantize_linear(tr, node, ins, attrs):
+    """(x - zero_point) * scale in f32, over the carriers (values.CARRIER) of the quantized dtypes."""
+    from ..values import np_dtype_of
+
+    x, scale = ins[0], ins[1]
+    zp = ins[2] if len(ins) > 2 else None
+    axis = _axis_of(attrs.get("axis", 1), len(x.shape))
+    block = int(attrs.get("block_size", 0))
+    t = _as_f32(tr, tr.t(x))
+    if zp is not None:
+        t = tr.op("sub", t, _as_f32(tr, _quant_param(tr, zp, x.shape, axis, block)))
+    out = tr.op("mul", t, _quant_param(tr, scale, x.shape, axis, block))
+    to = np_dtype_of(attrs["output_dtype"], "output_dtype") if attrs.get("output_dtype") else \
+        (scale.carried_from or scale.dtype)
+    if np.dtype(to) == np.dtype(np.float16):
+        out = tr.op("cast", tr.op("cast", out, dtype="f16"), dtype="f32")
+    return [tr.val(out, x.shape, to)]
+
+
+@lowers("QuantizeLinear")
+def _quantize_linear(tr, node, ins, attrs):
+    """round(x / scale) + zero_point clamped to the target's range (an integer type), or x / scale
+    rounded to a float8 (saturated) / float4 format, as onnx's reference quantizes."""
+    from ..values import NARROW_FLOATS, np_dtype_of
+
+    from .base import NARROW_INTS
+
+    x, scale = ins[0], ins[1]
+    zp = ins[2] if len(ins) > 2 else None
+    axis = _axis_of(attrs.get("axis", 1), len(x.shape))
+    block = int(attrs.get("block_size", 0))
+    to = np.dtype(zp.carried_from or zp.dtype) if zp is not None else \
+        np.dtype(np_dtype_of(attrs["output_dtype"], "output_dtype")) if attrs.get("output_dtype") else np.dtype(np.uint8)
+    q = tr.op("div", _as_f32(tr, tr.t(x)), _as_f32(tr, _quant_param(tr, scale, x.shape, axis, block)))
+    if to in NARROW_FLOATS:
+        fmt = NARROW_FLOATS[to]
+        if fmt.startswith("float4") and zp is not None:
+            q = tr.op("add", q, _as_f32(tr, _quant_param(tr, zp, x.shape, axis, block)))
+        out = tr.op("round_float", q, mode=fmt, saturate=fmt.startswith("float8") and bool(attrs.get("saturate", 1)))
+        return [tr.val(out, x.shape, to)]
+    if to in NARROW_INTS or to in (I32, np.dtype(np.int8), np.dtype(np.uint8)):
+        bits, signed = NARROW_INTS.get(to, (32, True))
+        lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+        out = tr.op("cast", tr.op("round", q), dtype="i32")
+        if zp is not None:
+            z = tr.t(zp) if tr.t(zp).dtype == "i32" else tr.op("cast", tr.t(zp), dtype="i32")  # uint32: i64
+            out = tr.op("int_add", out, _quant_param(tr, zp, x.shape, axis, block, t=z))
+        out = tr.op("minimum", tr.op("maximum", out, _full(tr, lo, np.int32)), _full(tr, hi, np.int32))
+        return [tr.val(out, x.shape, to)]
+    raise OnnxError(f"quantizing to {to.name} is not supported")
+
+
+def _axis_of(axis: int, rank: int) -> int:
+    return axis % max(rank, 1)
