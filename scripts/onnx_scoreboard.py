@@ -11,7 +11,9 @@ comparison and tolerances. "real" tests download their models and are
 counted as skipped on a machine without network. Besides the scoreboard's
 categories the table shows the "fp32-class" node tests: graph inputs and
 outputs float32 / int64 / int32 / bool, default domain, `_expanded` included.
-`--failures FILE` writes each failing test with its first error line.
+`--failures FILE` writes each failing test with its first error line;
+`--write-exclusions` (cpu) rewrites models/flare/models/onnx/backend_test_exclusions.txt
+from the failures, grouped by reason (suite.exclusion_reason).
 """
 from __future__ import annotations
 
@@ -51,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-k", default="", help="only tests whose name contains this")
     p.add_argument("--json", action="store_true")
     p.add_argument("--failures", default=None, metavar="FILE")
+    p.add_argument("--write-exclusions", action="store_true",
+                   help="rewrite the exclusions file from this run's failures (whole suite, cpu only)")
     args = p.parse_args(argv)
 
     import warnings
@@ -87,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.failures, "w") as f:
             for name, detail in failures:
                 f.write(f"{name}\t{detail}\n")
+    if args.write_exclusions:
+        if args.k or args.backend != "cpu":
+            p.error("--write-exclusions needs the whole suite on cpu (no -k)")
+        suite.write_exclusions(failures)
     if args.json:
         print(json.dumps({"backend": args.backend, "seconds": round(seconds, 1), "categories": rows}, indent=2))
         return 0

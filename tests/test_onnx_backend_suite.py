@@ -55,3 +55,19 @@ def test_onnx_backend(backend, item):
         warnings.simplefilter("ignore")
         with MatrixBackend.using(devices):
             suite.run_item(BACKEND_TEST, item)
+
+
+def test_write_exclusions_groups_failures_by_reason(tmp_path):
+    path = tmp_path / "exclusions.txt"
+    failures = [("test_a", "UnsupportedOpError: <memory>: unsupported ONNX op(s): Foo (node '#0')"),
+                ("test_b", "UnsupportedOpError: <memory>: unsupported ONNX op(s): Foo (node 'n')"),
+                ("test_c", "AssertionError: Not equal to tolerance rtol=0.001, atol=1e-07"),
+                ("test_d.x", "OnnxError: <memory>: node '#0 (Cast)' (Cast): cast to float8_e8m0fnu is not supported")]
+    suite.write_exclusions(failures, path)
+    rules = suite.load_exclusions(path)
+    assert suite.excluded("test_a", rules) == suite.excluded("test_b", rules) == "no lowering for Foo"
+    assert "tolerance" in suite.excluded("test_c", rules)
+    assert suite.excluded("test_d.x", rules).startswith("dtype float8_e8m0fnu")
+    assert suite.excluded("test_dxx", rules) is None  # names are escaped, not patterns
+    assert suite.excluded("test_resnet50", rules)  # the real models' line is always there
+    assert [p.name for p in tmp_path.iterdir()] == ["exclusions.txt"]  # no temporary file left behind

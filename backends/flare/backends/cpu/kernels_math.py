@@ -1,5 +1,5 @@
 """CPU kernels of the ops in flare.core.ops.math_ops (unary math, min/max/pow/mod,
-integer arithmetic, comparisons, logic, where, min/prod/argmin/arg_max, cumsum).
+integer arithmetic, bitwise ops and shifts, comparisons, logic, where, min/prod/argmin/arg_max, cumsum).
 
 Same contract as kernels.py: `kernel(out, srcs, params)` writes into `out`, a
 contiguous view of the arena; float math runs in float32 with NumPy's ufuncs
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flare.core.ops.math_ops import int_div
+from flare.core.ops.math_ops import bit_shift, int_div, round_float
 
 from .erf import erf_into
 from .kernels import KERNELS
@@ -91,6 +91,12 @@ def _logical(fn):
 
 KERNELS.update(minimum=_binary(np.minimum), maximum=_binary(np.maximum), pow=_binary(np.power), mod=_mod,
                int_add=_binary(np.add), int_sub=_binary(np.subtract), int_mul=_binary(np.multiply), int_div=_int_div)
+KERNELS.update(bitwise_and=_binary(np.bitwise_and), bitwise_or=_binary(np.bitwise_or),
+               bitwise_xor=_binary(np.bitwise_xor))
+KERNELS["bitwise_not"] = lambda out, x, p: np.invert(x[0], out=out)
+KERNELS["bit_shift"] = lambda out, x, p: out.__setitem__(Ellipsis, bit_shift(x[0], x[1], p["mode"]))
+KERNELS["bitcast"] = lambda out, x, p: out.view(x[0].dtype).__setitem__(Ellipsis, x[0])
+KERNELS["round_float"] = lambda out, x, p: out.__setitem__(Ellipsis, round_float(x[0], p["mode"], p["saturate"]))
 KERNELS.update(equal=_compare(np.equal), less=_compare(np.less), less_equal=_compare(np.less_equal),
                greater=_compare(np.greater), greater_equal=_compare(np.greater_equal))
 KERNELS.update(logical_and=_logical(np.logical_and), logical_or=_logical(np.logical_or),

@@ -1,4 +1,4 @@
-"""CPU kernels of flare.core.ops.spatial (conv2d, max_pool2d, avg_pool2d) in float32.
+"""CPU kernels of flare.core.ops.spatial (conv2d, max_pool2d, avg_pool2d, grid_sample) in float32.
 
 conv2d is im2col by strided view plus one tensordot per group (BLAS does the
 work); the pools reduce the same windows view. Padding copies the input once
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flare.core.ops.spatial import pool_geometry, windows
+from flare.core.ops.spatial import grid_sample_ref, pool_geometry, windows
 
 from .kernels import KERNELS
 
@@ -45,3 +45,10 @@ def _avg_pool2d(out, x, p):
 
 
 KERNELS.update(conv2d=_conv2d, max_pool2d=_max_pool2d, avg_pool2d=_avg_pool2d)
+
+
+def _grid_sample(out, x, p):
+    out[...] = grid_sample_ref(x[0], x[1], p["mode"], p["padding_mode"], p["align_corners"])  # the reference is the kernel
+
+
+KERNELS["grid_sample"] = _grid_sample

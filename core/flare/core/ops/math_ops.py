@@ -10,6 +10,16 @@ touching them:
   (f32, and i32/i64 for minimum/maximum/mod);
 - `int_add`, `int_sub`, `int_mul`, `int_div`: integer arithmetic (i32/i64),
   division truncating toward zero as ONNX and C do;
+- `bitwise_and`, `bitwise_or`, `bitwise_xor`, `bitwise_not` and `bit_shift`
+  (`mode` left / right / right_logical) over i32/i64: shifts by a negative
+  count or by the width or more give 0 (-1 for an arithmetic right shift of a
+  negative value), as ONNX's BitShift defines it rather than C's masking;
+- `round_float`: f32 values rounded (to nearest even) to a narrower float
+  format (`mode`: bfloat16, float16, the float8 formats, float4_e2m1fn; the
+  formats are ml_dtypes' ones) and held in f32 again, clamped to the format's
+  finite range first when `saturate`; what an ONNX Cast to such a format does;
+- `bitcast`: the bits of an f32/i32 (or i64) tensor read as the other dtype
+  of the same width;
 - comparisons (`equal`, `less`, ...) and logic (`logical_and`, ...): booleans
   are i32 0/1 (Flare has no bool dtype; the importer converts at the edges);
 - `where(cond i32, a, b)`: selection with three-way broadcasting;
@@ -34,6 +44,7 @@ PARAMS.setdefault("hi", (lambda v: v is None or _is_num(v), "a number finite in 
 PARAMS.setdefault("fmod", (lambda v: isinstance(v, bool), "true or false"))
 PARAMS.setdefault("exclusive", (lambda v: isinstance(v, bool), "true or false"))
 PARAMS.setdefault("reverse", (lambda v: isinstance(v, bool), "true or false"))
+PARAMS.setdefault("saturate", (lambda v: isinstance(v, bool), "true or false"))
 PARAMS.setdefault("select_last", (lambda v: isinstance(v, bool), "true or false"))
 
 INTS = ("i32", "i64")
@@ -133,6 +144,92 @@ LOGICAL = {"logical_and": np.logical_and, "logical_or": np.logical_or, "logical_
 for _name, _fn in LOGICAL.items():
     register(OpDef(_name, (2, 2), _same_dtype_binary(_name, ("i32",)),
                    (lambda f: lambda x, p: f(x[0] != 0, x[1] != 0).astype(np.int32))(_fn)))
+
+
+BITWISE = {"bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor}
+for _name, _fn in BITWISE.items():
+    register(OpDef(_name, (2, 2), _same_dtype_binary(_name, INTS),
+                   (lambda f: lambda x, p: f(x[0], x[1]).astype(x[0].dtype))(_fn)))
+
+
+def _bitwise_not_infer(node, srcs, params):
+    need_dtype(node, "bitwise_not", srcs[0], INTS)
+    return srcs[0].shape, srcs[0].dtype
+
+
+register(OpDef("bitwise_not", (1, 1), _bitwise_not_infer, lambda x, p: np.invert(x[0])))
+
+SHIFT_MODES = ("left", "right", "right_logical")
+
+
+def bit_shift(a: np.ndarray, b: np.ndarray, mode: str) -> np.ndarray:
+    """a shifted by b bits (both i32 or i64, broadcast). A count outside 0..width-1 gives 0, or -1
+    for an arithmetic right shift of a negative value; `right_logical` shifts in zeros (the
+    unsigned view), as for uint64 values carried in i64."""
+    a, b = np.broadcast_arrays(a, b)
+    width = a.dtype.itemsize * 8
+    unsigned = np.dtype(f"u{a.dtype.itemsize}")
+    valid = (b >= 0) & (b < width)
+    count = np.where(valid, b, 0).astype(unsigned)
+    if mode == "left":
+        out = np.left_shift(a.view(unsigned), count).view(a.dtype)
+        return np.where(valid, out, 0).astype(a.dtype)
+    if mode == "right_logical":
+        out = np.right_shift(a.view(unsigned), count).view(a.dtype)
+        return np.where(valid, out, 0).astype(a.dtype)
+    out = np.right_shift(a, count.astype(a.dtype))
+    return np.where(valid, out, np.where(a < 0, -1, 0)).astype(a.dtype)
+
+
+def _shift_infer(node, srcs, params):
+    if params["mode"] not in SHIFT_MODES:
+        raise DTypeError(f"bit_shift: mode {params['mode']!r} is not one of {', '.join(SHIFT_MODES)}", node)
+    return _same_dtype_binary("bit_shift", INTS)(node, srcs, params)
+
+
+register(OpDef("bit_shift", (2, 2), _shift_infer, lambda x, p: bit_shift(x[0], x[1], p["mode"]), required=("mode",)))
+
+
+FLOAT_FORMATS = ("bfloat16", "float16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+                 "float4_e2m1fn")
+
+
+def round_float(x: np.ndarray, fmt: str, saturate: bool) -> np.ndarray:
+    """x (f32) rounded to the float format `fmt` and back to f32; with `saturate` values beyond the
+    format's range (infinities too) become its largest finite value, else they become what the
+    format makes of them (inf, or NaN where it has no inf). The formats are ml_dtypes' dtypes."""
+    import ml_dtypes
+
+    dtype = np.dtype(getattr(ml_dtypes, fmt) if fmt != "float16" else np.float16)
+    if saturate:
+        info = ml_dtypes.finfo(dtype)
+        x = np.clip(x, np.float32(info.min), np.float32(info.max))
+    with np.errstate(all="ignore"):
+        return x.astype(dtype).astype(np.float32)
+
+
+def _round_float_infer(node, srcs, params):
+    need_dtype(node, "round_float", srcs[0], ("f32",))
+    if params["mode"] not in FLOAT_FORMATS:
+        raise DTypeError(f"round_float: mode {params['mode']!r} is not one of {', '.join(FLOAT_FORMATS)}", node)
+    return srcs[0].shape, "f32"
+
+
+register(OpDef("round_float", (1, 1), _round_float_infer, lambda x, p: round_float(x[0], p["mode"], p["saturate"]),
+               defaults={"saturate": False}, required=("mode",)))
+
+
+def _bitcast_infer(node, srcs, params):
+    src, dtype = srcs[0], params["dtype"]
+    need_dtype(node, "bitcast", src, NUMERIC)
+    if dtype not in NUMERIC or to_numpy(dtype).itemsize != to_numpy(src.dtype).itemsize:
+        raise DTypeError(f"bitcast: {src.dtype} to {dtype!r}: the dtypes must be of {'/'.join(NUMERIC)} and "
+                         f"of one width", node)
+    return src.shape, dtype
+
+
+register(OpDef("bitcast", (1, 1), _bitcast_infer,
+               lambda x, p: np.ascontiguousarray(x[0]).view(to_numpy(p["dtype"])), required=("dtype",)))
 
 
 def _not_infer(node, srcs, params):

@@ -7,6 +7,8 @@ dilations and explicit (before, after) zero padding; bias is a separate `add`.
 input or its left padding, the PyTorch/ONNX rule); padded cells never win a
 max, and `avg_pool2d` counts them only with `count_include_pad`.
 1-D convolutions and pools of imported graphs run as these with H = 1.
+`grid_sample` samples [N, C, H, W] at normalized grid points (ONNX GridSample,
+2-D: linear, nearest or cubic; zeros, border or reflection padding).
 """
 from __future__ import annotations
 
@@ -145,3 +147,101 @@ register(OpDef("max_pool2d", (1, 1), _pool_infer("max_pool2d"), max_pool2d_ref, 
                required=("kernel",)))
 register(OpDef("avg_pool2d", (1, 1), _pool_infer("avg_pool2d"), avg_pool2d_ref,
                defaults={**_POOL_DEFAULTS, "count_include_pad": False}, required=("kernel",)))
+
+
+# -- grid_sample -------------------------------------------------------------------------
+PARAMS.setdefault("padding_mode", (lambda v: v in ("zeros", "border", "reflection"), "zeros, border or reflection"))
+PARAMS.setdefault("align_corners", (lambda v: isinstance(v, bool), "true or false"))
+GRID_MODES = ("linear", "nearest", "cubic")
+
+
+def _reflect(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Reflect coordinates by the near border until they fall inside [lo, hi]."""
+    rng = hi - lo
+    below, above = x < lo, x > hi
+    dx = np.where(below, lo - x, x - hi)
+    n = np.trunc(dx / rng) if rng > 0 else np.zeros_like(dx)
+    r = dx - n * rng
+    even = n % 2 == 0
+    return np.where(below, np.where(even, lo + r, hi - r), np.where(above, np.where(even, hi - r, lo + r), x))
+
+
+def _cubic_weights(t: np.ndarray) -> list[np.ndarray]:
+    """Keys' cubic convolution weights (A = -0.75) of the taps at -1, 0, 1, 2 for fraction t."""
+    a = -0.75
+    return [((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a,
+            ((a + 2) * t - (a + 3)) * t * t + 1,
+            ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1,
+            ((a * (2 - t) - 5 * a) * (2 - t) + 8 * a) * (2 - t) - 4 * a]
+
+
+def grid_sample_ref(x: np.ndarray, grid: np.ndarray, mode: str, padding_mode: str, align_corners: bool) -> np.ndarray:
+    """ONNX GridSample over [N, C, H, W] at the normalized (x, y) points of grid [N, Ho, Wo, 2],
+    vectorized in float64: the coordinate mapping, padding modes and cubic taps of onnx's
+    reference implementation, rounded once to f32. Used as the CPU kernel too."""
+    n, c, h, w = x.shape
+    dims = (h, w)
+    lo = [0.0, 0.0] if align_corners else [-0.5, -0.5]
+    hi = [d - 1.0 for d in dims] if align_corners else [d - 0.5 for d in dims]
+    coords = []
+    for axis, norm in enumerate((grid[..., 1].astype(np.float64), grid[..., 0].astype(np.float64))):
+        d = dims[axis]
+        v = (norm + 1) / 2 * (d - 1) if align_corners else ((norm + 1) * d - 1) / 2
+        if mode == "nearest":
+            v = np.rint(v)
+        outside = (v < lo[axis]) | (v > hi[axis])
+        if padding_mode == "border":
+            v = np.where(outside, np.clip(v, 0, d - 1), v)
+        elif padding_mode == "reflection":
+            v = np.where(outside, _reflect(v, lo[axis], hi[axis]), v)
+        coords.append(v)
+    batch = np.arange(n)[:, None, None]
+
+    def taps(v, axis):
+        """(index, weight) per tap of one axis, indices already mapped by the padding mode."""
+        d = dims[axis]
+        if mode == "nearest":
+            pairs = [(np.trunc(v).astype(np.int64), np.ones_like(v))]
+        else:
+            f = np.floor(v)
+            t = v - f
+            if mode == "linear":
+                pairs = [(f.astype(np.int64), 1 - t), (f.astype(np.int64) + 1, t)]
+            else:
+                ws = _cubic_weights(t)
+                pairs = [(f.astype(np.int64) + k - 1, ws[k]) for k in range(4)]
+        out = []
+        for idx, wt in pairs:
+            if padding_mode == "zeros":
+                valid = (idx >= 0) & (idx < d)
+                out.append((np.clip(idx, 0, d - 1), wt * valid))
+            elif padding_mode == "border":
+                out.append((np.clip(idx, 0, d - 1), wt))
+            else:
+                out.append((np.trunc(_reflect(idx.astype(np.float64), lo[axis], hi[axis])).astype(np.int64), wt))
+        return out
+
+    acc = np.zeros((n, grid.shape[1], grid.shape[2], c))
+    for iy, wy in taps(coords[0], 0):
+        for ix, wx in taps(coords[1], 1):
+            pix = x[batch, :, iy, ix].astype(np.float64)  # [N, Ho, Wo, C]
+            acc += pix * (wy * wx)[..., None]
+    return np.ascontiguousarray(np.moveaxis(acc, 3, 1)).astype(np.float32)
+
+
+def _grid_sample_infer(node, srcs, params):
+    x, grid = srcs
+    need_dtype(node, "grid_sample", x, ("f32",))
+    need_dtype(node, "grid_sample", grid, ("f32",))
+    need_rank(node, "grid_sample", x, (4,))
+    need_rank(node, "grid_sample", grid, (4,))
+    if grid.shape[0] != x.shape[0] or grid.shape[3] != 2:
+        raise ShapeError(f"grid_sample: grid {grid.shape} must be [N={x.shape[0]}, Ho, Wo, 2]", node)
+    if params["mode"] not in GRID_MODES:
+        raise ShapeError(f"grid_sample: mode {params['mode']!r} is not one of {', '.join(GRID_MODES)}", node)
+    return (x.shape[0], x.shape[1], grid.shape[1], grid.shape[2]), "f32"
+
+
+register(OpDef("grid_sample", (2, 2), _grid_sample_infer,
+               lambda s, p: grid_sample_ref(s[0], s[1], p["mode"], p["padding_mode"], p["align_corners"]),
+               defaults={"mode": "linear", "padding_mode": "zeros", "align_corners": False}))

@@ -127,8 +127,15 @@ def _inline(node: Any, body: Any, schema: Any, serial: int) -> list:
         n.input[:] = [rename.get(x, prefix + x) if x else "" for x in inner.input]
         n.output[:] = [rename.get(x, prefix + x) if x else "" for x in inner.output]
         del n.attribute[:]
+        outer = lambda x: rename.get(x, prefix + x)  # noqa: E731
         for a in inner.attribute:
-            if a.ref_attr_name:
+            if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) and not a.ref_attr_name:
+                b = onnx.AttributeProto()
+                b.CopyFrom(a)
+                for g in ([b.g] if b.type == onnx.AttributeProto.GRAPH else list(b.graphs)):
+                    _rename_outer(g, outer)
+                n.attribute.append(b)
+            elif a.ref_attr_name:
                 src = given.get(a.ref_attr_name) or defaults.get(a.ref_attr_name)
                 if src is None:
                     continue
@@ -140,3 +147,17 @@ def _inline(node: Any, body: Any, schema: Any, serial: int) -> list:
                 n.attribute.append(a)
         out.append(n)
     return out
+
+
+def _rename_outer(graph: Any, outer: Any) -> None:
+    """Rename, in place, the values a subgraph (a Scan/Loop/If body) reads from outside it."""
+    local = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    for node in graph.node:
+        node.input[:] = [x if not x or x in local else outer(x) for x in node.input]
+        for a in node.attribute:
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                _rename_outer(g, lambda x, local=frozenset(local): x if x in local else outer(x))
+        local.update(o for o in node.output if o)
+    for o in graph.output:
+        if o.name not in local:
+            o.name = outer(o.name)

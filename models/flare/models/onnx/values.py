@@ -10,14 +10,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from .errors import OnnxError
 
 BOOL = np.dtype(np.bool_)
+# ONNX dtypes Flare has no dtype for, and the NumPy dtype that carries them through a segment:
+# float64, float16, bfloat16 and the float8/float4 formats are computed in float32 (a Cast to a
+# narrow float rounds to it: op round_float; results are converted where they leave the graph),
+# the small and unsigned integers (down to 2 bits) in int32/int64 (re-wrapped to their width after
+# each arithmetic node: lowering.base._carried). uint64 shares int64's bits: its values of 2**63
+# and more compare and divide as negative numbers. The narrow formats are ml_dtypes' dtypes.
+_F32, _I32, _I64 = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.int64)
+NARROW_FLOATS = {np.dtype(getattr(ml_dtypes, n)): n for n in ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz",
+                                                             "float8_e5m2", "float8_e5m2fnuz", "float4_e2m1fn")}
+CARRIER = {np.dtype(np.float64): _F32, np.dtype(np.float16): _F32, **{d: _F32 for d in NARROW_FLOATS},
+           **{np.dtype(t): _I32 for t in (np.int8, np.uint8, np.int16, np.uint16, ml_dtypes.int4, ml_dtypes.uint4,
+                                          ml_dtypes.int2, ml_dtypes.uint2)},
+           np.dtype(np.uint32): _I64, np.dtype(np.uint64): _I64}
 # NumPy dtype -> the Flare dtype that carries it
-FLARE_DTYPE = {np.dtype(np.float32): "f32", np.dtype(np.int64): "i64", np.dtype(np.int32): "i32",
-               BOOL: "i32", np.dtype(np.float16): "f16"}
+FLARE_DTYPE = {np.dtype(np.float32): "f32", np.dtype(np.int64): "i64", np.dtype(np.int32): "i32", BOOL: "i32",
+               **{src: {np.dtype(np.float32): "f32", np.dtype(np.int32): "i32", np.dtype(np.int64): "i64"}[dst]
+                  for src, dst in CARRIER.items()}}
+
+
+def carrier(dtype: np.dtype) -> np.dtype:
+    """The dtype a value of ONNX dtype `dtype` has inside a segment (itself when Flare has it)."""
+    dtype = np.dtype(dtype)
+    return CARRIER.get(dtype, dtype)
 
 
 @dataclass
@@ -36,6 +57,7 @@ class Val:
     tensor: Any = None
     runtime: bool = False
     fixed: bool = False
+    carried_from: np.dtype | None = None  # while a lowering runs: the ONNX dtype `dtype` carries
 
     @property
     def is_const(self) -> bool:
@@ -67,15 +89,17 @@ def flare_dtype(dtype: np.dtype, where: str) -> str:
         return FLARE_DTYPE[np.dtype(dtype)]
     except KeyError:
         raise OnnxError(f"{where}: dtype {np.dtype(dtype).name} has no Flare equivalent "
-                        f"(float32, float16, int64, int32 and bool do)") from None
+                        f"(float32/64/16, bfloat16, float8/float4, the integers of 2 to 64 bits and bool do)") from None
 
 
 def to_flare_array(arr: np.ndarray, where: str) -> np.ndarray:
-    """An array as Flare stores it (bool -> int32 0/1, scalars -> shape (1,))."""
+    """An array as Flare stores it (bool -> int32 0/1, other dtypes in their CARRIER, scalars -> shape (1,))."""
     flare_dtype(arr.dtype, where)
     arr = np.asarray(arr)
     if arr.dtype == BOOL:
         arr = arr.astype(np.int32)
+    elif arr.dtype in CARRIER:
+        arr = arr.astype(CARRIER[arr.dtype])
     return np.ascontiguousarray(arr.reshape(flare_shape(arr.shape)))
 
 

@@ -5,7 +5,7 @@ folding and the shared helpers; each family registers its lowerings on import.
 """
 from __future__ import annotations
 
-from . import elementwise, host, nn, recurrent, reductions, shapes  # noqa: F401  (registration)
+from . import control, elementwise, host, nn, recurrent, reductions, shapes  # noqa: F401  (registration)
 from .base import HOST_STEPS, LOWERINGS, WIDE_OK, attributes, cval, fold, merged_broadcast, merged_permutation
 from .elementwise import ELEMENTWISE
 

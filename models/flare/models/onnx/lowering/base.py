@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import OnnxError
-from ..values import BOOL, Val, flare_shape
+from ..values import BOOL, CARRIER, Val, carrier, flare_shape
 
 F32 = np.dtype(np.float32)
 I64 = np.dtype(np.int64)
@@ -25,7 +26,8 @@ INTS = (I32, I64)
 Lowering = Callable[..., list]
 LOWERINGS: dict[str, Lowering] = {}
 # ops that take *wide* values (rank > 4, held contiguously in a merged Flare shape: values.flare_shape)
-WIDE_OK = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Identity", "Shape", "Size", "Dropout",
+WIDE_OK = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Identity", "Shape", "Size", "Dropout", "Cast", "CastLike",
+           "MaxPool", "AveragePool", "LpPool",  # 3-D pooling (rank 5) runs as two 2-D pools
            "BatchNormalization", "GatherND", "ScatterND",  # these two take wide *index* tensors
            "Concat", "GatherElements", "Slice", "Transpose", *("ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceL1 "
                                                    "ReduceL2 ReduceSumSquare ReduceLogSum ReduceLogSumExp").split()}
@@ -35,9 +37,85 @@ HOST_STEPS: dict[str, Callable[..., list]] = {}
 def lowers(*names: str):
     def deco(fn):
         for n in names:
-            LOWERINGS[n] = fn
+            LOWERINGS[n] = _carried(fn)
         return fn
     return deco
+
+
+# integer dtypes narrower than their carrier: (bits, signed); arithmetic re-wraps them to their width
+NARROW_INTS = {np.dtype(np.int8): (8, True), np.dtype(np.uint8): (8, False), np.dtype(np.int16): (16, True),
+               np.dtype(np.uint16): (16, False), np.dtype(np.uint32): (32, False)}
+SUB_BYTE_INTS = {np.dtype(getattr(ml_dtypes, n)): (bits, n[0] == "i")
+                 for n, bits in (("int4", 4), ("uint4", 4), ("int2", 2), ("uint2", 2))}
+NARROW_INTS.update(SUB_BYTE_INTS)
+# ops whose integer results may leave their inputs' range
+WRAPPING = {"Add", "Sub", "Mul", "Div", "Neg", "Abs", "Sum", "Pow", "BitShift", "CumSum", "MatMul", "Gemm",
+            "ReduceSum", "ReduceProd", "ReduceSumSquare", "Einsum", "BitwiseNot"}
+
+
+def _carried(fn: Lowering) -> Lowering:
+    """Run a lowering over values of dtypes Flare lacks (values.CARRIER) as their carriers.
+
+    Inside a lowering every value has the dtype of the tensor that holds it (float64 -> float32,
+    int8 -> int32, ...), so lowerings know only Flare's dtypes. Afterwards the inputs get their
+    ONNX dtypes back and each output the dtype ONNX's own type inference gives it; a narrow
+    integer result of arithmetic is wrapped to its width, as the ONNX op would."""
+    def run(tr, node, ins, attrs):
+        narrowed = {id(v): (v, v.dtype) for v in ins if v is not None and np.dtype(v.dtype) in CARRIER}
+        if not narrowed:
+            return fn(tr, node, ins, attrs)
+        for v, dtype in narrowed.values():
+            v.dtype, v.carried_from = carrier(dtype), dtype
+        try:
+            outs = fn(tr, node, ins, attrs)
+        finally:
+            for v, dtype in narrowed.values():
+                v.dtype, v.carried_from = dtype, None
+                if v.const is not None and np.asarray(v.const).dtype != dtype:
+                    v.const = np.asarray(v.const).astype(dtype)
+        return _onnx_dtypes(tr, node, ins, outs)
+    run.__name__, run.__doc__, run.__wrapped__ = fn.__name__, fn.__doc__, fn
+    return run
+
+
+def _onnx_dtypes(tr, node, ins, outs: list) -> list:
+    """Give a carried lowering's outputs their ONNX dtypes (onnx.shape_inference's per-node rule)."""
+    from onnx import defs, helper, shape_inference
+
+    from ..values import np_dtype_of
+
+    try:
+        schema = defs.get_schema(node.op_type, tr.opset, node.domain)
+        types = {name: helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(np.dtype(v.dtype)), None)
+                 for name, v in zip(node.input, ins) if name and v is not None}
+        inferred = shape_inference.infer_node_outputs(schema, node, types)
+    except Exception:  # no schema or no rule: the carriers stand
+        return outs
+    for name, v in zip(node.output, outs):
+        t = inferred.get(name)
+        if v is None or t is None or not t.HasField("tensor_type") or not t.tensor_type.elem_type:
+            continue
+        want = np_dtype_of(t.tensor_type.elem_type, name, strict=False)
+        if want is None or want == v.dtype or carrier(want) != np.dtype(v.dtype):
+            continue
+        if v.const is not None:
+            v.const = np.asarray(v.const).astype(want)
+        elif want in NARROW_INTS and node.op_type in WRAPPING:
+            v.tensor = wrap_int(tr, v.tensor, want)
+        v.dtype = want
+    return outs
+
+
+def wrap_int(tr, t, dtype) -> Any:
+    """A carried integer tensor wrapped to the width of `dtype` (two's complement, as a cast would)."""
+    bits, signed = NARROW_INTS[np.dtype(dtype)]
+    fd = t.dtype
+    np_fd = np.int32 if fd == "i32" else np.int64
+    span = _full(tr, 1 << bits, np_fd)
+    if not signed:
+        return tr.op("mod", t, span)
+    half = _full(tr, 1 << (bits - 1), np_fd)
+    return tr.op("int_sub", tr.op("mod", tr.op("int_add", t, half), span), half)
 
 
 def attributes(node: Any) -> dict[str, Any]:

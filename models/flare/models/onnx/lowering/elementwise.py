@@ -32,15 +32,74 @@ def _arith(tr, node, ins, attrs):
 @lowers("Pow")
 def _pow(tr, node, ins, attrs):
     a, b = ins
+    if a.dtype in INTS:
+        return [_int_pow(tr, a, b)]
     _need(a, "base")
     e = tr.t(b) if b.dtype == F32 else tr.op("cast", tr.t(b), dtype="f32")
     return [tr.val(tr.op("pow", tr.t(a), e), _bshape(a, b), F32)]
+
+
+def _int_pow(tr, a, b):
+    """An integer base: by squaring for an integer exponent (exact, wrapping like integer
+    multiplication; the exponent's bits are read on the host to bound the loop, negative ones
+    give 0 as onnx's reference does for |base| > 1), through f32 and truncated for a float one."""
+    fd = _fd(a.dtype)
+    if b.dtype == F32:
+        out = tr.op("cast", tr.op("pow", tr.op("cast", tr.t(a), dtype="f32"), tr.t(b)), dtype=fd)
+        return tr.val(out, _bshape(a, b), a.dtype)
+    exps = np.asarray(tr.c(b))
+    if (exps < 0).any():
+        raise OnnxError("integer Pow with a negative exponent is not supported")
+    e = tr.t(b) if b.dtype == a.dtype else tr.op("cast", tr.t(b), dtype=fd)
+    zero, one = _full(tr, 0, a.dtype), _full(tr, 1, a.dtype)
+    # ones of the broadcast shape: a * 0 + e * 0 + 1
+    result = tr.op("int_add", tr.op("int_add", tr.op("int_mul", tr.t(a), zero), tr.op("int_mul", e, zero)), one)
+    base = tr.t(a)
+    for bit in range(int(exps.max()).bit_length() if exps.size else 0):
+        set_bit = tr.op("bitwise_and", tr.op("bit_shift", e, _full(tr, bit, a.dtype), mode="right"), one)
+        result = tr.op("where", tr.op("equal", set_bit, one), tr.op("int_mul", result, base), result)
+        base = tr.op("int_mul", base, base)
+    return tr.val(result, _bshape(a, b), a.dtype)
 
 
 @lowers("Mod")
 def _mod(tr, node, ins, attrs):
     a, b = ins
     return [tr.val(tr.op("mod", tr.t(a), tr.t(b), fmod=bool(attrs.get("fmod", 0))), _bshape(a, b), a.dtype)]
+
+
+_BITWISE = {"BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or", "BitwiseXor": "bitwise_xor"}
+
+
+@lowers(*_BITWISE)
+def _bitwise(tr, node, ins, attrs):
+    a, b = ins
+    if a.dtype != b.dtype or a.dtype not in INTS:
+        raise OnnxError(f"inputs have dtypes {a.dtype} and {b.dtype}; integers of one dtype expected")
+    return [tr.val(tr.op(_BITWISE[node.op_type], tr.t(a), tr.t(b)), _bshape(a, b), a.dtype)]
+
+
+@lowers("BitwiseNot")
+def _bitwise_not(tr, node, ins, attrs):
+    x = ins[0]
+    if x.dtype not in INTS:
+        raise OnnxError(f"input has dtype {x.dtype}; an integer dtype expected")
+    return [tr.val(tr.op("bitwise_not", tr.t(x)), x.shape, x.dtype)]
+
+
+@lowers("BitShift")
+def _bit_shift(tr, node, ins, attrs):
+    """Shifts on the carrier (values.CARRIER): a narrow result is wrapped to its width afterwards
+    (lowering.base), and uint64, carried in int64, shifts right logically."""
+    a, b = ins
+    if a.dtype != b.dtype or a.dtype not in INTS:
+        raise OnnxError(f"inputs have dtypes {a.dtype} and {b.dtype}; integers of one dtype expected")
+    direction = attrs.get("direction", "")
+    if direction not in ("LEFT", "RIGHT"):
+        raise OnnxError(f"direction {direction!r} is not LEFT or RIGHT")
+    mode = "left" if direction == "LEFT" else \
+        "right_logical" if a.carried_from == np.dtype(np.uint64) else "right"
+    return [tr.val(tr.op("bit_shift", tr.t(a), tr.t(b), mode=mode), _bshape(a, b), a.dtype)]
 
 
 _VARIADIC = {"Min": "minimum", "Max": "maximum", "Sum": None, "Mean": None}
@@ -122,6 +181,25 @@ def _unary(tr, node, ins, attrs):
 
 @lowers("Dropout")
 def _dropout(tr, node, ins, attrs):
+    """Identity at inference; with training_mode (read on the host) each element is kept with
+    probability 1 - ratio and scaled by 1 / (1 - ratio). The mask is drawn on the host by NumPy's
+    RandomState, seeded by the node's `seed` when it has one (as onnx's reference draws it), and
+    fed to the segment as an input: a fresh draw per call, never a cached weight."""
+    training = len(ins) > 2 and ins[2] is not None and bool(np.asarray(tr.c(ins[2])).reshape(-1)[0])
+    ratio = float(np.asarray(tr.c(ins[1])).reshape(-1)[0]) if len(ins) > 1 and ins[1] is not None else \
+        float(attrs.get("ratio", 0.5))
+    if training and ratio > 0:
+        x = _need(ins[0], "data")
+        rng = np.random.RandomState(int(attrs["seed"]) if "seed" in attrs else None)
+        keep = rng.uniform(0, 1.0, x.shape) >= ratio
+        scale = cval((keep / (1.0 - ratio)).astype(np.float32))
+        scale.runtime = True
+        out = [tr.val(tr.op("mul", tr.t(x), tr.t(scale)), x.shape, F32)]
+        if len(node.output) > 1 and node.output[1]:
+            mask = cval(keep)
+            mask.runtime = True
+            out.append(mask)
+        return out
     out = _identity(tr, node, ins, attrs)
     if len(node.output) > 1 and node.output[1]:
         out.append(cval(np.ones(ins[0].shape, dtype=bool)))
@@ -173,7 +251,11 @@ def _activation(tr, node, ins, attrs):
         cond = tr.op("greater", t, _full(tr, alpha, np.float32))
         out = tr.op("where", cond, t, _full(tr, 0.0, np.float32))
     elif kind == "Mish":
-        out = tr.op("mul", t, tr.op("tanh", tr.op("softplus", t)))
+        # tanh(softplus(x)) = n / (n + 2), n = e^x (e^x + 2): no cancellation for negative x, where
+        # tanh of a tiny softplus loses its relative precision; past x = 20 the ratio is 1 in f32
+        e = tr.op("exp", tr.op("clamp", t, lo=None, hi=20.0))
+        n = tr.op("mul", e, tr.op("scale", e, scale=1.0, bias=2.0))
+        out = tr.op("mul", t, tr.op("div", n, tr.op("scale", n, scale=1.0, bias=2.0)))
     elif kind == "Swish":
         out = tr.op("mul", t, tr.op("sigmoid", tr.op("scale", t, scale=float(attrs.get("alpha", 1.0)))))
     elif kind == "Shrink":
@@ -215,21 +297,67 @@ def _clip(tr, node, ins, attrs):
 
 @lowers("Cast", "CastLike")
 def _cast(tr, node, ins, attrs):
-    from ..values import np_dtype_of
+    """Cast between Flare's dtypes; a target Flare lacks is computed in its carrier (values.CARRIER)
+    and brought to its range there: float16 rounded through f16, narrow integers wrapped."""
+    from ..values import CARRIER, NARROW_FLOATS, np_dtype_of
+
+    from .base import NARROW_INTS, SUB_BYTE_INTS, wrap_int
 
     x = ins[0]
-    to = ins[1].dtype if node.op_type == "CastLike" else np_dtype_of(attrs["to"], "Cast.to")
-    to = np.dtype(to)
-    if to not in (F32, I32, I64, BOOL):
+    if node.op_type == "CastLike":
+        to = np.dtype(ins[1].carried_from or ins[1].dtype)
+    else:
+        to = np.dtype(np_dtype_of(attrs["to"], "Cast.to"))
+    held = CARRIER.get(to, to)
+    if held not in (F32, I32, I64, BOOL):
         raise OnnxError(f"cast to {to.name} is not supported")
     t = tr.t(x)
-    if to == BOOL:
+    if held == BOOL:
         zero = _full(tr, 0, x.dtype if x.dtype != BOOL else np.int32)
         out = tr.op("logical_not", tr.op("equal", t, zero))
-    elif _fd(to) == _fd(x.dtype):
+    elif _fd(held) == _fd(x.dtype):
         out = tr.op("contiguous", t)
     else:
-        out = tr.op("cast", t, dtype=_fd(to))
+        out = tr.op("cast", t, dtype=_fd(held))
+    if to == np.dtype(np.float16):
+        out = tr.op("cast", tr.op("cast", out, dtype="f16"), dtype="f32")
+    elif to in NARROW_FLOATS:  # saturate (opset 19+) is defined for the float8 formats only
+        fmt = NARROW_FLOATS[to]
+        out = tr.op("round_float", out, mode=fmt, saturate=fmt.startswith("float8") and bool(attrs.get("saturate", 1)))
+    elif to in SUB_BYTE_INTS and x.dtype == F32:
+        # ml_dtypes' int4/uint4/int2/uint2 from a float, as onnx's reference casts: truncated, 0 out of range
+        bits, signed = NARROW_INTS[to]
+        lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+        inside = tr.op("logical_and", tr.op("greater_equal", out, _full(tr, lo, np.int32)),
+                       tr.op("less_equal", out, _full(tr, hi, np.int32)))
+        out = tr.op("where", inside, out, _full(tr, 0, np.int32))
+    elif to in NARROW_INTS:
+        out = wrap_int(tr, out, to)
+    return [tr.val(out, x.shape, to)]
+
+
+@lowers("BitCast")
+def _bitcast(tr, node, ins, attrs):
+    """Same-width reinterpretation: f32 <-> int32 by op bitcast; between integers (carried
+    sign-extended in i32/i64) a cast and a wrap to the target's width; bool to a byte a cast."""
+    from ..values import CARRIER, np_dtype_of
+
+    from .base import NARROW_INTS, wrap_int
+
+    x = ins[0]
+    src = np.dtype(x.carried_from or x.dtype)
+    to = np.dtype(np_dtype_of(attrs["to"], "BitCast.to"))
+    held = CARRIER.get(to, to)
+    if src.itemsize != to.itemsize:
+        raise OnnxError(f"bitcast of {src.name} to {to.name}: widths differ")
+    t = tr.t(x)
+    if {src, to} == {F32, I32}:
+        out = tr.op("bitcast", t, dtype=_fd(to))
+    elif src.kind in "iub" and to.kind in "iu" and held in INTS:
+        out = t if _fd(held) == _fd(x.dtype) else tr.op("cast", t, dtype=_fd(held))
+        out = wrap_int(tr, out, to) if to in NARROW_INTS else tr.op("contiguous", out)
+    else:
+        raise OnnxError(f"bitcast of {src.name} to {to.name} is not supported (its carriers differ in width)")
     return [tr.val(out, x.shape, to)]
 
 
@@ -251,3 +379,78 @@ def _isinf(tr, node, ins, attrs):
     else:
         out = tr.op("logical_or", pos, neg)
     return [tr.val(out, x.shape, BOOL)]
+
+
+def _quant_param(tr, v, shape, axis: int, block: int, t=None):
+    """A scale or zero point (or `t`, a tensor made from it) shaped to broadcast over x: per
+    tensor, per axis (1-D along `axis`), or per block (repeated block_size times along `axis`
+    by a gather)."""
+    t = tr.t(v) if t is None else t
+    if int(np.prod(v.shape, dtype=np.int64)) == 1 and not block:
+        return t
+    if block:
+        return tr.op("take", t, tr.t(cval((np.arange(shape[axis]) // block).astype(np.int64))), axis=axis)
+    view = [1] * len(shape)
+    view[axis] = v.shape[0]
+    return tr.op("reshape", t, shape=view)
+
+
+def _as_f32(tr, t):
+    return t if t.dtype == "f32" else tr.op("cast", t, dtype="f32")
+
+
+@lowers("DequantizeLinear")
+def _dequantize_linear(tr, node, ins, attrs):
+    """(x - zero_point) * scale in f32, over the carriers (values.CARRIER) of the quantized dtypes."""
+    from ..values import np_dtype_of
+
+    x, scale = ins[0], ins[1]
+    zp = ins[2] if len(ins) > 2 else None
+    axis = _axis_of(attrs.get("axis", 1), len(x.shape))
+    block = int(attrs.get("block_size", 0))
+    t = _as_f32(tr, tr.t(x))
+    if zp is not None:
+        t = tr.op("sub", t, _as_f32(tr, _quant_param(tr, zp, x.shape, axis, block)))
+    out = tr.op("mul", t, _quant_param(tr, scale, x.shape, axis, block))
+    to = np_dtype_of(attrs["output_dtype"], "output_dtype") if attrs.get("output_dtype") else \
+        (scale.carried_from or scale.dtype)
+    if np.dtype(to) == np.dtype(np.float16):
+        out = tr.op("cast", tr.op("cast", out, dtype="f16"), dtype="f32")
+    return [tr.val(out, x.shape, to)]
+
+
+@lowers("QuantizeLinear")
+def _quantize_linear(tr, node, ins, attrs):
+    """round(x / scale) + zero_point clamped to the target's range (an integer type), or x / scale
+    rounded to a float8 (saturated) / float4 format, as onnx's reference quantizes."""
+    from ..values import NARROW_FLOATS, np_dtype_of
+
+    from .base import NARROW_INTS
+
+    x, scale = ins[0], ins[1]
+    zp = ins[2] if len(ins) > 2 else None
+    axis = _axis_of(attrs.get("axis", 1), len(x.shape))
+    block = int(attrs.get("block_size", 0))
+    to = np.dtype(zp.carried_from or zp.dtype) if zp is not None else \
+        np.dtype(np_dtype_of(attrs["output_dtype"], "output_dtype")) if attrs.get("output_dtype") else np.dtype(np.uint8)
+    q = tr.op("div", _as_f32(tr, tr.t(x)), _as_f32(tr, _quant_param(tr, scale, x.shape, axis, block)))
+    if to in NARROW_FLOATS:
+        fmt = NARROW_FLOATS[to]
+        if fmt.startswith("float4") and zp is not None:
+            q = tr.op("add", q, _as_f32(tr, _quant_param(tr, zp, x.shape, axis, block)))
+        out = tr.op("round_float", q, mode=fmt, saturate=fmt.startswith("float8") and bool(attrs.get("saturate", 1)))
+        return [tr.val(out, x.shape, to)]
+    if to in NARROW_INTS or to in (I32, np.dtype(np.int8), np.dtype(np.uint8)):
+        bits, signed = NARROW_INTS.get(to, (32, True))
+        lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+        out = tr.op("cast", tr.op("round", q), dtype="i32")
+        if zp is not None:
+            z = tr.t(zp) if tr.t(zp).dtype == "i32" else tr.op("cast", tr.t(zp), dtype="i32")  # uint32: i64
+            out = tr.op("int_add", out, _quant_param(tr, zp, x.shape, axis, block, t=z))
+        out = tr.op("minimum", tr.op("maximum", out, _full(tr, lo, np.int32)), _full(tr, hi, np.int32))
+        return [tr.val(out, x.shape, to)]
+    raise OnnxError(f"quantizing to {to.name} is not supported")
+
+
+def _axis_of(axis: int, rank: int) -> int:
+    return axis % max(rank, 1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import OnnxError
-from .base import (F32, _as_2d, _axis, _channel_vec, _full, _need, _norm_tail, _pairs, _reduce_chain,
+from .base import (F32, _as_2d, _identity, _axis, _channel_vec, _full, _need, _norm_tail, _pairs, _reduce_chain,
     _spatial_pads, _zero_upsample, cval, fold, lowers)
 
 
@@ -32,13 +32,17 @@ def _conv(tr, node, ins, attrs):
 @lowers("MaxPool", "AveragePool")
 def _pool(tr, node, ins, attrs):
     x = _need(ins[0], "X")
-    if node.op_type == "MaxPool" and len(node.output) > 1 and node.output[1]:
-        raise OnnxError("MaxPool's Indices output is not supported")
     nd = len(x.shape) - 2
     kernel = list(attrs["kernel_shape"])
     strides = list(attrs.get("strides", [1] * nd))
     dil = list(attrs.get("dilations", [1] * nd))
     pads = _spatial_pads(attrs, x.shape[2:], kernel, strides, dil)
+    if node.op_type == "MaxPool" and len(node.output) > 1 and node.output[1]:
+        if nd != 2:
+            raise OnnxError("MaxPool's Indices output is supported for 2-D pooling")
+        return _max_pool_with_indices(tr, x, kernel, strides, dil, pads, attrs)
+    if nd == 3:
+        return [_pool3d(tr, node.op_type, x, kernel, strides, dil, pads, attrs)]
     pp = [[0, 0], [pads[0], pads[1]]] if nd == 1 else [[pads[0], pads[2]], [pads[1], pads[3]]]
     params = dict(kernel=_pairs(kernel, nd, 1), strides=_pairs(strides, nd, 1), dilations=_pairs(dil, nd, 1),
                   pads=pp, ceil_mode=bool(attrs.get("ceil_mode", 0)))
@@ -47,6 +51,57 @@ def _pool(tr, node, ins, attrs):
     out = tr.op("max_pool2d" if node.op_type == "MaxPool" else "avg_pool2d", _as_2d(tr, x), **params)
     shape = tuple(out.shape) if nd == 2 else (out.shape[0], out.shape[1], out.shape[3])
     return [tr.val(out, shape, F32)]
+
+
+LOWEST = float(np.finfo(np.float32).min)  # the padding of a max pool: never the maximum of a window
+
+
+def _max_pool_with_indices(tr, x, kernel, strides, dil, pads, attrs):
+    """2-D MaxPool with its Indices output: every window gathered from the (lowest-value padded)
+    input by a constant index, its first maximum taken, and that cell's flat position in the
+    unpadded [N, C, H, W] input (row-major, or column-major with storage_order=1) looked up."""
+    from flare.core.ops.spatial import out_size
+
+    n, c, h, w = x.shape
+    ceil = bool(attrs.get("ceil_mode", 0))
+    ho = out_size(h, kernel[0], strides[0], dil[0], pads[0], pads[2], ceil)
+    wo = out_size(w, kernel[1], strides[1], dil[1], pads[1], pads[3], ceil)
+    rows = np.arange(ho)[:, None, None, None] * strides[0] + np.arange(kernel[0])[None, None, :, None] * dil[0]
+    cols = np.arange(wo)[None, :, None, None] * strides[1] + np.arange(kernel[1])[None, None, None, :] * dil[1]
+    rows, cols = np.broadcast_arrays(rows, cols)  # [Ho, Wo, kh, kw], in padded coordinates
+    hp, wp = max(h + pads[0] + pads[2], int(rows.max()) + 1), max(w + pads[1] + pads[3], int(cols.max()) + 1)
+    k = kernel[0] * kernel[1]
+    padded = tr.op("pad", tr.t(x), pads=[[0, 0], [0, 0], [pads[0], hp - h - pads[0]], [pads[1], wp - w - pads[1]]],
+                   value=LOWEST)
+    table = (rows * wp + cols).reshape(-1).astype(np.int64)
+    windows = tr.op("reshape", tr.op("take", tr.op("reshape", padded, shape=[n * c, hp * wp]), tr.t(cval(table)),
+                                     axis=1), shape=[n * c, ho * wo, k])
+    best = tr.op("arg_max", windows, axis=2, keepdims=True)  # [N*C, Ho*Wo, 1], first maximum
+    values = tr.op("take_along_axis", windows, best, axis=2)
+    y, xx = rows - pads[0], cols - pads[1]
+    where = (xx * h + y) if attrs.get("storage_order", 0) else (y * w + xx)
+    where = np.broadcast_to(where.reshape(1, ho * wo, k), (n * c, ho * wo, k)).astype(np.int64)
+    where = where + (np.arange(n * c, dtype=np.int64) * h * w)[:, None, None]
+    index = tr.op("take_along_axis", tr.t(cval(np.ascontiguousarray(where))), best, axis=2)
+    shape = (n, c, ho, wo)
+    return [tr.val(values, shape, F32), tr.val(index, shape, np.dtype(np.int64))]
+
+
+def _pool3d(tr, op_type, x, kernel, strides, dil, pads, attrs):
+    """3-D max/average pooling as two 2-D pools: (H, W) for every depth, then the depth axis.
+    Both are separable: a max of maxes, and an average whose divisor (valid cells, or the
+    window with count_include_pad) is the product of the per-axis ones, ceil_mode included."""
+    n, c, d, h, w = x.shape
+    op = "max_pool2d" if op_type == "MaxPool" else "avg_pool2d"
+    common = dict(ceil_mode=bool(attrs.get("ceil_mode", 0)))
+    if op_type == "AveragePool":
+        common["count_include_pad"] = bool(attrs.get("count_include_pad", 0))
+    plane = tr.op(op, tr.op("reshape", tr.t(x), shape=[n, c * d, h, w]), kernel=kernel[1:], strides=strides[1:],
+                  dilations=dil[1:], pads=[[pads[1], pads[4]], [pads[2], pads[5]]], **common)
+    ho, wo = plane.shape[2:]
+    depth = tr.op(op, tr.op("reshape", plane, shape=[n * c, 1, d, ho * wo]), kernel=[kernel[0], 1],
+                  strides=[strides[0], 1], dilations=[dil[0], 1], pads=[[pads[0], pads[3]], [0, 0]], **common)
+    return tr.val(depth, (n, c, depth.shape[2], ho, wo), F32)
 
 
 @lowers("GlobalAveragePool", "GlobalMaxPool")
@@ -62,11 +117,11 @@ def _batch_norm(tr, node, ins, attrs):
     x, scale, bias, mean, var = ins[:5]
     _need(x, "X")
     eps = float(attrs.get("epsilon", 1e-5))
-    if attrs.get("training_mode", 0):
-        raise OnnxError("training_mode=1 is not supported (inference only)")
     n, c = x.shape[0], x.shape[1]
     rest = int(np.prod(x.shape[2:], dtype=np.int64))
     t = tr.op("reshape", tr.t(x), shape=[n, c, rest])  # any rank (wide ones too) as [N, C, rest]
+    if attrs.get("training_mode", 0):
+        return _batch_norm_training(tr, x, t, ins[1:5], eps, float(attrs.get("momentum", 0.9)))
     if all(v.is_const and not v.runtime for v in (scale, bias, mean, var)):
         a = (scale.const.astype(np.float64) / np.sqrt(var.const.astype(np.float64) + eps))
         b = bias.const.astype(np.float64) - mean.const.astype(np.float64) * a
@@ -77,6 +132,29 @@ def _batch_norm(tr, node, ins, attrs):
         a = tr.op("mul", inv, _channel_vec(tr, scale, 3))
         out = tr.op("add", tr.op("mul", tr.op("sub", t, _channel_vec(tr, mean, 3)), a), _channel_vec(tr, bias, 3))
     return [tr.val(out, x.shape, F32)]
+
+
+def _batch_norm_training(tr, x, t, params, eps, momentum):
+    """training_mode=1: normalized by the batch's own mean and (population) variance per channel;
+    also the running mean and variance, momentum-blended with the batch's."""
+    scale, bias, mean, var = params
+    c = x.shape[1]
+
+    def channel_mean(v):
+        return tr.op("mean", tr.op("mean", v, axis=2, keepdims=True), axis=0, keepdims=True)  # [1, C, 1]
+
+    m = channel_mean(t)
+    centered = tr.op("sub", t, m)
+    v = channel_mean(tr.op("mul", centered, centered))
+    inv = tr.op("reciprocal", tr.op("sqrt", tr.op("scale", v, scale=1.0, bias=eps)))
+    y = tr.op("add", tr.op("mul", tr.op("mul", centered, inv), _channel_vec(tr, scale, 3)), _channel_vec(tr, bias, 3))
+
+    def blend(running, batch):
+        flat = tr.op("reshape", batch, shape=[c])
+        return tr.val(tr.op("add", tr.op("scale", tr.t(running), scale=momentum),
+                            tr.op("scale", flat, scale=1.0 - momentum)), (c,), F32)
+
+    return [tr.val(y, x.shape, F32), blend(mean, m), blend(var, v)]
 
 
 @lowers("LayerNormalization", "RMSNormalization")
@@ -127,6 +205,12 @@ def _lp_pool(tr, node, ins, attrs):
     strides = list(attrs.get("strides", [1] * nd))
     dil = list(attrs.get("dilations", [1] * nd))
     pads = _spatial_pads(attrs, x.shape[2:], kernel, strides, dil)
+    if nd == 3:  # sum of |x|^p by the separable 3-D average pool (padding counted: zeros), then the root
+        powed = tr.val(tr.op("pow", tr.op("abs", tr.t(x)), _full(tr, p, np.float32)), x.shape, F32)
+        avg = _pool3d(tr, "AveragePool", powed, kernel, strides, dil, pads, {"ceil_mode": attrs.get("ceil_mode", 0),
+                                                                      "count_include_pad": 1})
+        total = tr.op("scale", tr.t(avg), scale=float(np.prod(kernel)))
+        return [tr.val(tr.op("pow", total, _full(tr, 1.0 / p, np.float32)), avg.shape, F32)]
     pp = [[0, 0], [pads[0], pads[1]]] if nd == 1 else [[pads[0], pads[2]], [pads[1], pads[3]]]
     powed = tr.op("pow", tr.op("abs", _as_2d(tr, x)), _full(tr, p, np.float32))
     avg = tr.op("avg_pool2d", powed, kernel=_pairs(kernel, nd, 1), strides=_pairs(strides, nd, 1),
@@ -215,9 +299,9 @@ def _conv_transpose(tr, node, ins, attrs):
     if "output_shape" in attrs or auto in ("SAME_UPPER", "SAME_LOWER"):
         want = list(attrs["output_shape"])[-nd:] if "output_shape" in attrs else [i * s for i, s in zip(in_hw, strides)]
         for i in range(nd):
+            # a negative total (output_shape past the natural size) pads the output: the standard's split
             total = strides[i] * (in_hw[i] - 1) + out_pad[i] + (kernel[i] - 1) * dil[i] + 1 - want[i]
-            total = max(total, 0)
-            if auto == "SAME_UPPER" or (auto != "SAME_LOWER" and "output_shape" in attrs):
+            if auto == "SAME_UPPER":
                 pads[i], pads[i + nd] = total // 2, total - total // 2
             else:
                 pads[i], pads[i + nd] = total - total // 2, total // 2
@@ -291,3 +375,107 @@ def _dft(tr, node, ins, attrs):
     shape = list(x.shape)
     shape[axis], shape[-1] = n_out, parts
     return [tr.val(tr.op("contiguous", tr.op("permute", t, axes=inverse)), tuple(shape), F32)]
+
+
+@lowers("LRN")
+def _lrn(tr, node, ins, attrs):
+    """x / (bias + alpha / size * sum of x^2 over the channel window) ** beta: the window sum as
+    `size` shifted slices of the channel-padded squares."""
+    x = _need(ins[0], "X")
+    if not 3 <= len(x.shape) <= 4:
+        raise OnnxError(f"LRN of a rank-{len(x.shape)} input (3 and 4 are supported)")
+    size = int(attrs["size"])
+    alpha, beta, bias = float(attrs.get("alpha", 1e-4)), float(attrs.get("beta", 0.75)), float(attrs.get("bias", 1.0))
+    t = tr.t(x)
+    channels = x.shape[1]
+    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    pads = [[0, 0] for _ in x.shape]
+    pads[1] = [before, after]
+    sq = tr.op("pad", tr.op("mul", t, t), pads=pads)
+    total = None
+    for k in range(size):
+        part = tr.op("slice", sq, axis=1, start=k, stop=k + channels)
+        total = part if total is None else tr.op("add", total, part)
+    denom = tr.op("pow", tr.op("scale", total, scale=alpha / size, bias=bias), _full(tr, beta, np.float32))
+    return [tr.val(tr.op("div", t, denom), x.shape, F32)]
+
+
+@lowers("GridSample")
+def _grid_sample(tr, node, ins, attrs):
+    x, grid = _need(ins[0], "X"), _need(ins[1], "grid")
+    if len(x.shape) != 4:
+        raise OnnxError(f"GridSample of a rank-{len(x.shape)} input (2-D, rank 4, is supported)")
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(attrs.get("mode", "linear"), attrs.get("mode", "linear"))
+    out = tr.op("grid_sample", tr.t(x), tr.t(grid), mode=mode, padding_mode=attrs.get("padding_mode", "zeros"),
+                align_corners=bool(attrs.get("align_corners", 0)))
+    return [tr.val(out, (x.shape[0], x.shape[1], grid.shape[1], grid.shape[2]), F32)]
+
+
+@lowers("Upsample")
+def _upsample(tr, node, ins, attrs):
+    """Upsample (opsets 7-9), like Resize: one constant matrix per scaled axis, made by onnx's
+    reference Upsample on an identity."""
+    from onnx import helper
+
+    x = _need(ins[0], "X")
+    scales = [float(s) for s in (attrs["scales"] if "scales" in attrs else np.asarray(tr.c(ins[1])).reshape(-1))]
+    if len(scales) != len(x.shape):
+        raise OnnxError(f"{len(scales)} scales for a rank-{len(x.shape)} input")
+    mode = attrs.get("mode", "nearest")
+    t = tr.t(x)
+    rank = len(x.shape)
+    shape = list(x.shape)
+    for a, s in enumerate(scales):
+        if s == 1.0:
+            continue
+        n = x.shape[a]
+        if "scales" in attrs:
+            probe = helper.make_node("Upsample", ["X"], ["Y"], mode=mode, scales=[1.0, s])
+            eye = fold(tr, probe, [cval(np.eye(n, dtype=np.float32))])[0].const
+        else:
+            probe = helper.make_node("Upsample", ["X", "scales"], ["Y"], mode=mode)
+            eye = fold(tr, probe, [cval(np.eye(n, dtype=np.float32)), cval(np.array([1.0, s], np.float32))])[0].const
+        mat = np.ascontiguousarray(eye.T.astype(np.float32))  # [m, n]
+        perm = list(range(rank))
+        perm[a], perm[-1] = perm[-1], perm[a]
+        moved = tr.op("permute", t, axes=perm) if a != rank - 1 else t
+        moved = tr.op("matmul", moved, tr.t(cval(mat)), transpose_b=True)
+        t = tr.op("contiguous", tr.op("permute", moved, axes=perm)) if a != rank - 1 else moved
+        shape[a] = mat.shape[0]
+    if t is tr.t(x):
+        t = tr.op("contiguous", t)
+    return [tr.val(t, tuple(shape), F32)]
+
+
+MAX_STFT_MATRIX = 1 << 24  # elements of STFT's constant matrix (signal length x outputs)
+
+
+@lowers("OptionalGetElement")
+def _optional_get_element(tr, node, ins, attrs):
+    """Of a plain tensor (optional and sequence values are not supported): the tensor itself."""
+    return _identity(tr, node, ins, attrs)
+
+
+@lowers("STFT")
+def _stft(tr, node, ins, attrs):
+    """STFT is linear in the signal once frame step, window and frame length are known: one
+    constant matrix, made by onnx's reference STFT on unit impulses (as DFT is lowered),
+    and a matmul per call. Real signals [B, L, 1]."""
+    from onnx import helper
+
+    x = _need(ins[0], "signal")
+    if len(x.shape) != 3 or x.shape[2] != 1:
+        raise OnnxError(f"STFT of a signal {x.shape} (real signals [batch, length, 1] are supported)")
+    b, length = x.shape[0], x.shape[1]
+    names = ["signal"] + [f"in{i}" if i < len(ins) and ins[i] is not None else "" for i in range(1, 4)]
+    probe = helper.make_node("STFT", names, ["y"], **attrs)
+    feeds = [cval(np.eye(length, dtype=np.float32).reshape(length, length, 1))]
+    feeds += [None if i >= len(ins) or ins[i] is None else cval(np.asarray(tr.c(ins[i]))) for i in range(1, 4)]
+    impulses = fold(tr, probe, feeds)[0].const  # [L, frames, bins, 2]
+    out_shape = (b,) + tuple(impulses.shape[1:])
+    width = int(np.prod(impulses.shape[1:], dtype=np.int64))
+    if length * width > MAX_STFT_MATRIX:
+        raise OnnxError(f"STFT's matrix would hold {length * width} elements (at most {MAX_STFT_MATRIX})")
+    mat = np.ascontiguousarray(impulses.reshape(length, width).T.astype(np.float32))  # [width, L]
+    flat = tr.op("matmul", tr.op("reshape", tr.t(x), shape=[b, length]), tr.t(cval(mat)), transpose_b=True)
+    return [tr.val(flat, out_shape, F32)]

@@ -167,7 +167,7 @@ def _cumsum(tr, node, ins, attrs):
 
 @lowers("TopK")
 def _topk(tr, node, ins, attrs):
-    x = _need(ins[0], "X")
+    x = _need(ins[0], "X", (F32, np.dtype(np.int32), np.dtype(np.int64)))
     k = _ints(tr, ins[1])[0] if tr.opset >= 10 else int(attrs["k"])
     rank = len(x.shape)
     axis = _axis(attrs.get("axis", -1), rank)
@@ -176,14 +176,42 @@ def _topk(tr, node, ins, attrs):
         perm = list(range(rank))
         perm[axis], perm[-1] = perm[-1], perm[axis]
         t = tr.op("contiguous", tr.op("permute", t, axes=perm))
-    src = t if attrs.get("largest", 1) else tr.op("neg", t)
-    idx = tr.op("top_k", src, k=k)
+    if x.dtype == F32:
+        src = t if attrs.get("largest", 1) else tr.op("neg", t)
+        idx = tr.op("top_k", src, k=k)
+    else:
+        idx = _int_top_k(tr, t, k, bool(attrs.get("largest", 1)))
     vals = tr.op("take_along_axis", t, idx, axis=-1)
     if axis != rank - 1:
         vals = tr.op("permute", vals, axes=perm)
         idx = tr.op("permute", idx, axes=perm)
     shape = tuple(k if i == axis else d for i, d in enumerate(x.shape))
-    return [tr.val(tr.op("contiguous", vals), shape, F32), tr.val(tr.op("cast", idx, dtype="i64"), shape, I64)]
+    return [tr.val(tr.op("contiguous", vals), shape, x.dtype), tr.val(tr.op("cast", idx, dtype="i64"), shape, I64)]
+
+
+MAX_INT_TOPK = 2048  # the integer TopK compares every pair of a row's elements
+
+
+def _int_top_k(tr, t, k: int, largest: bool):
+    """TopK indices of an integer tensor, exactly (top_k is f32-only, and f32 cannot hold every
+    int64): each element's rank is the number of elements that beat it (larger, or equal at a
+    lower index), and the index of rank r is sum(i * (rank_i == r)) (exact in f32 for n < 2^24)."""
+    shape = list(t.shape)
+    n = shape[-1]
+    if not 1 <= k <= n or n > MAX_INT_TOPK:
+        raise OnnxError(f"integer TopK of {k} among {n} (at most {MAX_INT_TOPK} per row)")
+    rows = int(np.prod(shape[:-1], dtype=np.int64))
+    flat = tr.op("reshape", t, shape=[rows, n])
+    mine, other = tr.op("reshape", flat, shape=[rows, n, 1]), tr.op("reshape", flat, shape=[rows, 1, n])
+    before = tr.t(cval((np.arange(n)[None, :] < np.arange(n)[:, None]).astype(np.int32).reshape(1, n, n)))
+    beats = tr.op("logical_or", tr.op("greater" if largest else "less", other, mine),
+                  tr.op("logical_and", tr.op("equal", other, mine), before))
+    place = tr.op("sum", tr.op("cast", beats, dtype="f32"), axis=2, keepdims=False)  # [rows, n]
+    wanted = tr.t(cval(np.arange(k, dtype=np.float32).reshape(1, k, 1)))
+    hit = tr.op("cast", tr.op("equal", tr.op("reshape", place, shape=[rows, 1, n]), wanted), dtype="f32")
+    iota = tr.t(cval(np.arange(n, dtype=np.float32).reshape(1, 1, n)))
+    idx = tr.op("cast", tr.op("sum", tr.op("mul", hit, iota), axis=2, keepdims=False), dtype="i32")  # [rows, k]
+    return tr.op("reshape", idx, shape=shape[:-1] + [k])
 
 
 @lowers("LpNormalization")
@@ -208,3 +236,89 @@ def _cumprod(tr, node, ins, attrs):
     out = tr.op("cumprod", tr.t(x), axis=axis, exclusive=bool(attrs.get("exclusive", 0)),
                 reverse=bool(attrs.get("reverse", 0)))
     return [tr.val(out, x.shape, x.dtype)]
+
+
+@lowers("TfIdfVectorizer")
+def _tfidf(tr, node, ins, attrs):
+    """N-gram counts of integer tokens, as onnx's reference counts them: for each skip distance d
+    (1 .. max_skip_count + 1) every window of g tokens d apart (g from min to max gram length;
+    unigrams at d = 1 only) that equals a pool n-gram adds one to that n-gram's output column.
+    Per (d, g): the windows gathered by a constant index, compared with the pool's n-grams of
+    length g, all-equal over the gram, summed over windows, placed by a constant one-hot matmul."""
+    x = ins[0]
+    if x.dtype not in INTS or "pool_strings" in attrs:
+        raise OnnxError("TfIdfVectorizer of strings is not supported (integer tokens are)")
+    if not 1 <= len(x.shape) <= 2:
+        raise OnnxError(f"TfIdfVectorizer of a rank-{len(x.shape)} input ([C] or [B, C])")
+    pool = np.asarray(attrs["pool_int64s"], dtype=np.int64)
+    counts = list(attrs["ngram_counts"]) + [pool.size]
+    indexes = list(attrs["ngram_indexes"])
+    lo, hi, skips = int(attrs["min_gram_length"]), int(attrs["max_gram_length"]), int(attrs["max_skip_count"])
+    out_size = max(indexes) + 1
+    rows, n = (1, x.shape[0]) if len(x.shape) == 1 else x.shape
+    tokens = tr.op("reshape", tr.t(x), shape=[rows, n])
+    held = np.int32 if x.dtype == np.dtype(np.int32) else np.int64
+    total, first_id = None, 0
+    for g in range(1, len(counts)):
+        grams = pool[counts[g - 1]:counts[g]].reshape(-1, g)
+        ids = list(range(first_id, first_id + len(grams)))
+        first_id += len(grams)
+        if not lo <= g <= hi or not len(grams):
+            continue
+        place = np.zeros((len(grams), out_size), np.float32)
+        place[np.arange(len(grams)), [indexes[i] for i in ids]] = 1.0
+        for d in range(1, skips + 2):
+            if g == 1 and d > 1:
+                break  # unigrams are counted once
+            windows = n - d * (g - 1)
+            if windows <= 0:
+                continue
+            where = (np.arange(windows)[:, None] + d * np.arange(g)[None, :]).reshape(-1)
+            picked = tr.op("reshape", tr.op("take", tokens, tr.t(cval(where.astype(np.int64))), axis=1),
+                           shape=[rows, windows, 1, g])
+            same = tr.op("equal", picked, tr.t(cval(grams.astype(held).reshape(1, 1, len(grams), g))))
+            every = tr.op("min", same, axis=3, keepdims=False)  # [rows, windows, M]: all tokens match
+            found = tr.op("sum", tr.op("cast", every, dtype="f32"), axis=1, keepdims=False)  # [rows, M]
+            part = tr.op("matmul", found, tr.t(cval(np.ascontiguousarray(place.T))), transpose_b=True)
+            total = part if total is None else tr.op("add", total, part)
+    if total is None:
+        total = tr.t(cval(np.zeros((rows, out_size), np.float32)))
+    mode = attrs.get("mode", "TF")
+    weights = attrs.get("weights")
+    if mode == "IDF":
+        hit = tr.op("cast", tr.op("greater", total, _full(tr, 0.0, np.float32)), dtype="f32")
+        total = tr.op("mul", hit, tr.t(cval(np.asarray(weights, np.float32)))) if weights else hit
+    elif mode == "TFIDF" and weights:
+        total = tr.op("mul", total, tr.t(cval(np.asarray(weights, np.float32))))
+    shape = (out_size,) if len(x.shape) == 1 else (rows, out_size)
+    return [tr.val(total, shape, F32)]
+
+
+@lowers("Det")
+def _det(tr, node, ins, attrs):
+    """Determinants of 2x2 and 3x3 matrices [..., n, n] by their cofactor expansion (products of
+    gathered entries); larger ones are not supported."""
+    x = _need(ins[0], "X")
+    n = x.shape[-1]
+    if len(x.shape) < 2 or x.shape[-2] != n or n not in (2, 3):
+        raise OnnxError(f"Det of {x.shape} (2x2 and 3x3 matrices are supported)")
+    batch = int(np.prod(x.shape[:-2], dtype=np.int64))
+    flat = tr.op("reshape", tr.t(x), shape=[batch, n * n])
+
+    def entry(i, j):
+        return tr.op("take", flat, tr.t(cval(np.array([i * n + j], np.int64))), axis=1)  # [batch, 1]
+
+    def product(*cells):
+        out = entry(*cells[0])
+        for cell in cells[1:]:
+            out = tr.op("mul", out, entry(*cell))
+        return out
+
+    if n == 2:
+        det = tr.op("sub", product((0, 0), (1, 1)), product((0, 1), (1, 0)))
+    else:
+        plus = [((0, 0), (1, 1), (2, 2)), ((0, 1), (1, 2), (2, 0)), ((0, 2), (1, 0), (2, 1))]
+        minus = [((0, 2), (1, 1), (2, 0)), ((0, 1), (1, 0), (2, 2)), ((0, 0), (1, 2), (2, 1))]
+        det = tr.op("sub", tr.op("add", tr.op("add", *[product(*c) for c in plus[:2]]), product(*plus[2])),
+                    tr.op("add", tr.op("add", *[product(*c) for c in minus[:2]]), product(*minus[2])))
+    return [tr.val(det, tuple(x.shape[:-2]), F32)]

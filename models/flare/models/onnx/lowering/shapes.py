@@ -101,7 +101,11 @@ def _transpose(tr, node, ins, attrs):
     if is_wide(x.shape):
         src, merged_perm = merged_permutation(x.shape, perm)
         if len(src) > MAX_RANK:
-            raise OnnxError(f"transpose {perm} of {x.shape} needs rank {len(src)} even with axes merged")
+            # no permute of that rank: gather the flat elements in the transposed order (a constant index)
+            size = int(np.prod(x.shape, dtype=np.int64))
+            order = np.arange(size, dtype=np.int64).reshape(x.shape).transpose(perm).reshape(-1)
+            flat = tr.op("reshape", tr.t(x), shape=[size])
+            return [tr.val(tr.op("take", flat, tr.t(cval(order)), axis=0), out_shape, x.dtype)]
         t = tr.op("reshape", tr.t(x), shape=list(src))
         return [tr.val(tr.op("contiguous", tr.op("permute", t, axes=merged_perm)), out_shape, x.dtype)]
     out = tr.op("permute", tr.t(x), axes=perm)
@@ -260,8 +264,8 @@ def _pad(tr, node, ins, attrs):
         if len(ins) > 2 and ins[2] is not None and ins[2].shape != (0,):
             value = float(np.asarray(tr.c(ins[2])).reshape(-1)[0])
         axes = _ints(tr, ins[3]) if len(ins) > 3 and ins[3] is not None else list(range(rank))
-    if mode not in ("constant", "reflect", "edge"):
-        raise OnnxError(f"pad mode {mode!r} is not supported (constant, reflect, edge)")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise OnnxError(f"pad mode {mode!r} is not supported (constant, reflect, edge, wrap)")
     axes = [_axis(a, rank) for a in axes]
     n = len(axes)
     pairs = [[0, 0] for _ in range(rank)]
@@ -290,6 +294,23 @@ def _pad(tr, node, ins, attrs):
                 shape[a] += lo + hi
         if t is tr.t(x):
             t = tr.op("contiguous", t)
+    elif mode == "wrap":  # the far end's rows before, the near end's after
+        for a, (lo, hi) in enumerate(pairs):
+            if lo > shape[a] or hi > shape[a]:
+                raise OnnxError(f"wrap pad {(lo, hi)} wider than axis {a} ({shape[a]})")
+            pieces = ([tr.op("slice", t, axis=a, start=shape[a] - lo, stop=shape[a])] if lo else []) + [t] + \
+                ([tr.op("slice", t, axis=a, start=0, stop=hi)] if hi else [])
+            for p in pieces[1:]:
+                pieces[0] = tr.op("concat", pieces[0], p, axis=a)
+            t = pieces[0]
+            shape[a] += lo + hi
+        t = tr.op("contiguous", t)
+    elif any(lo or hi for lo, hi in pairs) and mode == "constant" and not np.isfinite(value):
+        # a pad op's value must be finite: pad with 0, then put the value where the mask says "padding"
+        inside = np.pad(np.ones(shape, np.int32), pairs)
+        t = tr.op("pad", t, pads=pairs, mode=mode, value=0.0)
+        shape = [d + lo + hi for d, (lo, hi) in zip(shape, pairs)]
+        t = tr.op("where", tr.t(cval(inside.reshape(flare_shape(tuple(shape))))), t, _full(tr, value, np.float32))
     elif any(lo or hi for lo, hi in pairs):
         t = tr.op("pad", t, pads=pairs, mode=mode, value=value)
         shape = [d + lo + hi for d, (lo, hi) in zip(shape, pairs)]
@@ -365,3 +386,115 @@ def _scatter_elements(tr, node, ins, attrs):
     axis = _axis(attrs.get("axis", 0), len(x.shape))
     out = tr.op("scatter_elements", tr.t(x), tr.t(idx), tr.t(upd), axis=axis, mode=attrs.get("reduction", "none"))
     return [tr.val(out, x.shape, x.dtype)]
+
+
+@lowers("ReverseSequence")
+def _reverse_sequence(tr, node, ins, attrs):
+    """The first sequence_lens[b] steps of each batch entry reversed: a gather along the time
+    axis by an index made on the host from the lengths (read there when computed)."""
+    x, lens_v = ins
+    time_axis, batch_axis = int(attrs.get("time_axis", 0)), int(attrs.get("batch_axis", 1))
+    lens = np.asarray(tr.c(lens_v)).reshape(-1).astype(np.int64)
+    steps, batch = x.shape[time_axis], x.shape[batch_axis]
+    if lens.shape != (batch,) or (lens < 0).any() or (lens > steps).any():
+        raise OnnxError(f"sequence_lens {lens.tolist()} do not fit {batch} sequences of {steps} steps")
+    t = np.arange(steps)[:, None]
+    order = np.where(t < lens[None, :], lens[None, :] - 1 - t, t)  # [time, batch]
+    if time_axis > batch_axis:
+        order = order.T
+    view = [1] * len(x.shape)
+    view[time_axis], view[batch_axis] = steps, batch
+    idx = np.broadcast_to(order.reshape(view), x.shape).astype(np.int64)
+    out = tr.op("take_along_axis", tr.t(x), tr.t(cval(np.ascontiguousarray(idx))), axis=time_axis)
+    return [tr.val(out, x.shape, x.dtype)]
+
+
+def _scatter_into_zeros(tr, values, index, total: int, dtype):
+    """A flat [rows, total] of zeros with `values` [rows, M] added at `index` [rows, M] (repeats add)."""
+    rows = values.shape[0]
+    zeros = tr.t(cval(np.zeros((rows, total), dtype=dtype)))
+    return tr.op("scatter_elements", zeros, index, values, axis=1, mode="add")
+
+
+@lowers("Col2Im")
+def _col2im(tr, node, ins, attrs):
+    """Blocks [N, C*K, L] summed back into an image [N, C, H, W] (2-D): a scatter-add at positions
+    made on the host from the shapes; positions in the padding are dropped."""
+    from .base import _need
+
+    x = _need(ins[0], "input")
+    image = _ints(tr, ins[1])
+    block = _ints(tr, ins[2])
+    if len(image) != 2 or len(block) != 2:
+        raise OnnxError(f"Col2Im of a {len(image)}-D image (2-D is supported)")
+    dil = list(attrs.get("dilations", [1, 1]))
+    strides = list(attrs.get("strides", [1, 1]))
+    pads = list(attrs.get("pads", [0, 0, 0, 0]))
+    n, ck, length = x.shape
+    k = block[0] * block[1]
+    c = ck // k
+    h, w = image
+    nb = [(image[i] + pads[i] + pads[i + 2] - dil[i] * (block[i] - 1) - 1) // strides[i] + 1 for i in range(2)]
+    if ck != c * k or nb[0] * nb[1] != length:
+        raise OnnxError(f"input {x.shape} does not hold {c} channels of {block} blocks at {nb[0]}x{nb[1]} positions")
+    ch, ki, kj, bi, bj = np.meshgrid(np.arange(c), np.arange(block[0]), np.arange(block[1]), np.arange(nb[0]),
+                                     np.arange(nb[1]), indexing="ij")
+    y = bi * strides[0] - pads[0] + ki * dil[0]
+    xx = bj * strides[1] - pads[1] + kj * dil[1]
+    inside = ((y >= 0) & (y < h) & (xx >= 0) & (xx < w)).reshape(-1)
+    target = ((ch * h + y) * w + xx).reshape(-1)[inside]
+    source = np.flatnonzero(inside)
+    flat = tr.op("reshape", tr.t(x), shape=[n, ck * length])
+    picked = tr.op("take", flat, tr.t(cval(source.astype(np.int64))), axis=1)
+    index = tr.t(cval(np.ascontiguousarray(np.broadcast_to(target, (n, target.size)).astype(np.int64))))
+    out = _scatter_into_zeros(tr, picked, index, c * h * w, np.float32)
+    return [tr.val(out, (n, c, h, w), x.dtype)]
+
+
+@lowers("MaxUnpool")
+def _max_unpool(tr, node, ins, attrs):
+    """Values put back at MaxPool's flat indices into a zero tensor of the unpooled shape."""
+    x, idx = ins[0], ins[1]
+    kernel, nd = list(attrs["kernel_shape"]), len(x.shape) - 2
+    strides = list(attrs.get("strides", [1] * nd))
+    pads = list(attrs.get("pads", [0] * (2 * nd)))
+    default = tuple(x.shape[:2]) + tuple((x.shape[2 + i] - 1) * strides[i] - pads[i] - pads[i + nd] + kernel[i]
+                                         for i in range(nd))
+    out_shape = tuple(_ints(tr, ins[2])) if len(ins) > 2 and ins[2] is not None else default
+    size = int(np.prod(x.shape, dtype=np.int64))
+    values = tr.op("reshape", tr.t(x), shape=[1, size])
+    index = tr.op("reshape", tr.t(idx), shape=[1, size])
+    if out_shape != default:  # the indices count in the default shape: same coordinates, the larger shape's strides
+        fd = "i64" if idx.dtype == np.dtype(np.int64) else "i32"
+        np_fd = np.int64 if fd == "i64" else np.int32
+        rest, coords = index, []
+        for d in reversed(default[2:]):
+            coords.append(tr.op("mod", rest, _full(tr, d, np_fd)))
+            rest = tr.op("int_div", rest, _full(tr, d, np_fd))
+        index = rest  # n * C + c
+        for d, coord in zip(out_shape[2:], reversed(coords)):
+            index = tr.op("int_add", tr.op("int_mul", index, _full(tr, d, np_fd)), coord)
+    out = _scatter_into_zeros(tr, values, index, int(np.prod(out_shape, dtype=np.int64)), np.float32)
+    return [tr.val(out, out_shape, x.dtype)]
+
+
+@lowers("TensorScatter")
+def _tensor_scatter(tr, node, ins, attrs):
+    """The update's rows written into the cache along `axis` from each batch entry's write index
+    (wrapping around in circular mode): one scatter at positions made on the host."""
+    past, update = ins[0], ins[1]
+    rank = len(past.shape)
+    axis = _axis(attrs.get("axis", -2), rank)
+    steps, count, batch = past.shape[axis], update.shape[axis], past.shape[0]
+    start = np.zeros(batch, np.int64) if len(ins) < 3 or ins[2] is None else \
+        np.asarray(tr.c(ins[2])).reshape(-1).astype(np.int64)
+    pos = start[:, None] + np.arange(count)[None, :]  # [batch, count]
+    if attrs.get("mode", "linear") == "circular":
+        pos %= steps
+    elif (pos >= steps).any() or (pos < 0).any():
+        raise OnnxError(f"write indices {start.tolist()} + {count} rows overrun axis {axis} ({steps})")
+    view = [1] * rank
+    view[0], view[axis] = batch, count
+    index = np.ascontiguousarray(np.broadcast_to(pos.reshape(view), update.shape).astype(np.int64))
+    out = tr.op("scatter_elements", tr.t(past), tr.t(cval(index)), tr.t(update), axis=axis)
+    return [tr.val(out, past.shape, past.dtype)]

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cases import ACCUM, ARITH, EXACT, TRANSC, Case, _in, f32, simple, unary
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .cases import Case
 
 
 def _ints(rng, *shape, lo=-9, hi=9, dtype=np.int64):
@@ -15,6 +18,10 @@ def _ints(rng, *shape, lo=-9, hi=9, dtype=np.int64):
 
 
 def onnx_op_cases() -> list[Case]:
+    # imported here, not above: cases.py builds CASES from this function at its own import, so a
+    # module-level import would be circular when this module is imported first
+    from .cases import ACCUM, ARITH, EXACT, TRANSC, _in, f32, simple, unary
+
     cases: list[Case] = []
     for op in ("abs", "ceil", "floor", "round", "sign"):
         cases.append(unary(op, EXACT))
@@ -40,6 +47,33 @@ def onnx_op_cases() -> list[Case]:
     for op in ("int_add", "int_sub", "int_mul", "int_div"):
         cases.append(simple(op, op, EXACT, lambda b, r, i, op=op: b.op(
             op, _in(b, i, "a", _ints(r, 3, 4, lo=-50, hi=50)), _in(b, i, "b", _ints(r, 1, 4, lo=1, hi=7)))))
+    for op in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+        cases.append(simple(op, op, EXACT, lambda b, r, i, op=op: b.op(
+            op, _in(b, i, "a", _ints(r, 3, 4, lo=-300, hi=300)), _in(b, i, "b", _ints(r, 1, 4, lo=-300, hi=300)))))
+    cases.append(simple("bitwise_not", "bitwise_not", EXACT, lambda b, r, i: b.op(
+        "bitwise_not", _in(b, i, "a", _ints(r, 3, 4, lo=-300, hi=300, dtype=np.int32)))))
+    for mode in ("left", "right", "right_logical"):
+        for dtype in (np.int32, np.int64):  # counts past the width and negative ones included
+            cases.append(simple(f"bit_shift_{mode}_{np.dtype(dtype).name}", "bit_shift", EXACT,
+                                lambda b, r, i, mode=mode, dtype=dtype: b.op(
+                "bit_shift", _in(b, i, "a", _ints(r, 3, 5, lo=-1000, hi=1000, dtype=dtype)),
+                _in(b, i, "b", np.array([0, 3, -1, 64, 31], dtype=dtype)), mode=mode)))
+    for mode in ("linear", "nearest", "cubic"):
+        for pad in ("zeros", "border", "reflection"):  # grid points past the edges included
+            cases.append(simple(f"grid_sample_{mode}_{pad}", "grid_sample", ACCUM, lambda b, r, i, mode=mode, pad=pad: b.op(
+                "grid_sample", _in(b, i, "x", f32(r, 2, 3, 4, 5)), _in(b, i, "g", f32(r, 2, 3, 6, 2, lo=-1.3, hi=1.3)),
+                mode=mode, padding_mode=pad, align_corners=pad == "border")))
+    cases.append(simple("bitcast_f32_i32", "bitcast", EXACT, lambda b, r, i: b.op(
+        "bitcast", _in(b, i, "x", f32(r, 3, 5)), dtype="i32")))
+    cases.append(simple("bitcast_i32_f32", "bitcast", EXACT, lambda b, r, i: b.op(
+        "bitcast", _in(b, i, "x", _ints(r, 3, 5, lo=-(1 << 30), hi=1 << 30, dtype=np.int32)), dtype="f32")))
+    for fmt in ("bfloat16", "float8_e4m3fn", "float8_e5m2fnuz", "float4_e2m1fn"):
+        for saturate in (False, True):  # values past each format's range, infinities and a NaN included
+            cases.append(simple(f"round_float_{fmt}_sat{int(saturate)}", "round_float", EXACT,
+                                lambda b, r, i, fmt=fmt, saturate=saturate: b.op(
+                "round_float", _in(b, i, "x", np.concatenate([f32(r, 12, lo=-20.0, hi=20.0), np.array(
+                    [1e6, -1e6, np.inf, -np.inf, np.nan, 0.0, 3.3e-3, 448.0], dtype=np.float32)]).reshape(4, 5)),
+                mode=fmt, saturate=saturate)))
     for op in ("equal", "less", "less_equal", "greater", "greater_equal"):
         cases.append(simple(op, op, EXACT, lambda b, r, i, op=op: b.op(
             op, _in(b, i, "a", np.round(f32(r, 3, 4))), _in(b, i, "b", np.round(f32(r, 1, 4))))))
