@@ -4,6 +4,11 @@ conv2d is im2col by strided view plus one tensordot per group (BLAS does the
 work); the pools reduce the same windows view. Padding copies the input once
 into a temporary, the price of keeping the windows a plain strided view.
 Registered into the CPU kernel table on import.
+
+A 1-D convolution (H = 1: how imported graphs run Conv1d, and ConvTranspose1d
+after its zero upsampling) with one group also has a native lowering: the C
+executor's `conv1d` command (im2col rows, one GEMM, a transpose; kernels.c),
+so the decoders of audio models do not pay NumPy's copies of the window view.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import numpy as np
 from flare.core.ops.spatial import pool_geometry, windows
 
 from .kernels import KERNELS
+from .lowering import cmd, estrides, translator
 
 
 def _conv2d(out, x, p):
@@ -45,3 +51,28 @@ def _avg_pool2d(out, x, p):
 
 
 KERNELS.update(conv2d=_conv2d, max_pool2d=_max_pool2d, avg_pool2d=_avg_pool2d)
+
+
+@translator("conv2d")
+def _conv2d_native(node, out, srcs):
+    """conv2d over [B, C, 1, W] with one group as the native `conv1d` command; None (the NumPy
+    kernel above) for 2-D windows, groups, or layouts the command cannot take.
+
+    Asymmetric padding needs no parameter of its own: the command pads by the left amount
+    and the output width (from the node) decides how far right the windows reach, reading
+    zeros past the input's end."""
+    x, w = srcs
+    p = node.params
+    if out.dtype != np.float32 or x.dtype != np.float32 or w.dtype != np.float32:
+        return None
+    if p["groups"] != 1 or x.shape[2] != 1 or w.shape[2] != 1 or out.shape[2] != 1 or tuple(p["pads"][0]) != (0, 0):
+        return None
+    if not w.flags.c_contiguous or not out.flags.c_contiguous:
+        return None
+    b, cin, _, length = x.shape
+    cout, _, _, k = w.shape
+    lout = out.shape[3]
+    xs = estrides(x)
+    return [cmd("conv1d", out, [x, w], [1, b, cout, lout], [0, cout * lout, lout, 1], [[0, xs[0], xs[1], xs[3]]],
+                ip=(p["strides"][1], p["pads"][1][0], p["dilations"][1], cin, k, length),
+                scratch=b * lout * (cin * k + cout) * 4)]
