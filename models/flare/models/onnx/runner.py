@@ -153,6 +153,8 @@ class OnnxRunner:
         self.cache_size = cache_size
         self._plans: OrderedDict[str, Any] = OrderedDict()
         self._folded: dict[tuple, list[Val]] = {}  # (op, inputs, outputs) -> outputs, for nodes of file constants only
+        # arrays lowerings derive from file constants (a re-laid-out kernel), made once per runner
+        self.derived: dict[tuple, np.ndarray] = {}
         self._lock = threading.Lock()
         self.stats = {"segments_run": 0, "prepared": 0, "host_steps": 0, "folded": 0}
         self.last_segments: list[dict[str, Any]] = []
