@@ -17,7 +17,7 @@ import numpy as np
 from flare.core.ops.spatial import pool_geometry, windows
 
 from .kernels import KERNELS
-from .lowering import cmd, estrides, translator
+from .lowering import cmd, conv1d_scratch, estrides, translator
 
 
 def _conv2d(out, x, p):
@@ -75,4 +75,4 @@ def _conv2d_native(node, out, srcs):
     xs = estrides(x)
     return [cmd("conv1d", out, [x, w], [1, b, cout, lout], [0, cout * lout, lout, 1], [[0, xs[0], xs[1], xs[3]]],
                 ip=(p["strides"][1], p["pads"][1][0], p["dilations"][1], cin, k, length),
-                scratch=b * lout * (cin * k + cout) * 4)]
+                scratch=conv1d_scratch(b, cin, k, lout))]

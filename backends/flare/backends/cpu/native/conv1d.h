@@ -1,7 +1,7 @@
 /* ---- conv1d: im2col rows by blocks of output columns, one GEMM per block into the output ------
  * Included by kernels.c (it uses its gemm() and HOT); a header so the build's cache key sees it.
  * x [B, Cin, L] (element strides ss[0][1..3]); w [Cout, Cin*K] contiguous; out [B, Cout, Lout]
- * contiguous. ne = {1, B, Cout, Lout}; ip: stride, pad, dil, Cin, K, L; scratch >= B*Cin*K*Lout floats.
+ * contiguous. ne = {1, B, Cout, Lout}; ip: stride, pad, dil, Cin, K, L; scratch: conv1d_scratch (lowering.py).
  *
  * Why this layout: scratch row (b, ci, k) is x's row ci shifted by k*dil - pad (stride s: every
  * s-th element), so im2col is a memcpy per row at stride 1, and out_b [Cout, Lout] =
@@ -10,7 +10,7 @@
  * audio decoders: long signals, 32-128 channels).
  * Phases (the threaded executor runs them in order): 0 and 2 nothing (kept so the executor's
  * phase count for conv1d stays 3); 1 by blocks of output columns, each its own im2col rows
- * and product, split into chunks of blocks. Without BLAS the product is a plain loop. */
+ * and product, dealt to a few slots (the split units). Without BLAS the product is a plain loop. */
 /* output columns per unit: a block's im2col rows (ck x cols floats) stay about CONV1D_BLOCK floats,
  * in cache for its product; a small convolution is one block (each product re-packs w) */
 #define CONV1D_BLOCK 262144
@@ -21,10 +21,18 @@ static int64_t conv1d_cols(int64_t ck, int64_t Lo) {
     return n & ~(int64_t)15;
 }
 
+/* Phase 1's units are SLOTS: slot u does blocks u, u + slots, u + 2*slots ... in its own
+ * ck x n floats of the scratch, so chunks (unit ranges) on different threads never share a
+ * block buffer and the scratch stays slots blocks, not the whole im2col (a plan keeps its
+ * scratch: Piper's decoder would hold ~100 MB per sentence length otherwise). The Python
+ * side sizes the scratch the same way (lowering.conv1d_scratch). */
+#define CONV1D_SLOTS 8
+static int64_t conv1d_slots(int64_t blocks) { return blocks < CONV1D_SLOTS ? blocks : CONV1D_SLOTS; }
+
 static int64_t conv1d_units(const flare_cmd *c, int phase, int64_t *grain) {
     const int64_t B = c->ne[1], Lo = c->ne[3], ck = c->ip[3] * c->ip[4], n = conv1d_cols(ck, Lo);
     *grain = 1;
-    return phase == 1 ? B * ((Lo + n - 1) / n) : 0;
+    return phase == 1 ? conv1d_slots(B * ((Lo + n - 1) / n)) : 0;
 }
 
 /* row[l - la] = xr[(l*s + off) * xs] where 0 <= l*s + off < L, else 0, for l in [la, lb) */
@@ -54,25 +62,28 @@ HOT static void conv1d_plain(int64_t Co, int64_t n, int64_t ck, const float *w, 
     }
 }
 
-/* Phase 1, units [r0, r1) = column blocks (b, j): block j's im2col rows into its own part of the
- * scratch (disjoint per block, so chunks run on any thread), then its product. */
+/* Phase 1, units [r0, r1) = slots (above): each of a slot's blocks (b, j) gets its im2col rows
+ * into the slot's part of the scratch, then its product. */
 static int conv1d_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
     if (phase != 1) return 0;
-    const int64_t Co = c->ne[2], Lo = c->ne[3];
+    const int64_t B = c->ne[1], Co = c->ne[2], Lo = c->ne[3];
     const int64_t s = c->ip[0], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
-    const int64_t ck = Ci * K, n = conv1d_cols(ck, Lo), nb = (Lo + n - 1) / n;
+    const int64_t ck = Ci * K, n = conv1d_cols(ck, Lo), nb = (Lo + n - 1) / n, slots = conv1d_slots(B * nb);
     const float *x = (const float *)c->src[0], *w = (const float *)c->src[1];
     float *o = (float *)c->out;
-    for (int64_t u = r0; u < r1; ++u) {
-        const int64_t b = u / nb, la = (u % nb) * n, lb = la + n < Lo ? la + n : Lo, m = lb - la;
-        float *cols = (float *)c->scratch + b * ck * Lo + la * ck;  /* [ck, m] */
-        for (int64_t r = 0; r < ck; ++r) {
-            const int64_t ci = r / K, k = r % K;
-            conv1d_row(cols + r * m, x + b * c->ss[0][1] + ci * c->ss[0][2], c->ss[0][3], la, lb, L, s, k * dil - pad);
+    for (int64_t slot = r0; slot < r1; ++slot) {
+        float *cols = (float *)c->scratch + slot * ck * n;  /* [ck, m] */
+        for (int64_t u = slot; u < B * nb; u += slots) {
+            const int64_t b = u / nb, la = (u % nb) * n, lb = la + n < Lo ? la + n : Lo, m = lb - la;
+            for (int64_t r = 0; r < ck; ++r) {
+                const int64_t ci = r / K, k = r % K;
+                conv1d_row(cols + r * m, x + b * c->ss[0][1] + ci * c->ss[0][2], c->ss[0][3], la, lb, L, s,
+                           k * dil - pad);
+            }
+            float *ob = o + b * Co * Lo + la;
+            if (g_sgemm) gemm(NT, NT, Co, m, ck, w, ck, cols, m, 0.0f, ob, Lo);
+            else conv1d_plain(Co, m, ck, w, cols, m, ob, Lo);
         }
-        float *ob = o + b * Co * Lo + la;
-        if (g_sgemm) gemm(NT, NT, Co, m, ck, w, ck, cols, m, 0.0f, ob, Lo);
-        else conv1d_plain(Co, m, ck, w, cols, m, ob, Lo);
     }
     return 0;
 }
