@@ -29,6 +29,12 @@ def _conv2d(out, x, p):
     win = windows(v, w.shape[2:], p["strides"], p["dilations"], (ho, wo))  # [B, C, Ho, Wo, kh, kw]
     g = p["groups"]
     cg, og = w.shape[1], w.shape[0] // g
+    if g > 4:  # many groups (depthwise): one einsum over all of them, not a tensordot per group
+        b = win.shape[0]
+        wg = win.reshape(b, g, cg, ho, wo, *w.shape[2:])
+        res = np.einsum("bgchwij,gocij->bgohw", wg, w.reshape(g, og, cg, *w.shape[2:]))
+        out[...] = res.reshape(out.shape)
+        return
     for i in range(g):
         part = np.tensordot(win[:, i * cg:(i + 1) * cg], w[i * og:(i + 1) * og], axes=([1, 4, 5], [1, 2, 3]))
         out[:, i * og:(i + 1) * og] = np.moveaxis(part, 3, 1)  # [B, Ho, Wo, O] -> [B, O, Ho, Wo]

@@ -11,11 +11,20 @@ Every call binds the input shapes and walks the ONNX nodes once (`Tracer`):
   host; the host step runs, and a new segment starts with those values as
   its inputs. The graph is split, not refused.
 
-A segment's prepared graph is cached under a key of its structure (ops,
-params, shapes, dtypes, weight identities), so repeated calls with the same
-shapes re-trace (cheap Python) but never re-prepare. The cache is bounded;
-evicted graphs are released. A runner is not thread-safe: use one per thread
-(its Session may be shared; Flare's PreparedGraph takes turns).
+Prepared graphs: the segments at one place of the trace (the k-th segment,
+with the same input names and outputs) form a *family* that shares ONE
+PreparedGraph with a plan per input shape, as the runtime does for any graph:
+its weights are uploaded once (a leaf's name says what it holds: the file's
+value name, or a digest of a computed constant), and a new sentence length,
+say, costs a plan, not a graph. A family remembers which structure (a key of
+ops, params, shapes, dtypes and weight identities) each input shape had; a
+segment whose shapes were seen with another structure (data-dependent control
+flow) gets a graph of its own, in a small LRU cache. Every graph of a runner
+shares one workspace (segments never run at the same time), so memory is the
+largest segment's arena, not the sum. A family is replaced after
+`FAMILY_PLANS` shapes, which bounds the computed constants it accumulates.
+A runner is not thread-safe: use one per thread (its Session may be shared;
+Flare's PreparedGraph takes turns).
 """
 from __future__ import annotations
 
@@ -34,7 +43,8 @@ from .loader import DEFAULT_DOMAINS, OnnxModel
 from .values import BOOL, Val, flare_dtype, flare_shape, from_flare_array, is_wide, to_flare_array
 
 ENTRY = "main"
-CACHE_SIZE = 16
+CACHE_SIZE = 16      # graphs of segments outside their family (data-dependent structure)
+FAMILY_PLANS = 64    # input shapes (plans) per family graph: 10 sentences of Piper use ~10 per family
 # ops never folded at import time even when their inputs are constant (a fresh draw each run)
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 
@@ -142,6 +152,30 @@ def array_digest(arr: np.ndarray) -> str:
     return hashlib.blake2b(a.tobytes() + repr((a.shape, a.dtype.str)).encode(), digest_size=16).hexdigest()
 
 
+class _Family:
+    """The PreparedGraph of the segments at one place of the trace, a plan per input shape.
+
+    `current` is the segment being executed: the graph's builder replays it whenever the
+    runtime needs a plan for its input shapes. `structure` maps input shapes to the one
+    structure key allowed for them (the runtime picks plans by input shapes alone)."""
+
+    def __init__(self) -> None:
+        self.pg: Any = None
+        self.current: Segment | None = None
+        self.structure: dict[tuple, str] = {}
+
+    def build(self, b: GraphBuilder, shapes: Mapping[str, Any]) -> None:
+        seg = self.current
+        want = {n: tuple(a.shape) for n, a in seg.feeds.items()}
+        if {n: tuple(shapes[n]) for n in want} != want:
+            raise OnnxError(f"segment plan asked for shapes {dict(shapes)}, the segment has {want}")
+        seg.builder()(b, shapes)
+
+
+def _shape_key(seg: Segment) -> tuple:
+    return tuple(sorted((n, tuple(a.shape), a.dtype.str) for n, a in seg.feeds.items()))
+
+
 class OnnxRunner:
     """An imported model on a Session: `run(inputs) -> outputs` (ONNX names, shapes, dtypes)."""
 
@@ -151,7 +185,10 @@ class OnnxRunner:
         self.model = model
         self.session = session
         self.cache_size = cache_size
-        self._plans: OrderedDict[str, Any] = OrderedDict()
+        self._plans: OrderedDict[str, Any] = OrderedDict()      # structure key -> graph (outside families)
+        self._families: dict[tuple, _Family] = {}
+        self._digests: dict[int, tuple[np.ndarray, str]] = {}   # id -> (array, digest) of derived file constants
+        self.workspace = session.workspace(f"onnx:{model.path}:workspace")
         self._folded: dict[tuple, list[Val]] = {}  # (op, inputs, outputs) -> outputs, for nodes of file constants only
         # arrays lowerings derive from file constants (a re-laid-out kernel), made once per runner
         self.derived: dict[tuple, np.ndarray] = {}
@@ -187,12 +224,45 @@ class OnnxRunner:
             out[name] = arr
         return out
 
-    def execute_segment(self, seg: Segment) -> dict[str, np.ndarray]:
-        """Prepare (or reuse) the segment's Flare graph and run it."""
+    def execute_segment(self, seg: Segment, ordinal: int = 0) -> dict[str, np.ndarray]:
+        """Run the segment on its family's graph (a new plan for new input shapes), or, when
+        its shapes were seen there with another structure, on a graph of its own."""
+        self.stats["segments_run"] += 1
+        where = (ordinal, tuple(sorted(seg.feeds)), tuple(seg.outputs))
+        shapes = _shape_key(seg)
+        fam = self._families.get(where)
+        if fam is not None and fam.structure.get(shapes, seg.key) != seg.key:
+            return self._execute_alone(seg)
+        if fam is not None and shapes not in fam.structure and len(fam.structure) >= FAMILY_PLANS:
+            del self._families[where]
+            fam.pg.release()
+            fam = None
+        fam = fam or self._new_family(where, seg)
+        if shapes not in fam.structure:
+            self.stats["prepared"] += 1
+            fam.structure[shapes] = seg.key
+        fam.current = seg
+        try:
+            return fam.pg.execute(ENTRY, **seg.feeds)
+        finally:
+            fam.current = None  # the segment's arrays are not kept alive by the family
+
+    def _new_family(self, where: tuple, seg: Segment) -> _Family:
+        fam = _Family()
+        fam.current = seg
+        shapes = {ENTRY: {n: a.shape for n, a in seg.feeds.items()}}
+        fam.pg = self.session.prepare({ENTRY: fam.build}, shapes, workspace=self.workspace,
+                                      name=f"onnx:{self.model.path}#{where[0]}")
+        fam.pg.max_plans = FAMILY_PLANS
+        self._families[where] = fam
+        return fam
+
+    def _execute_alone(self, seg: Segment) -> dict[str, np.ndarray]:
         pg = self._plans.get(seg.key)
         if pg is None:
             shapes = {ENTRY: {n: a.shape for n, a in seg.feeds.items()}}
-            pg = self.session.prepare({ENTRY: seg.builder()}, shapes, name=f"onnx:{self.model.path}")
+            pg = self.session.prepare({ENTRY: seg.builder()}, shapes, workspace=self.workspace,
+                                      name=f"onnx:{self.model.path}")
             self.stats["prepared"] += 1
             self._plans[seg.key] = pg
             while len(self._plans) > self.cache_size:
@@ -200,18 +270,27 @@ class OnnxRunner:
                 old.release()
         else:
             self._plans.move_to_end(seg.key)
-        self.stats["segments_run"] += 1
         return pg.execute(ENTRY, **seg.feeds)
 
+    def digest(self, value: np.ndarray, arr: np.ndarray, fixed: bool) -> str:
+        """array_digest(arr) of a constant's Flare array; remembered by the constant's object for
+        values derived from the file (folded once per runner: the same object every call)."""
+        if not fixed:
+            return array_digest(arr)
+        hit = self._digests.get(id(value))
+        if hit is None or hit[0] is not value:
+            hit = self._digests[id(value)] = (value, array_digest(arr))
+        return hit[1]
+
     def prepared_graphs(self) -> list[Any]:
-        return list(self._plans.values())
+        return [f.pg for f in self._families.values()] + list(self._plans.values())
 
     def describe(self) -> dict[str, Any]:
         """PreparedGraph.describe() of every cached segment, merged (entries `segment<i>`,
         persistent and workspace bytes summed per device)."""
         out: dict[str, Any] = {"name": f"onnx:{self.model.path}", "entries": {}, "persistent_bytes": {},
                                "workspace_bytes": {}}
-        for i, pg in enumerate(self._plans.values()):
+        for i, pg in enumerate(self.prepared_graphs()):
             info = pg.describe()
             for entry in info["entries"].values():
                 out["entries"][f"segment{i}"] = entry
@@ -226,11 +305,15 @@ class OnnxRunner:
         return self
 
     def release(self) -> None:
-        """Release every cached prepared graph (idempotent)."""
+        """Release every prepared graph, then the workspace they shared (idempotent)."""
         with self._lock:
+            while self._families:
+                _, fam = self._families.popitem()
+                fam.pg.release()
             while self._plans:
                 _, pg = self._plans.popitem()
                 pg.release()
+            self.workspace.release()
 
 
 class Tracer:
@@ -261,6 +344,7 @@ class Tracer:
 
     # -- segments -------------------------------------------------------------
     def _new_segment(self) -> None:
+        self.ordinal = getattr(self, "ordinal", -1) + 1
         self.b = GraphBuilder()
         self.feeds: dict[str, np.ndarray] = {}
         self.digests: dict[str, str] = {}
@@ -278,7 +362,7 @@ class Tracer:
             for i, (name, v) in enumerate(wanted.items()):
                 outputs[f"out{i}"] = self.b.output(f"out{i}", v.tensor)
             seg = Segment(list(self.b._tensors), outputs, dict(self.feeds), dict(self.digests))
-            results = self.runner.execute_segment(seg)
+            results = self.runner.execute_segment(seg, self.ordinal)
             self.runner.last_segments.append({"nodes": len([t for t in seg.tensors if t.op]),
                                               "inputs": len(seg.feeds), "outputs": len(outputs)})
             for i, (name, v) in enumerate(wanted.items()):
@@ -296,20 +380,27 @@ class Tracer:
             return v.tensor
         if v.const is None:
             raise OnnxError(f"value {v.name!r} was used after its segment closed")
-        if not v.name:
+        anonymous = not v.name
+        if anonymous:
             self._anon = getattr(self, "_anon", 0) + 1
             v.name = f"const{self._anon}@{self.position}"
         leaf = self.leaves.get(v.name)
         if leaf is None:
             arr = to_flare_array(v.const, f"value {v.name!r}")
-            leaf_name = f"v:{v.name}"
             if v.runtime:
+                leaf_name = f"v:{v.name}"
                 leaf = self.b.input(leaf_name, arr.shape, flare_dtype(arr.dtype if v.dtype != BOOL else v.dtype, v.name))
                 self.feeds[leaf_name] = arr
-            else:
-                leaf = self.b.weight(leaf_name, arr)
-                self.digests[leaf_name] = "file" if v.fixed else array_digest(arr)
-            self.leaves[v.name] = leaf
+            elif v.fixed and not anonymous:  # a value of the file (by its unique name): the same every call
+                leaf_name = f"v:{v.name}"
+                leaf = self.leaves.get(leaf_name) or self.b.weight(leaf_name, arr)
+                self.digests[leaf_name] = "file"
+            else:  # computed (from shapes, or re-laid-out): named by its content, so a family graph's
+                digest = self.runner.digest(v.const, arr, v.fixed)  # weights by name stay right
+                leaf_name = f"c:{digest}"
+                leaf = self.leaves.get(leaf_name) or self.b.weight(leaf_name, arr)
+                self.digests[leaf_name] = digest
+            self.leaves[v.name] = self.leaves[leaf_name] = leaf
         return leaf
 
     def c(self, v: Val) -> np.ndarray:
