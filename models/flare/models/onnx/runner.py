@@ -44,6 +44,7 @@ from .values import BOOL, Val, flare_dtype, flare_shape, from_flare_array, is_wi
 
 ENTRY = "main"
 CACHE_SIZE = 16      # graphs of segments outside their family (data-dependent structure)
+FOLD_MEMO, FOLD_MEMO_BYTES = 65536, 4096  # folds of small computed constants remembered by value (cleared when full)
 FAMILY_PLANS = 64    # input shapes (plans) per family graph: 10 sentences of Piper use ~10 per family
 # ops never folded at import time even when their inputs are constant (a fresh draw each run)
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -137,6 +138,25 @@ def _names_read(node: Any) -> set[str]:
     return names
 
 
+def _small_values_key(node_key: tuple, ins: list) -> tuple | None:
+    """The node and its inputs' values, when they are all small (shape arithmetic: the folds that
+    depend on the input shapes, the same again for a repeated shape), else None."""
+    parts = []
+    total = 0
+    for v in ins:
+        if v is None:
+            parts.append(None)
+            continue
+        a = v.const
+        if not isinstance(a, np.ndarray) or a.dtype.hasobject:
+            return None
+        total += a.nbytes
+        if total > FOLD_MEMO_BYTES:
+            return None
+        parts.append((a.dtype.str, a.shape, a.tobytes()))
+    return node_key, tuple(parts)
+
+
 def _structure_key(tensors: list[Tensor], outputs: Mapping[str, Tensor], digests: Mapping[str, str]) -> str:
     h = hashlib.blake2b(digest_size=20)
     index = {t.id: i for i, t in enumerate(tensors)}
@@ -190,6 +210,10 @@ class OnnxRunner:
         self._digests: dict[int, tuple[np.ndarray, str]] = {}   # id -> (array, digest) of derived file constants
         self.workspace = session.workspace(f"onnx:{model.path}:workspace")
         self._folded: dict[tuple, list[Val]] = {}  # (op, inputs, outputs) -> outputs, for nodes of file constants only
+        self._folded_by_value: dict[tuple, list[Val]] = {}  # (node, small input values) -> outputs
+        self._walk: tuple[list[Any], dict[str, int]] | None = None
+        self._attrs: dict[int, tuple[Any, dict[str, Any]]] = {}
+        self._node_ids = {id(n) for n in self.walk_plan()[0]}
         # arrays lowerings derive from file constants (a re-laid-out kernel), made once per runner
         self.derived: dict[tuple, np.ndarray] = {}
         self._lock = threading.Lock()
@@ -282,6 +306,31 @@ class OnnxRunner:
             hit = self._digests[id(value)] = (value, array_digest(arr))
         return hit[1]
 
+    def attributes(self, node: Any, read: Any) -> dict[str, Any]:
+        """A node's attributes as Python values (`read(node)`), once per node of the model: lowerings
+        only read them. Nodes of If branches (protos made per trace) are read every time."""
+        key = id(node)
+        hit = self._attrs.get(key)
+        if hit is None or hit[0] is not node:
+            hit = (node, read(node))
+            if key in self._node_ids:
+                self._attrs[key] = hit
+        return hit[1]
+
+    def walk_plan(self) -> tuple[list[Any], dict[str, int]]:
+        """The nodes in order and the last node reading each value (the model's outputs: past the
+        end): the same for every call, so computed once."""
+        if self._walk is None:
+            nodes = list(self.model.graph.node)
+            last_use: dict[str, int] = {}
+            for i, node in enumerate(nodes):
+                for name in _names_read(node):
+                    last_use[name] = i
+            for name in self.model.output_names:
+                last_use[name] = len(nodes) + 1
+            self._walk = (nodes, last_use)
+        return self._walk
+
     def prepared_graphs(self) -> list[Any]:
         return [f.pg for f in self._families.values()] + list(self._plans.values())
 
@@ -327,14 +376,8 @@ class Tracer:
         self.opset = runner.model.opset
         self.lowering = lowering
         self.env: dict[str, Val] = {}
-        nodes = list(self.model.graph.node)
-        self.nodes = nodes
-        self.last_use: dict[str, int] = {}
-        for i, node in enumerate(nodes):
-            for name in _names_read(node):
-                self.last_use[name] = i
-        for name in self.model.output_names:
-            self.last_use[name] = len(nodes) + 1
+        self.nodes, last_use = runner.walk_plan()
+        self.last_use: dict[str, int] = dict(last_use)
         for name, arr in self.model.initializers.items():
             self.env[name] = Val(name, tuple(arr.shape), arr.dtype, const=arr, fixed=True)
         for name, arr in inputs.items():
@@ -443,7 +486,8 @@ class Tracer:
 
     def step(self, node: Any, label: str) -> None:
         """Fold, lower or host-run one node and bind its outputs (also for the nodes of an If branch)."""
-        from .lowering import HOST_STEPS, LOWERINGS, WIDE_OK, attributes, fold
+        lw = self.lowering
+        HOST_STEPS, LOWERINGS, WIDE_OK, attributes, fold = lw.HOST_STEPS, lw.LOWERINGS, lw.WIDE_OK, lw.attributes, lw.fold
 
         ins = [self.env[n] if n else None for n in node.input]
         try:
@@ -462,7 +506,7 @@ class Tracer:
                 fn = LOWERINGS.get(node.op_type)
                 if fn is None or node.domain not in DEFAULT_DOMAINS:
                     raise UnsupportedOpError(f"unsupported ONNX op {node.op_type}")
-                outs = fn(self, node, ins, attributes(node))
+                outs = fn(self, node, ins, self.runner.attributes(node, attributes))
         except OnnxError as exc:
             raise type(exc)(f"{self.model.path}: node {label!r} ({node.op_type}): {exc}") from None
         except Exception as exc:
@@ -489,11 +533,19 @@ class Tracer:
         key = (node.op_type, tuple(node.input), tuple(node.output))  # names are unique (SSA), proto ids are not
         if fixed and key in cache:
             return [Val("", v.shape, v.dtype, const=v.const, fixed=True) for v in cache[key]]
+        by_value = None if fixed else _small_values_key(key, ins)
+        memo = self.runner._folded_by_value
+        if by_value is not None and by_value in memo:
+            return [Val("", v.shape, v.dtype, const=v.const) for v in memo[by_value]]
         outs = fold(self, node, ins)
         if fixed:
             for v in outs:
                 v.fixed = True
             cache[key] = [Val("", v.shape, v.dtype, const=v.const, fixed=True) for v in outs]
+        elif by_value is not None:
+            if len(memo) >= FOLD_MEMO:
+                memo.clear()
+            memo[by_value] = [Val("", v.shape, v.dtype, const=v.const) for v in outs]
         return outs
 
     def run_branch(self, graph: Any) -> list[Val]:
