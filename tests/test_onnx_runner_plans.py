@@ -1,0 +1,123 @@
+"""How the ONNX runner keeps its prepared graphs (runner.py's docstring): the segments at one
+place of the trace share one PreparedGraph with a plan per input shape; a segment whose input
+shapes were seen there with another structure runs on a graph of its own; computed constants
+are weights named by their content, so a shared graph never reads another shape's constant;
+a family is replaced after FAMILY_PLANS shapes; release() returns every buffer.
+Results are checked against onnx's reference evaluator (exact ops, or f32 sums of a few terms:
+1e-6)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+from flare.core.ledger import LEDGER  # noqa: E402
+from flare.core.session import Session  # noqa: E402
+from flare.models.onnx import runner as runner_mod  # noqa: E402
+from flare.models.onnx.loader import load_model  # noqa: E402
+from flare.models.onnx.runner import OnnxRunner  # noqa: E402
+
+
+def _save(tmp_path, name, nodes, inputs, outputs, inits=()):
+    graph = helper.make_graph(nodes, name, inputs, outputs, list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, str(path))
+    return model, str(path)
+
+
+def _ramp_model(tmp_path):
+    """y = x + Range(0, L) * 0.5 (L = x's length, folded from its shape: a computed constant whose
+    value depends on the input shape), then NonZero(y > 1) -> Gather: a host step, so two segments."""
+    f = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Range", ["zero", "n", "one"], ["r"]),
+        helper.make_node("Cast", ["r"], ["rf"], to=f),
+        helper.make_node("Mul", ["rf", "half"], ["ramp"]),
+        helper.make_node("Add", ["x", "ramp"], ["y"]),
+        helper.make_node("Greater", ["y", "onef"], ["g"]),
+        helper.make_node("NonZero", ["g"], ["nz"]),
+        helper.make_node("Squeeze", ["nz", "zero1"], ["idx"]),
+        helper.make_node("Gather", ["y", "idx"], ["z"], axis=0),
+    ]
+    inits = [numpy_helper.from_array(np.array(0, np.int64), "zero"), numpy_helper.from_array(np.array(1, np.int64), "one"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero1"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "onef")]
+    return _save(tmp_path, "ramp", nodes, [helper.make_tensor_value_info("x", f, ["L"])],
+                 [helper.make_tensor_value_info("z", f, ["K"])], inits)
+
+
+def _check(model, runner, x):
+    want = ReferenceEvaluator(model).run(None, {"x": x})
+    got = runner.run({"x": x})
+    for name, w in zip([o.name for o in model.graph.output], want):
+        np.testing.assert_allclose(got[name], w, rtol=1e-6, atol=1e-6)
+
+
+def test_shapes_share_a_family_graph_and_its_weights(tmp_path):
+    model, path = _ramp_model(tmp_path)
+    rng = np.random.default_rng(1)
+    before = LEDGER.snapshot().count()
+    with Session(["cpu"]) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        for n in (6, 9, 6, 4, 9):
+            _check(model, runner, rng.uniform(-1, 2, n).astype(np.float32))
+        # two places in the trace (before and after NonZero): two graphs, not one per shape
+        assert len(runner.prepared_graphs()) == 2
+        # new plans only for new input shapes: 6, 9, 4 before NonZero; after it, one per (L, K) seen
+        assert runner.stats["prepared"] <= 3 + 5
+        runner.release()
+        runner.release()  # idempotent
+    assert LEDGER.snapshot().count() == before
+
+
+def test_same_shapes_other_structure_get_a_graph_of_their_own(tmp_path):
+    """If on a computed condition: the branch after it has the same input shapes either way."""
+    f = TensorProto.FLOAT
+    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [],
+                               [helper.make_tensor_value_info("t", f, ["L"])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                               [helper.make_tensor_value_info("e", f, ["L"])])
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+        helper.make_node("Greater", ["s", "zerof"], ["c"]),
+        helper.make_node("If", ["c"], ["b"], then_branch=then_g, else_branch=else_g),
+        helper.make_node("Mul", ["b", "x"], ["y"]),
+    ]
+    model, path = _save(tmp_path, "branch", nodes, [helper.make_tensor_value_info("x", f, ["L"])],
+                        [helper.make_tensor_value_info("y", f, ["L"])],
+                        [numpy_helper.from_array(np.array(0.0, np.float32), "zerof")])
+    pos = np.array([1.0, -0.5, 2.0], np.float32)
+    before = LEDGER.snapshot().count()
+    with Session(["cpu"]) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        for x in (pos, -pos, pos, -pos):
+            _check(model, runner, x)
+        assert len(runner._plans) == 1  # the second structure's graph, outside the family
+        runner.release()
+    assert LEDGER.snapshot().count() == before
+
+
+def test_a_full_family_is_replaced(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner_mod, "FAMILY_PLANS", 2)
+    model, path = _ramp_model(tmp_path)
+    rng = np.random.default_rng(2)
+    before = LEDGER.snapshot().count()
+    with Session(["cpu"]) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        first = None
+        for n in (5, 6, 7, 5):
+            _check(model, runner, rng.uniform(-1, 2, n).astype(np.float32))
+            graphs = runner.prepared_graphs()
+            first = first or graphs[0]
+            assert len(graphs) == 2
+        assert first not in runner.prepared_graphs()  # the first family's graph was released and replaced
+        runner.release()
+    assert LEDGER.snapshot().count() == before
