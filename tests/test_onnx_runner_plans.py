@@ -2,7 +2,9 @@
 place of the trace share one PreparedGraph with a plan per input shape; a segment whose input
 shapes were seen there with another structure runs on a graph of its own; computed constants
 are weights named by their content, so a shared graph never reads another shape's constant;
-a family is replaced after FAMILY_PLANS shapes; release() returns every buffer.
+a family is replaced after FAMILY_PLANS shapes; release() returns every buffer. And how it
+replays a recorded trace (replay.py): new data through the recorded segments, every value the
+trace read checked, another recording or a new trace when one differs.
 Results are checked against onnx's reference evaluator (exact ops, or f32 sums of a few terms:
 1e-6)."""
 from __future__ import annotations
@@ -101,6 +103,7 @@ def test_same_shapes_other_structure_get_a_graph_of_their_own(tmp_path):
         for x in (pos, -pos, pos, -pos):
             _check(model, runner, x)
         assert len(runner._plans) == 1  # the second structure's graph, outside the family
+        assert runner.stats["replayed"] == 2  # the condition read back picks the recording of its branch
         runner.release()
     assert LEDGER.snapshot().count() == before
 
@@ -121,3 +124,55 @@ def test_a_full_family_is_replaced(tmp_path, monkeypatch):
         assert first not in runner.prepared_graphs()  # the first family's graph was released and replaced
         runner.release()
     assert LEDGER.snapshot().count() == before
+
+
+def test_replay_feeds_new_data_and_checks_what_the_trace_read(tmp_path):
+    model, path = _ramp_model(tmp_path)
+    ramp = np.arange(6, dtype=np.float32) * 0.5
+    keep_odd = np.where(np.arange(6) % 2 == 1, 1.5, 0.0).astype(np.float32) - ramp + 0.25  # y > 1 at odd places
+    keep_first = np.where(np.arange(6) < 2, 1.5, 0.0).astype(np.float32) - ramp + 0.25
+    with Session(["cpu"]) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        _check(model, runner, keep_odd)                       # traced, recorded
+        assert runner.stats["replayed"] == 0
+        _check(model, runner, keep_odd + 0.125)               # same places kept, other values: replayed
+        assert runner.stats["replayed"] == 1
+        _check(model, runner, keep_first)                     # NonZero reads other places: traced again
+        assert runner.stats["replayed"] == 1
+        _check(model, runner, keep_odd - 0.0625)              # the first recording, found by what was read
+        _check(model, runner, keep_first + 0.5)
+        assert runner.stats["replayed"] == 3
+        _check(model, runner, np.linspace(-1, 3, 7).astype(np.float32))  # another shape: traced
+        assert runner.stats["replayed"] == 3
+        runner.release()
+
+
+def test_random_draws_are_drawn_again_on_replay(tmp_path):
+    """y = x + 0 * RandomNormalLike(x): each call draws (a host step); the replay draws too."""
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("RandomNormalLike", ["x"], ["r"]), helper.make_node("Mul", ["r", "zerof"], ["z"]),
+             helper.make_node("Add", ["x", "z"], ["y"])]
+    model, path = _save(tmp_path, "noise", nodes, [helper.make_tensor_value_info("x", f, ["L"])],
+                        [helper.make_tensor_value_info("y", f, ["L"])],
+                        [numpy_helper.from_array(np.array(0.0, np.float32), "zerof")])
+    draws = []
+    from flare.models.onnx.lowering import HOST_STEPS
+    original = HOST_STEPS["RandomNormalLike"]
+
+    def spy(tr, node, ins):
+        outs = original(tr, node, ins)
+        draws.append(outs[0].const)
+        return outs
+
+    HOST_STEPS["RandomNormalLike"] = spy
+    try:
+        with Session(["cpu"]) as sess:
+            runner = OnnxRunner(load_model(path), sess)
+            for k in range(3):
+                x = np.full(5, float(k), np.float32)
+                np.testing.assert_array_equal(runner.run({"x": x})["y"], x)
+            assert runner.stats["replayed"] == 2
+            runner.release()
+    finally:
+        HOST_STEPS["RandomNormalLike"] = original
+    assert len(draws) == 3 and not np.array_equal(draws[0], draws[1])

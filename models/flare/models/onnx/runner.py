@@ -40,6 +40,7 @@ from flare.core.graph import INPUT, WEIGHT, GraphBuilder, Tensor
 
 from .errors import OnnxError, UnsupportedOpError
 from .loader import DEFAULT_DOMAINS, OnnxModel
+from .replay import Recording, Recordings
 from .values import BOOL, Val, flare_dtype, flare_shape, from_flare_array, is_wide, to_flare_array
 
 ENTRY = "main"
@@ -98,6 +99,12 @@ class Segment:
         self.outputs = outputs
         self.feeds = feeds
         self.key = _structure_key(tensors, outputs, digests)
+
+    def with_feeds(self, feeds: dict[str, np.ndarray]) -> "Segment":
+        """The same segment (structure, key) on other input arrays of the same shapes."""
+        seg = Segment.__new__(Segment)
+        seg.tensors, seg.outputs, seg.key, seg.feeds = self.tensors, self.outputs, self.key, feeds
+        return seg
 
     def builder(self):
         """The entry builder Flare prepares: replays the traced tensors exactly."""
@@ -217,13 +224,23 @@ class OnnxRunner:
         # arrays lowerings derive from file constants (a re-laid-out kernel), made once per runner
         self.derived: dict[tuple, np.ndarray] = {}
         self._lock = threading.Lock()
-        self.stats = {"segments_run": 0, "prepared": 0, "host_steps": 0, "folded": 0}
+        self.stats = {"segments_run": 0, "prepared": 0, "host_steps": 0, "folded": 0, "replayed": 0}
         self.last_segments: list[dict[str, Any]] = []
+        self.recordings = Recordings()  # traces replayed for later calls of the same input shapes (replay.py)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self._lock:
-            tracer = Tracer(self, self._check_inputs(inputs))
-            return tracer.run()
+            inputs = self._check_inputs(inputs)
+            key = Recordings.key(inputs)
+            out = self.recordings.replay(self, key, inputs)
+            if out is not None:
+                return out
+            rec = Recording()
+            host_steps = self.stats["host_steps"]
+            out = Tracer(self, inputs, rec).run()
+            rec.host_steps = self.stats["host_steps"] - host_steps
+            self.recordings.add(key, rec)
+            return out
 
     def _check_inputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         info = self.model.input_info()
@@ -356,6 +373,7 @@ class OnnxRunner:
     def release(self) -> None:
         """Release every prepared graph, then the workspace they shared (idempotent)."""
         with self._lock:
+            self.recordings = Recordings()
             while self._families:
                 _, fam = self._families.popitem()
                 fam.pg.release()
@@ -368,9 +386,10 @@ class OnnxRunner:
 class Tracer:
     """One walk over the nodes for one call; see the module docstring."""
 
-    def __init__(self, runner: OnnxRunner, inputs: Mapping[str, np.ndarray]):
+    def __init__(self, runner: OnnxRunner, inputs: Mapping[str, np.ndarray], rec: Recording | None = None):
         from . import lowering
 
+        self.rec = rec or Recording()
         self.runner = runner
         self.model = runner.model
         self.opset = runner.model.opset
@@ -382,6 +401,7 @@ class Tracer:
             self.env[name] = Val(name, tuple(arr.shape), arr.dtype, const=arr, fixed=True)
         for name, arr in inputs.items():
             self.env[name] = Val(name, tuple(arr.shape), arr.dtype, const=arr, runtime=True)
+            self.rec.mark(arr, ("input", name))
         self.position = -1
         self._new_segment()
 
@@ -405,13 +425,15 @@ class Tracer:
             for i, (name, v) in enumerate(wanted.items()):
                 outputs[f"out{i}"] = self.b.output(f"out{i}", v.tensor)
             seg = Segment(list(self.b._tensors), outputs, dict(self.feeds), dict(self.digests))
+            summary = {"nodes": len([t for t in seg.tensors if t.op]), "inputs": len(seg.feeds), "outputs": len(outputs)}
+            index = self.rec.segment(seg, self.ordinal, summary, [])
             results = self.runner.execute_segment(seg, self.ordinal)
-            self.runner.last_segments.append({"nodes": len([t for t in seg.tensors if t.op]),
-                                              "inputs": len(seg.feeds), "outputs": len(outputs)})
+            self.runner.last_segments.append(summary)
             for i, (name, v) in enumerate(wanted.items()):
                 v.const = from_flare_array(results[f"out{i}"], v.shape, v.dtype)
                 v.tensor = None
                 v.runtime = True
+            self.rec.closed(index, [(f"out{i}", v) for i, v in enumerate(wanted.values())])
         for v in self.live_tensors.values():
             v.tensor = None  # dead values of the closed segment are gone
         self._new_segment()
@@ -434,6 +456,7 @@ class Tracer:
                 leaf_name = f"v:{v.name}"
                 leaf = self.b.input(leaf_name, arr.shape, flare_dtype(arr.dtype if v.dtype != BOOL else v.dtype, v.name))
                 self.feeds[leaf_name] = arr
+                self.rec.feed(leaf_name, v)
             elif v.fixed and not anonymous:  # a value of the file (by its unique name): the same every call
                 leaf_name = f"v:{v.name}"
                 leaf = self.leaves.get(leaf_name) or self.b.weight(leaf_name, arr)
@@ -451,6 +474,7 @@ class Tracer:
         if v.const is None:
             self.runner.stats["host_steps"] += 1
             self._close_segment((v,))
+        self.rec.observe(v)
         return v.const
 
     def op(self, op: str, *srcs: Tensor, **params: Any) -> Tensor:
@@ -481,6 +505,7 @@ class Tracer:
         if any(v.tensor is not None for v in final):
             self.position = len(self.nodes) + 1  # nothing is live after the end except the outputs
             self._close_segment(tuple(v for v in final))
+        self.rec.finish(self.env, list(self.model.output_names))
         return {n: np.asarray(self.env[n].const).reshape(self.env[n].shape).astype(self.env[n].dtype, copy=False)
                 for n in self.model.output_names}
 
@@ -502,6 +527,7 @@ class Tracer:
                 self.runner.stats["folded"] += 1
             elif node.op_type in HOST_STEPS:
                 outs = HOST_STEPS[node.op_type](self, node, ins)
+                self.rec.host_step(node, HOST_STEPS[node.op_type], ins, outs)
             else:
                 fn = LOWERINGS.get(node.op_type)
                 if fn is None or node.domain not in DEFAULT_DOMAINS:
