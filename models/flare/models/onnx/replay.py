@@ -28,7 +28,7 @@ from .values import from_flare_array, to_flare_array
 
 DETERMINISTIC_HOST_STEPS = frozenset({"NonZero", "Unique", "Compress", "NonMaxSuppression"})
 RANDOM_HOST_STEPS = frozenset({"RandomNormalLike", "RandomUniformLike"})
-RECORDINGS_PER_SHAPE, SHAPES_KEPT = 8, 64
+RECORDINGS_PER_SHAPE, SHAPES_KEPT = 4, 32  # a recording holds its segments (graph objects): bounded
 
 
 class Recording:
