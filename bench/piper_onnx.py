@@ -6,8 +6,11 @@
 Both synthesize the same 10 sentences (espeak-ng phonemes, ids computed once and
 shared) with noise scales 0, one thread each (OMP/OpenBLAS threads and
 onnxruntime's intra/inter-op threads set to 1). Reported per runtime: the best
-of `--repeat` passes over all 10 sentences (the first Flare pass also prepares
-its segments: shown apart as `first`), and the largest waveform difference.
+of `--repeat` passes over all 10 sentences, and the largest waveform difference.
+The first Flare pass is shown apart as `first`: it traces every sentence and
+prepares a plan per segment family and length; later passes replay each
+sentence's recorded trace (the same lengths and durations: see the importer's
+README, "Replay") and reuse the plans.
 Run it on a quiet machine: it is a measurement, not a test.
 """
 from __future__ import annotations
