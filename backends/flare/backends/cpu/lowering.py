@@ -436,12 +436,12 @@ def _top_k(node, out, srcs):
 
 
 # -- conv, pad, experts ----------------------------------------------------------------------------
-CONV1D_BLOCK, CONV1D_SLOTS = 262144, 8  # as native/conv1d.h
+CONV1D_BLOCK, CONV1D_SLOTS = 65536, 8  # as native/conv1d.h
 
 
 def conv1d_scratch(b: int, cin: int, k: int, lout: int) -> int:
     """Bytes of the conv1d command's scratch: one im2col block (ck x n floats) per slot, as
-    native/conv1d.h cuts them (one block when the whole im2col is under 4 MiB)."""
+    native/conv1d.h cuts them (one block when the whole im2col is under 1 MiB)."""
     ck = cin * k
     if ck * lout <= 4 * CONV1D_BLOCK:
         n = max(lout, 1)

@@ -11,9 +11,9 @@
  * Phases (the threaded executor runs them in order): 0 and 2 nothing (kept so the executor's
  * phase count for conv1d stays 3); 1 by blocks of output columns, each its own im2col rows
  * and product, dealt to a few slots (the split units). Without BLAS the product is a plain loop. */
-/* output columns per unit: a block's im2col rows (ck x cols floats) stay about CONV1D_BLOCK floats,
+/* output columns per unit: a block's im2col rows (ck x cols floats) stay about CONV1D_BLOCK floats (256 KiB),
  * in cache for its product; a small convolution is one block (each product re-packs w) */
-#define CONV1D_BLOCK 262144
+#define CONV1D_BLOCK 65536
 static int64_t conv1d_cols(int64_t ck, int64_t Lo) {
     if (ck * Lo <= 4 * CONV1D_BLOCK) return Lo > 0 ? Lo : 1;
     int64_t n = CONV1D_BLOCK / (ck > 0 ? ck : 1);
