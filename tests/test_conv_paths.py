@@ -77,7 +77,12 @@ def test_strided_conv_transpose_1d_equals_onnx(tmp_path, monkeypatch, k, stride,
 
     ops: list[str] = []
     traced_op = Tracer.op
-    monkeypatch.setattr(Tracer, "op", lambda self, op, *srcs, **params: ops.append(op) or traced_op(self, op, *srcs, **params))
+
+    def spy(self, op, *srcs, **params):
+        ops.append(op)
+        return traced_op(self, op, *srcs, **params)
+
+    monkeypatch.setattr(Tracer, "op", spy)
 
     rng = np.random.default_rng(k * 10 + stride)
     x = rng.standard_normal((2, 3, 9)).astype(np.float32)

@@ -48,7 +48,8 @@ def _ramp_model(tmp_path):
         helper.make_node("Squeeze", ["nz", "zero1"], ["idx"]),
         helper.make_node("Gather", ["y", "idx"], ["z"], axis=0),
     ]
-    inits = [numpy_helper.from_array(np.array(0, np.int64), "zero"), numpy_helper.from_array(np.array(1, np.int64), "one"),
+    inits = [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array(1, np.int64), "one"),
              numpy_helper.from_array(np.array([0], np.int64), "zero1"),
              numpy_helper.from_array(np.array(0.5, np.float32), "half"),
              numpy_helper.from_array(np.array(1.0, np.float32), "onef")]

@@ -425,7 +425,8 @@ class Tracer:
             for i, (name, v) in enumerate(wanted.items()):
                 outputs[f"out{i}"] = self.b.output(f"out{i}", v.tensor)
             seg = Segment(list(self.b._tensors), outputs, dict(self.feeds), dict(self.digests))
-            summary = {"nodes": len([t for t in seg.tensors if t.op]), "inputs": len(seg.feeds), "outputs": len(outputs)}
+            summary = {"nodes": len([t for t in seg.tensors if t.op]), "inputs": len(seg.feeds),
+                       "outputs": len(outputs)}
             index = self.rec.segment(seg, self.ordinal, summary, [])
             results = self.runner.execute_segment(seg, self.ordinal)
             self.runner.last_segments.append(summary)
@@ -512,7 +513,8 @@ class Tracer:
     def step(self, node: Any, label: str) -> None:
         """Fold, lower or host-run one node and bind its outputs (also for the nodes of an If branch)."""
         lw = self.lowering
-        HOST_STEPS, LOWERINGS, WIDE_OK, attributes, fold = lw.HOST_STEPS, lw.LOWERINGS, lw.WIDE_OK, lw.attributes, lw.fold
+        HOST_STEPS, LOWERINGS, WIDE_OK = lw.HOST_STEPS, lw.LOWERINGS, lw.WIDE_OK
+        attributes, fold = lw.attributes, lw.fold
 
         ins = [self.env[n] if n else None for n in node.input]
         try:
