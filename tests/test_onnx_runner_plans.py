@@ -74,6 +74,8 @@ def test_shapes_share_a_family_graph_and_its_weights(tmp_path):
             _check(model, runner, rng.uniform(-1, 2, n).astype(np.float32))
         # two places in the trace (before and after NonZero): two graphs, not one per shape
         assert len(runner.prepared_graphs()) == 2
+        # ... sharing one workspace, counted once
+        assert runner.describe()["workspace_bytes"]["cpu:0"] == runner.workspace.nbytes("cpu:0") > 0
         # new plans only for new input shapes: 6, 9, 4 before NonZero; after it, one per (L, K) seen
         assert runner.stats["prepared"] <= 3 + 5
         runner.release()

@@ -353,16 +353,18 @@ class OnnxRunner:
 
     def describe(self) -> dict[str, Any]:
         """PreparedGraph.describe() of every cached segment, merged (entries `segment<i>`,
-        persistent and workspace bytes summed per device)."""
+        persistent bytes summed per device; workspace bytes are the one workspace all of them
+        share, counted once)."""
         out: dict[str, Any] = {"name": f"onnx:{self.model.path}", "entries": {}, "persistent_bytes": {},
                                "workspace_bytes": {}}
         for i, pg in enumerate(self.prepared_graphs()):
             info = pg.describe()
             for entry in info["entries"].values():
                 out["entries"][f"segment{i}"] = entry
-            for key in ("persistent_bytes", "workspace_bytes"):
-                for dev, n in info.get(key, {}).items():
-                    out[key][dev] = out[key].get(dev, 0) + n
+            for dev, n in info.get("persistent_bytes", {}).items():
+                out["persistent_bytes"][dev] = out["persistent_bytes"].get(dev, 0) + n
+            for dev in info.get("workspace_bytes", {}):
+                out["workspace_bytes"][dev] = self.workspace.nbytes(dev)
         return out
 
     @property
