@@ -80,6 +80,9 @@ def test_shapes_share_a_family_graph_and_its_weights(tmp_path):
         assert runner.stats["prepared"] <= 3 + 5
         runner.release()
         runner.release()  # idempotent
+        assert LEDGER.snapshot().count() == before
+        _check(model, runner, rng.uniform(-1, 2, 5).astype(np.float32))  # usable again: prepares anew
+        runner.release()
     assert LEDGER.snapshot().count() == before
 
 

@@ -373,7 +373,8 @@ class OnnxRunner:
         return self
 
     def release(self) -> None:
-        """Release every prepared graph, then the workspace they shared (idempotent)."""
+        """Release every prepared graph, then free the arenas of the workspace they shared
+        (idempotent). The runner stays usable: a later call prepares again."""
         with self._lock:
             self.recordings = Recordings()
             while self._families:
@@ -382,7 +383,7 @@ class OnnxRunner:
             while self._plans:
                 _, pg = self._plans.popitem()
                 pg.release()
-            self.workspace.release()
+            self.workspace.free()
 
 
 class Tracer:
