@@ -21,6 +21,12 @@ from .lowering import cmd, conv1d_scratch, estrides, translator
 
 
 def _conv2d(out, x, p):
+    _conv2d_nobias(out, x[:2], p)
+    if len(x) == 3:
+        out += x[2].reshape(1, -1, 1, 1)
+
+
+def _conv2d_nobias(out, x, p):
     v, w = x
     (pt, pb), (pl, pr) = p["pads"]
     if pt or pb or pl or pr:
@@ -64,12 +70,16 @@ def _conv2d_native(node, out, srcs):
     """conv2d over [B, C, 1, W] with one group as the native `conv1d` command; None (the NumPy
     kernel above) for 2-D windows, groups, or layouts the command cannot take.
 
+    A bias (third source) is written into the output first and the GEMM adds to it.
     Asymmetric padding needs no parameter of its own: the command pads by the left amount
     and the output width (from the node) decides how far right the windows reach, reading
     zeros past the input's end."""
-    x, w = srcs
+    x, w = srcs[:2]
+    bias = srcs[2] if len(srcs) == 3 else None
     p = node.params
     if out.dtype != np.float32 or x.dtype != np.float32 or w.dtype != np.float32:
+        return None
+    if bias is not None and (bias.dtype != np.float32 or bias.strides != (4,)):
         return None
     if p["groups"] != 1 or x.shape[2] != 1 or w.shape[2] != 1 or out.shape[2] != 1 or tuple(p["pads"][0]) != (0, 0):
         return None
@@ -79,6 +89,6 @@ def _conv2d_native(node, out, srcs):
     cout, _, _, k = w.shape
     lout = out.shape[3]
     xs = estrides(x)
-    return [cmd("conv1d", out, [x, w], [1, b, cout, lout], [0, cout * lout, lout, 1], [[0, xs[0], xs[1], xs[3]]],
+    return [cmd("conv1d", out, [x, w, bias], [1, b, cout, lout], [0, cout * lout, lout, 1], [[0, xs[0], xs[1], xs[3]]],
                 ip=(p["strides"][1], p["pads"][1][0], p["dilations"][1], cin, k, length),
                 scratch=conv1d_scratch(b, cin, k, lout))]

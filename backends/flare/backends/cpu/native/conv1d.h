@@ -1,7 +1,8 @@
 /* ---- conv1d: im2col rows by blocks of output columns, one GEMM per block into the output ------
  * Included by kernels.c (it uses its gemm() and HOT); a header so the build's cache key sees it.
  * x [B, Cin, L] (element strides ss[0][1..3]); w [Cout, Cin*K] contiguous; out [B, Cout, Lout]
- * contiguous. ne = {1, B, Cout, Lout}; ip: stride, pad, dil, Cin, K, L; scratch: conv1d_scratch (lowering.py).
+ * contiguous; src[2] a bias [Cout] or NULL. ne = {1, B, Cout, Lout}; ip: stride, pad, dil, Cin, K, L;
+ * scratch: conv1d_scratch (lowering.py).
  *
  * Why this layout: scratch row (b, ci, k) is x's row ci shifted by k*dil - pad (stride s: every
  * s-th element), so im2col is a memcpy per row at stride 1, and out_b [Cout, Lout] =
@@ -48,12 +49,12 @@ static void conv1d_row(float *row, const float *xr, int64_t xs, int64_t la, int6
     memset(row + (l1 - la), 0, (size_t)(lb - l1) * sizeof(float));
 }
 
-/* o[Co, n] (row stride ldo) = w[Co, ck] @ cols[ck, n] (row stride ldc), without BLAS */
+/* o[Co, n] (row stride ldo) = (o if accumulate, else 0) + w[Co, ck] @ cols[ck, n] (row stride ldc), without BLAS */
 HOT static void conv1d_plain(int64_t Co, int64_t n, int64_t ck, const float *w, const float *cols, int64_t ldc,
-                             float *o, int64_t ldo) {
+                             float *o, int64_t ldo, int accumulate) {
     for (int64_t co = 0; co < Co; ++co) {
         float *orow = o + co * ldo;
-        for (int64_t l = 0; l < n; ++l) orow[l] = 0.0f;
+        if (!accumulate) for (int64_t l = 0; l < n; ++l) orow[l] = 0.0f;
         for (int64_t r = 0; r < ck; ++r) {
             const float wv = w[co * ck + r];
             const float *crow = cols + r * ldc;
@@ -69,7 +70,7 @@ static int conv1d_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
     const int64_t B = c->ne[1], Co = c->ne[2], Lo = c->ne[3];
     const int64_t s = c->ip[0], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
     const int64_t ck = Ci * K, n = conv1d_cols(ck, Lo), nb = (Lo + n - 1) / n, slots = conv1d_slots(B * nb);
-    const float *x = (const float *)c->src[0], *w = (const float *)c->src[1];
+    const float *x = (const float *)c->src[0], *w = (const float *)c->src[1], *bias = (const float *)c->src[2];
     float *o = (float *)c->out;
     for (int64_t slot = r0; slot < r1; ++slot) {
         float *cols = (float *)c->scratch + slot * ck * n;  /* [ck, m] */
@@ -81,8 +82,11 @@ static int conv1d_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
                            k * dil - pad);
             }
             float *ob = o + b * Co * Lo + la;
-            if (g_sgemm) gemm(NT, NT, Co, m, ck, w, ck, cols, m, 0.0f, ob, Lo);
-            else conv1d_plain(Co, m, ck, w, cols, m, ob, Lo);
+            if (bias)  /* the bias first, the product added to it: no pass of its own over the output */
+                for (int64_t co = 0; co < Co; ++co)
+                    for (int64_t l = 0; l < m; ++l) ob[co * Lo + l] = bias[co];
+            if (g_sgemm) gemm(NT, NT, Co, m, ck, w, ck, cols, m, bias ? 1.0f : 0.0f, ob, Lo);
+            else conv1d_plain(Co, m, ck, w, cols, m, ob, Lo, bias != 0);
         }
     }
     return 0;

@@ -22,10 +22,11 @@ def _conv(tr, node, ins, attrs):
     if nd == 1:
         tw = tr.op("reshape", tw, shape=[w.shape[0], w.shape[1], 1, w.shape[2]])
     pp = [[0, 0], [pads[0], pads[1]]] if nd == 1 else [[pads[0], pads[2]], [pads[1], pads[3]]]
-    out = tr.op("conv2d", t, tw, strides=_pairs(strides, nd, 1), dilations=_pairs(dil, nd, 1), pads=pp,
+    srcs = [t, tw]
+    if len(ins) > 2 and ins[2] is not None:  # the bias as conv2d's third source (added as it writes)
+        srcs.append(tr.t(_need(ins[2], "B")))
+    out = tr.op("conv2d", *srcs, strides=_pairs(strides, nd, 1), dilations=_pairs(dil, nd, 1), pads=pp,
                 groups=int(attrs.get("group", 1)))
-    if len(ins) > 2 and ins[2] is not None:
-        out = tr.op("add", out, tr.op("reshape", tr.t(ins[2]), shape=[ins[2].shape[0], 1, 1]))
     shape = tuple(out.shape) if nd == 2 else (out.shape[0], out.shape[1], out.shape[3])
     return [tr.val(out, shape, F32)]
 
