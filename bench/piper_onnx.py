@@ -4,10 +4,13 @@
     python bench/piper_onnx.py [--backends cpu] [--threads 1] [--repeat 2]
 
 Both synthesize the same 10 sentences (espeak-ng phonemes, ids computed once and
-shared) with noise scales 0, one thread each (OMP/OpenBLAS threads and
-onnxruntime's intra/inter-op threads set to 1). Reported per runtime: the best
-of `--repeat` passes over all 10 sentences (the first Flare pass also prepares
-its segments: shown apart as `first`), and the largest waveform difference.
+shared) with noise scales 0, one thread each (Flare's CPU pool, OMP/OpenBLAS
+threads and onnxruntime's intra/inter-op threads set to 1). Reported per runtime: the best
+of `--repeat` passes over all 10 sentences, and the largest waveform difference.
+The first Flare pass is shown apart as `first`: it traces every sentence and
+prepares a plan per segment family and length; later passes replay each
+sentence's recorded trace (the same lengths and durations: see the importer's
+README, "Replay") and reuse the plans.
 Run it on a quiet machine: it is a measurement, not a test.
 """
 from __future__ import annotations
@@ -51,7 +54,8 @@ def main() -> int:
     opts.inter_op_num_threads = 1
     ref = ort.InferenceSession(str(voice.model_path), opts, providers=["CPUExecutionProvider"])
     scales = np.array([0.0, voice.length_scale, 0.0], np.float32)
-    with Session(device_list(args.backends, "--backends")) as sess, \
+    # Flare's CPU kernels run on their own pool (one thread per core unless told): --threads it too
+    with Session(device_list(args.backends, "--backends"), config={"cpu": {"threads": args.threads}}) as sess, \
             Piper(sess, voice, noise_scale=0.0, noise_w=0.0) as piper:
         ids = [piper.ids(s) for s in SENTENCES]
         timings = {"flare": [], "onnxruntime": []}

@@ -23,6 +23,7 @@ from flare.core.session import Session
 NUMPY_BY_DESIGN = {c.id for c in CASES if (c.op in ("matmul", "mul_mat_id") and "f16" in c.id)} | {"cast_f32_f16"}
 # ... and the ops added for imported ONNX graphs, which have NumPy kernels only so far
 NUMPY_BY_DESIGN |= {c.id for c in CASES if c.op in importer_ops()}
+NUMPY_BY_DESIGN -= {"conv2d_1d", "conv2d_1d_bias"}  # ... except 1-D convolutions (H = 1, one group): conv1d
 needs_native = pytest.mark.skipif(native.load() is None, reason=f"native CPU executor unavailable: {native.REASON}")
 
 

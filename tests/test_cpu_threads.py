@@ -4,7 +4,7 @@ Tolerance. The C kernels split only by output ranges (rows, columns in blocks of
 microkernels' own widths, heads, batches) at fixed boundaries, so every output element is
 computed by the same code in the same order on any thread count: those outputs must equal
 the one-thread outputs bit for bit (`assert_array_equal`). The exception is a BLAS product
-split into row blocks (sgemm: conv1d's GEMM, an activation-activation product): OpenBLAS
+split into blocks (sgemm: conv1d's GEMM per column block, an activation-activation product): OpenBLAS
 chooses its kernel by the product's size (it has a separate small-matrix path), so a block
 may round differently in the last bits. Outputs that pass through such a split (`BLAS_SPLIT`)
 are compared to 1e-5 relative and absolute (f32 rounding of a sum of ~100 products of O(1)
@@ -70,7 +70,7 @@ def block(b, shapes):
     # one row at a time (decode-like): an M = 1 product (BLAS sgemv split by columns)
     b.output("row", b.matmul(b.slice(h, axis=0, start=0, stop=1), b.weight("wide", W["wide"]), transpose_b=True))
     b.output("gram", b.matmul(h, h, transpose_b=True))                      # BLAS sgemm split by rows
-    # LSTM (packed W_hh, split by columns and hidden units), conv1d (im2col, GEMM, transpose split)
+    # LSTM (packed W_hh, split by columns and hidden units), conv1d (column blocks: im2col and GEMM each)
     xs = b.input("xs", shapes["xs"])
     b.output("lstm", b.lstm(xs, b.weight("whh", W["whh"]), b.input("h0", shapes["h0"]), b.input("c0", shapes["c0"])))
     b.output("conv", b.relu(b.conv1d(b.input("audio", shapes["audio"]), b.weight("conv", W["conv"]), padding=2)))

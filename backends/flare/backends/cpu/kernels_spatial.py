@@ -4,6 +4,11 @@ conv2d is im2col by strided view plus one tensordot per group (BLAS does the
 work); the pools reduce the same windows view. Padding copies the input once
 into a temporary, the price of keeping the windows a plain strided view.
 Registered into the CPU kernel table on import.
+
+A 1-D convolution (H = 1: how imported graphs run Conv1d, and ConvTranspose1d
+after its zero upsampling) with one group also has a native lowering: the C
+executor's `conv1d` command (im2col rows, one GEMM, a transpose; kernels.c),
+so the decoders of audio models do not pay NumPy's copies of the window view.
 """
 from __future__ import annotations
 
@@ -12,9 +17,16 @@ import numpy as np
 from flare.core.ops.spatial import grid_sample_ref, pool_geometry, windows
 
 from .kernels import KERNELS
+from .lowering import cmd, conv1d_scratch, estrides, translator
 
 
 def _conv2d(out, x, p):
+    _conv2d_nobias(out, x[:2], p)
+    if len(x) == 3:
+        out += x[2].reshape(1, -1, 1, 1)
+
+
+def _conv2d_nobias(out, x, p):
     v, w = x
     (pt, pb), (pl, pr) = p["pads"]
     if pt or pb or pl or pr:
@@ -23,6 +35,12 @@ def _conv2d(out, x, p):
     win = windows(v, w.shape[2:], p["strides"], p["dilations"], (ho, wo))  # [B, C, Ho, Wo, kh, kw]
     g = p["groups"]
     cg, og = w.shape[1], w.shape[0] // g
+    if g > 4:  # many groups (depthwise): one einsum over all of them, not a tensordot per group
+        b = win.shape[0]
+        wg = win.reshape(b, g, cg, ho, wo, *w.shape[2:])
+        res = np.einsum("bgchwij,gocij->bgohw", wg, w.reshape(g, og, cg, *w.shape[2:]))
+        out[...] = res.reshape(out.shape)
+        return
     for i in range(g):
         part = np.tensordot(win[:, i * cg:(i + 1) * cg], w[i * og:(i + 1) * og], axes=([1, 4, 5], [1, 2, 3]))
         out[:, i * og:(i + 1) * og] = np.moveaxis(part, 3, 1)  # [B, Ho, Wo, O] -> [B, O, Ho, Wo]
@@ -52,3 +70,32 @@ def _grid_sample(out, x, p):
 
 
 KERNELS["grid_sample"] = _grid_sample
+
+
+@translator("conv2d")
+def _conv2d_native(node, out, srcs):
+    """conv2d over [B, C, 1, W] with one group as the native `conv1d` command; None (the NumPy
+    kernel above) for 2-D windows, groups, or layouts the command cannot take.
+
+    A bias (third source) is written into the output first and the GEMM adds to it.
+    Asymmetric padding needs no parameter of its own: the command pads by the left amount
+    and the output width (from the node) decides how far right the windows reach, reading
+    zeros past the input's end."""
+    x, w = srcs[:2]
+    bias = srcs[2] if len(srcs) == 3 else None
+    p = node.params
+    if out.dtype != np.float32 or x.dtype != np.float32 or w.dtype != np.float32:
+        return None
+    if bias is not None and (bias.dtype != np.float32 or bias.strides != (4,)):
+        return None
+    if p["groups"] != 1 or x.shape[2] != 1 or w.shape[2] != 1 or out.shape[2] != 1 or tuple(p["pads"][0]) != (0, 0):
+        return None
+    if not w.flags.c_contiguous or not out.flags.c_contiguous:
+        return None
+    b, cin, _, length = x.shape
+    cout, _, _, k = w.shape
+    lout = out.shape[3]
+    xs = estrides(x)
+    return [cmd("conv1d", out, [x, w, bias], [1, b, cout, lout], [0, cout * lout, lout, 1], [[0, xs[0], xs[1], xs[3]]],
+                ip=(p["strides"][1], p["pads"][1][0], p["dilations"][1], cin, k, length),
+                scratch=conv1d_scratch(b, cin, k, lout))]

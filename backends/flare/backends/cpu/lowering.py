@@ -439,6 +439,21 @@ def _top_k(node, out, srcs):
 
 
 # -- conv, pad, experts ----------------------------------------------------------------------------
+CONV1D_BLOCK, CONV1D_SLOTS = 65536, 8  # as native/conv1d.h
+
+
+def conv1d_scratch(b: int, cin: int, k: int, lout: int) -> int:
+    """Bytes of the conv1d command's scratch: one im2col block (ck x n floats) per slot, as
+    native/conv1d.h cuts them (one block when the whole im2col is under 1 MiB)."""
+    ck = cin * k
+    if ck * lout <= 4 * CONV1D_BLOCK:
+        n = max(lout, 1)
+    else:
+        n = min(max(CONV1D_BLOCK // max(ck, 1), 256), 4096) & ~15
+    blocks = b * -(-lout // n)
+    return min(blocks, CONV1D_SLOTS) * ck * n * 4
+
+
 @translator("conv1d")
 def _conv1d(node, out, srcs):
     x, w = srcs
@@ -450,7 +465,7 @@ def _conv1d(node, out, srcs):
     p = node.params
     return [cmd("conv1d", out, [x, w], [1, b, cout, lout], [0, *estrides(out)], [[0, *estrides(x)]],
                 ip=(p["stride"], p["padding"], p["dilation"], cin, k, length),
-                scratch=b * lout * (cin * k + cout) * 4)]
+                scratch=conv1d_scratch(b, cin, k, lout))]
 
 
 @translator("lstm")

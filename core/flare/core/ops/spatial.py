@@ -1,7 +1,9 @@
 """2-D convolution and pooling over [B, C, H, W] (NCHW, as ONNX and PyTorch).
 
 `conv2d` is the 2-D sibling of `conv1d` with groups, per-axis strides,
-dilations and explicit (before, after) zero padding; bias is a separate `add`.
+dilations and explicit (before, after) zero padding, and an optional third
+source, a bias [O] (the CPU's native path adds it while it writes the output,
+saving a pass over it).
 `max_pool2d` / `avg_pool2d` take a kernel, strides, dilations, pads and
 `ceil_mode` (the last window may overhang the end when it starts inside the
 input or its left padding, the PyTorch/ONNX rule); padded cells never win a
@@ -50,7 +52,11 @@ def _pads(node, op, params):
 
 
 def _conv2d_infer(node, srcs, params):
-    x, w = srcs
+    x, w = srcs[:2]
+    if len(srcs) == 3:
+        need_dtype(node, "conv2d", srcs[2], ("f32",))
+        if tuple(srcs[2].shape) != (w.shape[0],):
+            raise ShapeError(f"conv2d: bias {srcs[2].shape} must be [{w.shape[0]}] (one per output channel)", node)
     for t in (x, w):
         need_dtype(node, "conv2d", t, ("f32",))
         need_rank(node, "conv2d", t, (4,))
@@ -84,10 +90,13 @@ def conv2d_ref(x, p):
     g = p["groups"]
     cg, og = w.shape[1], w.shape[0] // g
     outs = [np.einsum("bchwij,ocij->bohw", win[:, i * cg:(i + 1) * cg], w[i * og:(i + 1) * og]) for i in range(g)]
-    return np.concatenate(outs, axis=1).astype(np.float32)
+    out = np.concatenate(outs, axis=1)
+    if len(x) == 3:
+        out = out + x[2].astype(np.float64).reshape(1, -1, 1, 1)
+    return out.astype(np.float32)
 
 
-register(OpDef("conv2d", (2, 2), _conv2d_infer, conv2d_ref,
+register(OpDef("conv2d", (2, 3), _conv2d_infer, conv2d_ref,
                defaults={"strides": (1, 1), "dilations": (1, 1), "pads": ((0, 0), (0, 0)), "groups": 1}))
 
 

@@ -51,6 +51,7 @@ class OnnxWorkload(Workload):
     metric = CALLS
     tolerance = 1e-4
     default_requests = 8
+    threads_supported = True   # `threads`: the CPU device's threads (FlareRunner); onnxruntime's: options.threads
     options = {
         "file": Option("paths", ("piper-voice",), "the ONNX file (relative to the TOML), or \"piper-voice\"",
                        shapes_requests=True, keywords=("piper-voice",)),

@@ -11,11 +11,20 @@ Every call binds the input shapes and walks the ONNX nodes once (`Tracer`):
   host; the host step runs, and a new segment starts with those values as
   its inputs. The graph is split, not refused.
 
-A segment's prepared graph is cached under a key of its structure (ops,
-params, shapes, dtypes, weight identities), so repeated calls with the same
-shapes re-trace (cheap Python) but never re-prepare. The cache is bounded;
-evicted graphs are released. A runner is not thread-safe: use one per thread
-(its Session may be shared; Flare's PreparedGraph takes turns).
+Prepared graphs: the segments at one place of the trace (the k-th segment,
+with the same input names and outputs) form a *family* that shares ONE
+PreparedGraph with a plan per input shape, as the runtime does for any graph:
+its weights are uploaded once (a leaf's name says what it holds: the file's
+value name, or a digest of a computed constant), and a new sentence length,
+say, costs a plan, not a graph. A family remembers which structure (a key of
+ops, params, shapes, dtypes and weight identities) each input shape had; a
+segment whose shapes were seen with another structure (data-dependent control
+flow) gets a graph of its own, in a small LRU cache. Every graph of a runner
+shares one workspace (segments never run at the same time), so memory is the
+largest segment's arena, not the sum. A family is replaced after
+`FAMILY_PLANS` shapes, which bounds the computed constants it accumulates.
+A runner is not thread-safe: use one per thread (its Session may be shared;
+Flare's PreparedGraph takes turns).
 """
 from __future__ import annotations
 
@@ -31,10 +40,13 @@ from flare.core.graph import INPUT, WEIGHT, GraphBuilder, Tensor
 
 from .errors import OnnxError, UnsupportedOpError
 from .loader import DEFAULT_DOMAINS, OnnxModel
+from .replay import Recording, Recordings
 from .values import BOOL, Val, flare_dtype, flare_shape, from_flare_array, is_wide, to_flare_array
 
 ENTRY = "main"
-CACHE_SIZE = 16
+CACHE_SIZE = 16      # graphs of segments outside their family (data-dependent structure)
+FOLD_MEMO, FOLD_MEMO_BYTES = 65536, 4096  # folds of small computed constants remembered by value (cleared when full)
+FAMILY_PLANS = 64    # input shapes (plans) per family graph: 10 sentences of Piper use ~10 per family
 # ops never folded at import time even when their inputs are constant (a fresh draw each run)
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 
@@ -88,6 +100,12 @@ class Segment:
         self.feeds = feeds
         self.key = _structure_key(tensors, outputs, digests)
 
+    def with_feeds(self, feeds: dict[str, np.ndarray]) -> "Segment":
+        """The same segment (structure, key) on other input arrays of the same shapes."""
+        seg = Segment.__new__(Segment)
+        seg.tensors, seg.outputs, seg.key, seg.feeds = self.tensors, self.outputs, self.key, feeds
+        return seg
+
     def builder(self):
         """The entry builder Flare prepares: replays the traced tensors exactly."""
         tensors, outputs = self.tensors, self.outputs
@@ -127,6 +145,25 @@ def _names_read(node: Any) -> set[str]:
     return names
 
 
+def _small_values_key(node_key: tuple, ins: list) -> tuple | None:
+    """The node and its inputs' values, when they are all small (shape arithmetic: the folds that
+    depend on the input shapes, the same again for a repeated shape), else None."""
+    parts = []
+    total = 0
+    for v in ins:
+        if v is None:
+            parts.append(None)
+            continue
+        a = v.const
+        if not isinstance(a, np.ndarray) or a.dtype.hasobject:
+            return None
+        total += a.nbytes
+        if total > FOLD_MEMO_BYTES:
+            return None
+        parts.append((a.dtype.str, a.shape, a.tobytes()))
+    return node_key, tuple(parts)
+
+
 def _structure_key(tensors: list[Tensor], outputs: Mapping[str, Tensor], digests: Mapping[str, str]) -> str:
     h = hashlib.blake2b(digest_size=20)
     index = {t.id: i for i, t in enumerate(tensors)}
@@ -142,6 +179,30 @@ def array_digest(arr: np.ndarray) -> str:
     return hashlib.blake2b(a.tobytes() + repr((a.shape, a.dtype.str)).encode(), digest_size=16).hexdigest()
 
 
+class _Family:
+    """The PreparedGraph of the segments at one place of the trace, a plan per input shape.
+
+    `current` is the segment being executed: the graph's builder replays it whenever the
+    runtime needs a plan for its input shapes. `structure` maps input shapes to the one
+    structure key allowed for them (the runtime picks plans by input shapes alone)."""
+
+    def __init__(self) -> None:
+        self.pg: Any = None
+        self.current: Segment | None = None
+        self.structure: dict[tuple, str] = {}
+
+    def build(self, b: GraphBuilder, shapes: Mapping[str, Any]) -> None:
+        seg = self.current
+        want = {n: tuple(a.shape) for n, a in seg.feeds.items()}
+        if {n: tuple(shapes[n]) for n in want} != want:
+            raise OnnxError(f"segment plan asked for shapes {dict(shapes)}, the segment has {want}")
+        seg.builder()(b, shapes)
+
+
+def _shape_key(seg: Segment) -> tuple:
+    return tuple(sorted((n, tuple(a.shape), a.dtype.str) for n, a in seg.feeds.items()))
+
+
 class OnnxRunner:
     """An imported model on a Session: `run(inputs) -> outputs` (ONNX names, shapes, dtypes)."""
 
@@ -151,16 +212,35 @@ class OnnxRunner:
         self.model = model
         self.session = session
         self.cache_size = cache_size
-        self._plans: OrderedDict[str, Any] = OrderedDict()
+        self._plans: OrderedDict[str, Any] = OrderedDict()      # structure key -> graph (outside families)
+        self._families: dict[tuple, _Family] = {}
+        self._digests: dict[int, tuple[np.ndarray, str]] = {}   # id -> (array, digest) of derived file constants
+        self.workspace = session.workspace(f"onnx:{model.path}:workspace")
         self._folded: dict[tuple, list[Val]] = {}  # (op, inputs, outputs) -> outputs, for nodes of file constants only
+        self._folded_by_value: dict[tuple, list[Val]] = {}  # (node, small input values) -> outputs
+        self._walk: tuple[list[Any], dict[str, int]] | None = None
+        self._attrs: dict[int, tuple[Any, dict[str, Any]]] = {}
+        self._node_ids = {id(n) for n in self.walk_plan()[0]}
+        # arrays lowerings derive from file constants (a re-laid-out kernel), made once per runner
+        self.derived: dict[tuple, np.ndarray] = {}
         self._lock = threading.Lock()
-        self.stats = {"segments_run": 0, "prepared": 0, "host_steps": 0, "folded": 0}
+        self.stats = {"segments_run": 0, "prepared": 0, "host_steps": 0, "folded": 0, "replayed": 0}
         self.last_segments: list[dict[str, Any]] = []
+        self.recordings = Recordings()  # traces replayed for later calls of the same input shapes (replay.py)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self._lock:
-            tracer = Tracer(self, self._check_inputs(inputs))
-            return tracer.run()
+            inputs = self._check_inputs(inputs)
+            key = Recordings.key(inputs)
+            out = self.recordings.replay(self, key, inputs)
+            if out is not None:
+                return out
+            rec = Recording()
+            host_steps = self.stats["host_steps"]
+            out = Tracer(self, inputs, rec).run()
+            rec.host_steps = self.stats["host_steps"] - host_steps
+            self.recordings.add(key, rec)
+            return out
 
     def _check_inputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         info = self.model.input_info()
@@ -185,12 +265,45 @@ class OnnxRunner:
             out[name] = arr
         return out
 
-    def execute_segment(self, seg: Segment) -> dict[str, np.ndarray]:
-        """Prepare (or reuse) the segment's Flare graph and run it."""
+    def execute_segment(self, seg: Segment, ordinal: int = 0) -> dict[str, np.ndarray]:
+        """Run the segment on its family's graph (a new plan for new input shapes), or, when
+        its shapes were seen there with another structure, on a graph of its own."""
+        self.stats["segments_run"] += 1
+        where = (ordinal, tuple(sorted(seg.feeds)), tuple(seg.outputs))
+        shapes = _shape_key(seg)
+        fam = self._families.get(where)
+        if fam is not None and fam.structure.get(shapes, seg.key) != seg.key:
+            return self._execute_alone(seg)
+        if fam is not None and shapes not in fam.structure and len(fam.structure) >= FAMILY_PLANS:
+            del self._families[where]
+            fam.pg.release()
+            fam = None
+        fam = fam or self._new_family(where, seg)
+        if shapes not in fam.structure:
+            self.stats["prepared"] += 1
+            fam.structure[shapes] = seg.key
+        fam.current = seg
+        try:
+            return fam.pg.execute(ENTRY, **seg.feeds)
+        finally:
+            fam.current = None  # the segment's arrays are not kept alive by the family
+
+    def _new_family(self, where: tuple, seg: Segment) -> _Family:
+        fam = _Family()
+        fam.current = seg
+        shapes = {ENTRY: {n: a.shape for n, a in seg.feeds.items()}}
+        fam.pg = self.session.prepare({ENTRY: fam.build}, shapes, workspace=self.workspace,
+                                      name=f"onnx:{self.model.path}#{where[0]}")
+        fam.pg.max_plans = FAMILY_PLANS
+        self._families[where] = fam
+        return fam
+
+    def _execute_alone(self, seg: Segment) -> dict[str, np.ndarray]:
         pg = self._plans.get(seg.key)
         if pg is None:
             shapes = {ENTRY: {n: a.shape for n, a in seg.feeds.items()}}
-            pg = self.session.prepare({ENTRY: seg.builder()}, shapes, name=f"onnx:{self.model.path}")
+            pg = self.session.prepare({ENTRY: seg.builder()}, shapes, workspace=self.workspace,
+                                      name=f"onnx:{self.model.path}")
             self.stats["prepared"] += 1
             self._plans[seg.key] = pg
             while len(self._plans) > self.cache_size:
@@ -198,24 +311,60 @@ class OnnxRunner:
                 old.release()
         else:
             self._plans.move_to_end(seg.key)
-        self.stats["segments_run"] += 1
         return pg.execute(ENTRY, **seg.feeds)
 
+    def digest(self, value: np.ndarray, arr: np.ndarray, fixed: bool) -> str:
+        """array_digest(arr) of a constant's Flare array; remembered by the constant's object for
+        values derived from the file (folded once per runner: the same object every call)."""
+        if not fixed:
+            return array_digest(arr)
+        hit = self._digests.get(id(value))
+        if hit is None or hit[0] is not value:
+            hit = self._digests[id(value)] = (value, array_digest(arr))
+        return hit[1]
+
+    def attributes(self, node: Any, read: Any) -> dict[str, Any]:
+        """A node's attributes as Python values (`read(node)`), once per node of the model: lowerings
+        only read them. Nodes of If branches (protos made per trace) are read every time."""
+        key = id(node)
+        hit = self._attrs.get(key)
+        if hit is None or hit[0] is not node:
+            hit = (node, read(node))
+            if key in self._node_ids:
+                self._attrs[key] = hit
+        return hit[1]
+
+    def walk_plan(self) -> tuple[list[Any], dict[str, int]]:
+        """The nodes in order and the last node reading each value (the model's outputs: past the
+        end): the same for every call, so computed once."""
+        if self._walk is None:
+            nodes = list(self.model.graph.node)
+            last_use: dict[str, int] = {}
+            for i, node in enumerate(nodes):
+                for name in _names_read(node):
+                    last_use[name] = i
+            for name in self.model.output_names:
+                last_use[name] = len(nodes) + 1
+            self._walk = (nodes, last_use)
+        return self._walk
+
     def prepared_graphs(self) -> list[Any]:
-        return list(self._plans.values())
+        return [f.pg for f in self._families.values()] + list(self._plans.values())
 
     def describe(self) -> dict[str, Any]:
         """PreparedGraph.describe() of every cached segment, merged (entries `segment<i>`,
-        persistent and workspace bytes summed per device)."""
+        persistent bytes summed per device; workspace bytes are the one workspace all of them
+        share, counted once)."""
         out: dict[str, Any] = {"name": f"onnx:{self.model.path}", "entries": {}, "persistent_bytes": {},
                                "workspace_bytes": {}}
-        for i, pg in enumerate(self._plans.values()):
+        for i, pg in enumerate(self.prepared_graphs()):
             info = pg.describe()
             for entry in info["entries"].values():
                 out["entries"][f"segment{i}"] = entry
-            for key in ("persistent_bytes", "workspace_bytes"):
-                for dev, n in info.get(key, {}).items():
-                    out[key][dev] = out[key].get(dev, 0) + n
+            for dev, n in info.get("persistent_bytes", {}).items():
+                out["persistent_bytes"][dev] = out["persistent_bytes"].get(dev, 0) + n
+            for dev in info.get("workspace_bytes", {}):
+                out["workspace_bytes"][dev] = self.workspace.nbytes(dev)
         return out
 
     @property
@@ -224,41 +373,44 @@ class OnnxRunner:
         return self
 
     def release(self) -> None:
-        """Release every cached prepared graph (idempotent)."""
+        """Release every prepared graph, then free the arenas of the workspace they shared
+        (idempotent). The runner stays usable: a later call prepares again."""
         with self._lock:
+            self.recordings = Recordings()
+            while self._families:
+                _, fam = self._families.popitem()
+                fam.pg.release()
             while self._plans:
                 _, pg = self._plans.popitem()
                 pg.release()
+            self.workspace.free()
 
 
 class Tracer:
     """One walk over the nodes for one call; see the module docstring."""
 
-    def __init__(self, runner: OnnxRunner, inputs: Mapping[str, np.ndarray]):
+    def __init__(self, runner: OnnxRunner, inputs: Mapping[str, np.ndarray], rec: Recording | None = None):
         from . import lowering
 
+        self.rec = rec or Recording()
         self.runner = runner
         self.model = runner.model
         self.opset = runner.model.opset
         self.lowering = lowering
         self.env: dict[str, Val] = {}
-        nodes = list(self.model.graph.node)
-        self.nodes = nodes
-        self.last_use: dict[str, int] = {}
-        for i, node in enumerate(nodes):
-            for name in _names_read(node):
-                self.last_use[name] = i
-        for name in self.model.output_names:
-            self.last_use[name] = len(nodes) + 1
+        self.nodes, last_use = runner.walk_plan()
+        self.last_use: dict[str, int] = dict(last_use)
         for name, arr in self.model.initializers.items():
             self.env[name] = Val(name, tuple(arr.shape), arr.dtype, const=arr, fixed=True)
         for name, arr in inputs.items():
             self.env[name] = Val(name, tuple(arr.shape), arr.dtype, const=arr, runtime=True)
+            self.rec.mark(arr, ("input", name))
         self.position = -1
         self._new_segment()
 
     # -- segments -------------------------------------------------------------
     def _new_segment(self) -> None:
+        self.ordinal = getattr(self, "ordinal", -1) + 1
         self.b = GraphBuilder()
         self.feeds: dict[str, np.ndarray] = {}
         self.digests: dict[str, str] = {}
@@ -276,13 +428,16 @@ class Tracer:
             for i, (name, v) in enumerate(wanted.items()):
                 outputs[f"out{i}"] = self.b.output(f"out{i}", v.tensor)
             seg = Segment(list(self.b._tensors), outputs, dict(self.feeds), dict(self.digests))
-            results = self.runner.execute_segment(seg)
-            self.runner.last_segments.append({"nodes": len([t for t in seg.tensors if t.op]),
-                                              "inputs": len(seg.feeds), "outputs": len(outputs)})
+            summary = {"nodes": len([t for t in seg.tensors if t.op]), "inputs": len(seg.feeds),
+                       "outputs": len(outputs)}
+            index = self.rec.segment(seg, self.ordinal, summary, [])
+            results = self.runner.execute_segment(seg, self.ordinal)
+            self.runner.last_segments.append(summary)
             for i, (name, v) in enumerate(wanted.items()):
                 v.const = from_flare_array(results[f"out{i}"], v.shape, v.dtype)
                 v.tensor = None
                 v.runtime = True
+            self.rec.closed(index, [(f"out{i}", v) for i, v in enumerate(wanted.values())])
         for v in self.live_tensors.values():
             v.tensor = None  # dead values of the closed segment are gone
         self._new_segment()
@@ -294,20 +449,28 @@ class Tracer:
             return v.tensor
         if v.const is None:
             raise OnnxError(f"value {v.name!r} was used after its segment closed")
-        if not v.name:
+        anonymous = not v.name
+        if anonymous:
             self._anon = getattr(self, "_anon", 0) + 1
             v.name = f"const{self._anon}@{self.position}"
         leaf = self.leaves.get(v.name)
         if leaf is None:
             arr = to_flare_array(v.const, f"value {v.name!r}")
-            leaf_name = f"v:{v.name}"
             if v.runtime:
+                leaf_name = f"v:{v.name}"
                 leaf = self.b.input(leaf_name, arr.shape, flare_dtype(arr.dtype if v.dtype != BOOL else v.dtype, v.name))
                 self.feeds[leaf_name] = arr
-            else:
-                leaf = self.b.weight(leaf_name, arr)
-                self.digests[leaf_name] = "file" if v.fixed else array_digest(arr)
-            self.leaves[v.name] = leaf
+                self.rec.feed(leaf_name, v)
+            elif v.fixed and not anonymous:  # a value of the file (by its unique name): the same every call
+                leaf_name = f"v:{v.name}"
+                leaf = self.leaves.get(leaf_name) or self.b.weight(leaf_name, arr)
+                self.digests[leaf_name] = "file"
+            else:  # computed (from shapes, or re-laid-out): named by its content, so a family graph's
+                digest = self.runner.digest(v.const, arr, v.fixed)  # weights by name stay right
+                leaf_name = f"c:{digest}"
+                leaf = self.leaves.get(leaf_name) or self.b.weight(leaf_name, arr)
+                self.digests[leaf_name] = digest
+            self.leaves[v.name] = self.leaves[leaf_name] = leaf
         return leaf
 
     def c(self, v: Val) -> np.ndarray:
@@ -315,6 +478,7 @@ class Tracer:
         if v.const is None:
             self.runner.stats["host_steps"] += 1
             self._close_segment((v,))
+        self.rec.observe(v)
         return v.const
 
     def op(self, op: str, *srcs: Tensor, **params: Any) -> Tensor:
@@ -345,12 +509,15 @@ class Tracer:
         if any(v.tensor is not None for v in final):
             self.position = len(self.nodes) + 1  # nothing is live after the end except the outputs
             self._close_segment(tuple(v for v in final))
+        self.rec.finish(self.env, list(self.model.output_names))
         return {n: np.asarray(self.env[n].const).reshape(self.env[n].shape).astype(self.env[n].dtype, copy=False)
                 for n in self.model.output_names}
 
     def step(self, node: Any, label: str) -> None:
         """Fold, lower or host-run one node and bind its outputs (also for the nodes of an If branch)."""
-        from .lowering import HOST_STEPS, LOWERINGS, WIDE_OK, attributes, fold
+        lw = self.lowering
+        HOST_STEPS, LOWERINGS, WIDE_OK = lw.HOST_STEPS, lw.LOWERINGS, lw.WIDE_OK
+        attributes, fold = lw.attributes, lw.fold
 
         ins = [self.env[n] if n else None for n in node.input]
         try:
@@ -365,11 +532,12 @@ class Tracer:
                 self.runner.stats["folded"] += 1
             elif node.op_type in HOST_STEPS:
                 outs = HOST_STEPS[node.op_type](self, node, ins)
+                self.rec.host_step(node, HOST_STEPS[node.op_type], ins, outs)
             else:
                 fn = LOWERINGS.get(node.op_type)
                 if fn is None or node.domain not in DEFAULT_DOMAINS:
                     raise UnsupportedOpError(f"unsupported ONNX op {node.op_type}")
-                outs = fn(self, node, ins, attributes(node))
+                outs = fn(self, node, ins, self.runner.attributes(node, attributes))
         except OnnxError as exc:
             raise type(exc)(f"{self.model.path}: node {label!r} ({node.op_type}): {exc}") from None
         except Exception as exc:
@@ -396,11 +564,19 @@ class Tracer:
         key = (node.op_type, tuple(node.input), tuple(node.output))  # names are unique (SSA), proto ids are not
         if fixed and key in cache:
             return [Val("", v.shape, v.dtype, const=v.const, fixed=True) for v in cache[key]]
+        by_value = None if fixed else _small_values_key(key, ins)
+        memo = self.runner._folded_by_value
+        if by_value is not None and by_value in memo:
+            return [Val("", v.shape, v.dtype, const=v.const) for v in memo[by_value]]
         outs = fold(self, node, ins)
         if fixed:
             for v in outs:
                 v.fixed = True
             cache[key] = [Val("", v.shape, v.dtype, const=v.const, fixed=True) for v in outs]
+        elif by_value is not None:
+            if len(memo) >= FOLD_MEMO:
+                memo.clear()
+            memo[by_value] = [Val("", v.shape, v.dtype, const=v.const) for v in outs]
         return outs
 
     def run_branch(self, graph: Any) -> list[Val]:

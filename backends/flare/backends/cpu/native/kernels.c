@@ -758,50 +758,7 @@ static void k_top_k(const flare_cmd *c, int64_t ob, int64_t oe) {
     }
 }
 
-/* ---- conv1d: im2col into scratch, one GEMM over all batch rows -------------------------
- * x [B, Cin, L] (strides ss[0][1..3]); w [Cout, Cin*K] contiguous; out [B, Cout, Lout] contiguous.
- * ne = {1, B, Cout, Lout}; ip: stride, pad, dil, Cin, K, L */
-/* Three phases, each over a range of its own units (the threaded executor runs them one after the
- * other, each split into chunks): 0 im2col rows (b, l); 1 the product, by rows (GEMM, blocks of 16)
- * or, for up to 16 rows, wdot's output columns (blocks of 4); 2 the transpose out, by (b, co) rows. */
-static int64_t conv1d_units(const flare_cmd *c, int phase, int64_t *grain) {
-    const int64_t rows = c->ne[1] * c->ne[3];
-    *grain = phase == 1 ? (rows <= 16 ? 4 : 16) : 1;
-    return phase == 0 ? rows : phase == 1 ? (rows <= 16 ? c->ne[2] : rows) : c->ne[1] * c->ne[2];
-}
-
-static int conv1d_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
-    const int64_t B = c->ne[1], Co = c->ne[2], Lo = c->ne[3];
-    const int64_t s = c->ip[0], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
-    const int64_t ck = Ci * K;
-    if (B * Lo > 16 && !g_sgemm) return ERR_NOBLAS;
-    float *cols = (float *)c->scratch, *res = cols + B * Lo * ck;
-    if (phase == 0) {
-        const float *x = (const float *)c->src[0];
-        for (int64_t r = r0; r < r1; ++r) {
-            const int64_t b = r / Lo, l = r % Lo;
-            float *row = cols + r * ck;
-            for (int64_t ci = 0; ci < Ci; ++ci) {
-                const float *xr = x + b * c->ss[0][1] + ci * c->ss[0][2];
-                for (int64_t k = 0; k < K; ++k) {
-                    const int64_t p = l * s + k * dil - pad;
-                    row[ci * K + k] = (p >= 0 && p < L) ? xr[p * c->ss[0][3]] : 0.0f;
-                }
-            }
-        }
-    } else if (phase == 1) {
-        const float *w = (const float *)c->src[1];
-        if (B * Lo <= 16) wdot(B * Lo, r1 - r0, ck, cols, ck, w + r0 * ck, ck, res + r0, Co);  /* columns */
-        else gemm(NT, TR, r1 - r0, Co, ck, cols + r0 * ck, ck, w, ck, 0.0f, res + r0 * Co, Co);
-    } else {
-        float *o = (float *)c->out;
-        for (int64_t r = r0; r < r1; ++r) {
-            const int64_t b = r / Co, co = r % Co;
-            for (int64_t l = 0; l < Lo; ++l) o[r * Lo + l] = res[(b * Lo + l) * Co + co];
-        }
-    }
-    return 0;
-}
+#include "conv1d.h"  /* conv1d_units, conv1d_phase */
 
 static int k_conv1d(const flare_cmd *c) {
     for (int ph = 0; ph < 3; ++ph) {

@@ -223,7 +223,10 @@ def _activation(tr, node, ins, attrs):
         em1 = tr.op("scale", tr.op("exp", tr.op("scale", t, scale=1.0 / alpha)), scale=alpha, bias=-alpha)
         out = tr.op("add", tr.op("relu", t), tr.op("clamp", em1, hi=0.0))
     elif kind == "LeakyRelu":
-        out = _where_pos(tr, t, t, tr.op("scale", t, scale=float(attrs.get("alpha", 0.01))), strict=False)
+        # alpha*x + (1 - alpha)*relu(x): ops every backend runs natively (a comparison and `where` are
+        # NumPy kernels on the CPU and CPU-only elsewhere; audio decoders apply this to every layer)
+        alpha = float(attrs.get("alpha", 0.01))
+        out = tr.op("add", tr.op("scale", t, scale=alpha), tr.op("scale", tr.op("relu", t), scale=1.0 - alpha))
     elif kind == "PRelu":
         sv = _need(ins[1], "slope")
         slope = tr.t(sv)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import OnnxError
+from ..values import Val
 from .base import (F32, _as_2d, _identity, _axis, _channel_vec, _full, _need, _norm_tail, _pairs, _reduce_chain,
     _spatial_pads, _zero_upsample, cval, fold, lowers)
 
@@ -21,10 +22,11 @@ def _conv(tr, node, ins, attrs):
     if nd == 1:
         tw = tr.op("reshape", tw, shape=[w.shape[0], w.shape[1], 1, w.shape[2]])
     pp = [[0, 0], [pads[0], pads[1]]] if nd == 1 else [[pads[0], pads[2]], [pads[1], pads[3]]]
-    out = tr.op("conv2d", t, tw, strides=_pairs(strides, nd, 1), dilations=_pairs(dil, nd, 1), pads=pp,
+    srcs = [t, tw]
+    if len(ins) > 2 and ins[2] is not None:  # the bias as conv2d's third source (added as it writes)
+        srcs.append(tr.t(_need(ins[2], "B")))
+    out = tr.op("conv2d", *srcs, strides=_pairs(strides, nd, 1), dilations=_pairs(dil, nd, 1), pads=pp,
                 groups=int(attrs.get("group", 1)))
-    if len(ins) > 2 and ins[2] is not None:
-        out = tr.op("add", out, tr.op("reshape", tr.t(ins[2]), shape=[ins[2].shape[0], 1, 1]))
     shape = tuple(out.shape) if nd == 2 else (out.shape[0], out.shape[1], out.shape[3])
     return [tr.val(out, shape, F32)]
 
@@ -308,6 +310,8 @@ def _conv_transpose(tr, node, ins, attrs):
     elif auto == "VALID":
         pads = [0] * (2 * nd)
     cin, cout_g = w.shape[0], w.shape[1]
+    if nd == 1 and g == 1 and dil == [1] and strides[0] > 1:
+        return _conv_transpose_1d_phases(tr, node, ins, strides[0], pads[0], pads[1], out_pad[0])
     wk = np.asarray(tr.c(w), np.float32)  # a kernel given as an input is read back: a host step
     wk = wk.reshape(g, cin // g, cout_g, *kernel).swapaxes(1, 2).reshape(g * cout_g, cin // g, *kernel)
     wk = np.ascontiguousarray(np.flip(wk, axis=tuple(range(2, 2 + nd))))
@@ -334,6 +338,43 @@ def _conv_transpose(tr, node, ins, attrs):
         out = tr.op("add", out, tr.op("reshape", tr.t(ins[2]), shape=[ins[2].shape[0], 1, 1]))
     shape = tuple(out.shape) if nd == 2 else (out.shape[0], out.shape[1], out.shape[3])
     return [tr.val(out, shape, F32)]
+
+
+def _conv_transpose_1d_phases(tr, node, ins, s, pad_lo, pad_hi, out_pad):
+    """A strided 1-D ConvTranspose (one group, no dilation) as ONE plain convolution with s
+    times the output channels, one block per output phase, then an interleave.
+
+    Why: zero upsampling would make the convolution multiply (s - 1) zeros of every s inputs
+    (7 of 8 in Piper's decoder, a third of its arithmetic). Output position q*s + r sums
+    x[q - j] * w[j*s + r] over j < ceil(K/s), which is a convolution of x (left pad
+    ceil(K/s) - 1) with the taps of phase r reversed: phase r's kernels are output channels
+    r*Cout .. (r+1)*Cout - 1, and [B, s, Cout, Q] permuted to [B, Cout, Q, s] is the
+    interleaved signal, cropped by the pads."""
+    x, w = ins[0], ins[1]
+    b, cin, length = x.shape
+    cout, k = w.shape[1], w.shape[2]
+    kp = -(-k // s)
+    lout = s * (length - 1) + out_pad + k - pad_lo - pad_hi
+    q = max(length + kp - 1, -(-(pad_lo + lout) // s))
+    key = ("conv_transpose_phases", node.output[0], s)
+    cache = tr.runner.derived if w.fixed else {}
+    wp = cache.get(key)
+    if wp is None:
+        wk = np.zeros((cin, cout, kp * s), np.float32)
+        wk[:, :, :k] = np.asarray(tr.c(w), np.float32)  # a kernel given as an input is read back: a host step
+        wk = wk.reshape(cin, cout, kp, s)[:, :, ::-1, :]                  # [c, o, m, r], m = kp - 1 - j
+        wp = np.ascontiguousarray(wk.transpose(3, 1, 0, 2)).reshape(s * cout, cin, 1, kp)
+        cache[key] = wp
+    wv = Val("", wp.shape, np.dtype(np.float32), const=wp, fixed=w.fixed)
+    z = tr.op("conv2d", _as_2d(tr, x), tr.t(wv), strides=[1, 1], dilations=[1, 1], pads=[[0, 0], [kp - 1, q - length]],
+              groups=1)                                                    # [B, s*Cout, 1, Q]
+    z = tr.op("contiguous", tr.op("permute", tr.op("reshape", z, shape=[b, s, cout, q]), axes=[0, 2, 3, 1]))
+    out = tr.op("slice", tr.op("reshape", z, shape=[b, cout, q * s]), axis=2, start=pad_lo, stop=pad_lo + lout)
+    if len(ins) > 2 and ins[2] is not None:
+        out = tr.op("add", out, tr.op("reshape", tr.t(ins[2]), shape=[cout, 1]))
+    else:
+        out = tr.op("contiguous", out)
+    return [tr.val(out, (b, cout, lout), F32)]
 
 
 @lowers("DFT")

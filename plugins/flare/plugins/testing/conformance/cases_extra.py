@@ -119,6 +119,20 @@ def onnx_op_cases() -> list[Case]:
     cases.append(simple("conv2d", "conv2d", ACCUM, lambda b, r, i: b.op(
         "conv2d", _in(b, i, "x", f32(r, 2, 4, 7, 6)), _in(b, i, "w", f32(r, 6, 2, 3, 2)), strides=[2, 1],
         dilations=[1, 2], pads=[[1, 1], [0, 2]], groups=2)))
+    # depthwise (groups = channels): the NumPy kernel's one-einsum path
+    cases.append(simple("conv2d_depthwise", "conv2d", ACCUM, lambda b, r, i: b.op(
+        "conv2d", _in(b, i, "x", f32(r, 1, 6, 1, 13)), _in(b, i, "w", f32(r, 6, 1, 1, 3)), dilations=[1, 3],
+        pads=[[0, 0], [3, 3]], groups=6)))
+    # a 1-D convolution as imported graphs run it (H = 1, one group, asymmetric pads): the CPU's native conv1d
+    cases.append(simple("conv2d_1d", "conv2d", ACCUM, lambda b, r, i: b.op(
+        "conv2d", _in(b, i, "x", f32(r, 2, 5, 1, 19)), _in(b, i, "w", f32(r, 7, 5, 1, 4)), strides=[1, 2],
+        dilations=[1, 2], pads=[[0, 0], [1, 3]])))
+    cases.append(simple("conv2d_1d_bias", "conv2d", ACCUM, lambda b, r, i: b.op(
+        "conv2d", _in(b, i, "x", f32(r, 1, 4, 1, 23)), _in(b, i, "w", f32(r, 6, 4, 1, 3)), _in(b, i, "b", f32(r, 6)),
+        pads=[[0, 0], [1, 1]])))
+    cases.append(simple("conv2d_bias", "conv2d", ACCUM, lambda b, r, i: b.op(
+        "conv2d", _in(b, i, "x", f32(r, 1, 4, 5, 6)), _in(b, i, "w", f32(r, 2, 2, 3, 3)), _in(b, i, "b", f32(r, 2)),
+        pads=[[1, 1], [1, 1]], groups=2)))
     cases.append(simple("max_pool2d", "max_pool2d", EXACT, lambda b, r, i: b.op(
         "max_pool2d", _in(b, i, "x", f32(r, 1, 2, 7, 6)), kernel=[3, 2], strides=[2, 2], pads=[[1, 1], [0, 1]],
         ceil_mode=True)))

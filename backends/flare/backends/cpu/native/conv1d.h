@@ -1,0 +1,93 @@
+/* ---- conv1d: im2col rows by blocks of output columns, one GEMM per block into the output ------
+ * Included by kernels.c (it uses its gemm() and HOT); a header so the build's cache key sees it.
+ * x [B, Cin, L] (element strides ss[0][1..3]); w [Cout, Cin*K] contiguous; out [B, Cout, Lout]
+ * contiguous; src[2] a bias [Cout] or NULL. ne = {1, B, Cout, Lout}; ip: stride, pad, dil, Cin, K, L;
+ * scratch: conv1d_scratch (lowering.py).
+ *
+ * Why this layout: scratch row (b, ci, k) is x's row ci shifted by k*dil - pad (stride s: every
+ * s-th element), so im2col is a memcpy per row at stride 1, and out_b [Cout, Lout] =
+ * w [Cout, Cin*K] @ cols_b [Cin*K, Lout] is already the output's layout: no transpose pass, and
+ * no per-element gather (the row-per-output-position layout this replaced cost 2-3x the GEMM on
+ * audio decoders: long signals, 32-128 channels).
+ * Phases (the threaded executor runs them in order): 0 and 2 nothing (kept so the executor's
+ * phase count for conv1d stays 3); 1 by blocks of output columns, each its own im2col rows
+ * and product, dealt to a few slots (the split units). Without BLAS the product is a plain loop. */
+/* output columns per unit: a block's im2col rows (ck x cols floats) stay about CONV1D_BLOCK floats (256 KiB),
+ * in cache for its product; a small convolution is one block (each product re-packs w) */
+#define CONV1D_BLOCK 65536
+static int64_t conv1d_cols(int64_t ck, int64_t Lo) {
+    if (ck * Lo <= 4 * CONV1D_BLOCK) return Lo > 0 ? Lo : 1;
+    int64_t n = CONV1D_BLOCK / (ck > 0 ? ck : 1);
+    n = n < 256 ? 256 : n > 4096 ? 4096 : n;
+    return n & ~(int64_t)15;
+}
+
+/* Phase 1's units are SLOTS: slot u does blocks u, u + slots, u + 2*slots ... in its own
+ * ck x n floats of the scratch, so chunks (unit ranges) on different threads never share a
+ * block buffer and the scratch stays slots blocks, not the whole im2col (a plan keeps its
+ * scratch: Piper's decoder would hold ~100 MB per sentence length otherwise). The Python
+ * side sizes the scratch the same way (lowering.conv1d_scratch). */
+#define CONV1D_SLOTS 8
+static int64_t conv1d_slots(int64_t blocks) { return blocks < CONV1D_SLOTS ? blocks : CONV1D_SLOTS; }
+
+static int64_t conv1d_units(const flare_cmd *c, int phase, int64_t *grain) {
+    const int64_t B = c->ne[1], Lo = c->ne[3], ck = c->ip[3] * c->ip[4], n = conv1d_cols(ck, Lo);
+    *grain = 1;
+    return phase == 1 ? conv1d_slots(B * ((Lo + n - 1) / n)) : 0;
+}
+
+/* row[l - la] = xr[(l*s + off) * xs] where 0 <= l*s + off < L, else 0, for l in [la, lb) */
+static void conv1d_row(float *row, const float *xr, int64_t xs, int64_t la, int64_t lb, int64_t L, int64_t s,
+                       int64_t off) {
+    int64_t l0 = off >= 0 ? 0 : (-off + s - 1) / s;
+    int64_t l1 = L - off <= 0 ? 0 : (L - off + s - 1) / s;
+    l0 = l0 < la ? la : l0 > lb ? lb : l0;
+    l1 = l1 > lb ? lb : l1 < l0 ? l0 : l1;
+    memset(row, 0, (size_t)(l0 - la) * sizeof(float));
+    if (s == 1 && xs == 1) memcpy(row + (l0 - la), xr + l0 + off, (size_t)(l1 - l0) * sizeof(float));
+    else for (int64_t l = l0; l < l1; ++l) row[l - la] = xr[(l * s + off) * xs];
+    memset(row + (l1 - la), 0, (size_t)(lb - l1) * sizeof(float));
+}
+
+/* o[Co, n] (row stride ldo) = (o if accumulate, else 0) + w[Co, ck] @ cols[ck, n] (row stride ldc), without BLAS */
+HOT static void conv1d_plain(int64_t Co, int64_t n, int64_t ck, const float *w, const float *cols, int64_t ldc,
+                             float *o, int64_t ldo, int accumulate) {
+    for (int64_t co = 0; co < Co; ++co) {
+        float *orow = o + co * ldo;
+        if (!accumulate) for (int64_t l = 0; l < n; ++l) orow[l] = 0.0f;
+        for (int64_t r = 0; r < ck; ++r) {
+            const float wv = w[co * ck + r];
+            const float *crow = cols + r * ldc;
+            for (int64_t l = 0; l < n; ++l) orow[l] += wv * crow[l];
+        }
+    }
+}
+
+/* Phase 1, units [r0, r1) = slots (above): each of a slot's blocks (b, j) gets its im2col rows
+ * into the slot's part of the scratch, then its product. */
+static int conv1d_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
+    if (phase != 1) return 0;
+    const int64_t B = c->ne[1], Co = c->ne[2], Lo = c->ne[3];
+    const int64_t s = c->ip[0], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
+    const int64_t ck = Ci * K, n = conv1d_cols(ck, Lo), nb = (Lo + n - 1) / n, slots = conv1d_slots(B * nb);
+    const float *x = (const float *)c->src[0], *w = (const float *)c->src[1], *bias = (const float *)c->src[2];
+    float *o = (float *)c->out;
+    for (int64_t slot = r0; slot < r1; ++slot) {
+        float *cols = (float *)c->scratch + slot * ck * n;  /* [ck, m] */
+        for (int64_t u = slot; u < B * nb; u += slots) {
+            const int64_t b = u / nb, la = (u % nb) * n, lb = la + n < Lo ? la + n : Lo, m = lb - la;
+            for (int64_t r = 0; r < ck; ++r) {
+                const int64_t ci = r / K, k = r % K;
+                conv1d_row(cols + r * m, x + b * c->ss[0][1] + ci * c->ss[0][2], c->ss[0][3], la, lb, L, s,
+                           k * dil - pad);
+            }
+            float *ob = o + b * Co * Lo + la;
+            if (bias)  /* the bias first, the product added to it: no pass of its own over the output */
+                for (int64_t co = 0; co < Co; ++co)
+                    for (int64_t l = 0; l < m; ++l) ob[co * Lo + l] = bias[co];
+            if (g_sgemm) gemm(NT, NT, Co, m, ck, w, ck, cols, m, bias ? 1.0f : 0.0f, ob, Lo);
+            else conv1d_plain(Co, m, ck, w, cols, m, ob, Lo, bias != 0);
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,110 @@
+"""The fast paths of 1-D convolutions, against the NumPy references (float64 inside).
+
+- the native `conv1d` command at sizes that take several column blocks (each block's im2col
+  rows and GEMM; kernels.c / native/conv1d.h), on 1 and 2 threads, batch > 1, stride 1 (a
+  memcpy per row) and 2 (a gather), padding and dilation: the conformance cases are too small
+  to leave the one-block path;
+- conv2d over H = 1 (how imported graphs run Conv1d) on that command, asymmetric pads;
+- the importer's strided 1-D ConvTranspose as one convolution per output phase, against
+  onnx's reference evaluator (pads, output_padding, bias, kernels shorter and longer than the
+  stride).
+
+Tolerance: rtol/atol 1e-4 (ACCUM, as the conformance suite): f32 sums of up to ~100 products
+of O(1) terms against a float64 reference.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flare.backends.cpu import native
+from flare.core.ops import OPS
+from flare.core.session import Session
+
+TOL = dict(rtol=1e-4, atol=1e-4)
+needs_native = pytest.mark.skipif(native.load() is None, reason=f"native executor unavailable: {native.REASON}")
+
+
+def _run(op: str, x: np.ndarray, w: np.ndarray, params: dict, threads: int = 1):
+    def entry(b, shapes):
+        b.output("y", b.op(op, b.input("x", x.shape), b.weight("w", w), **params))
+
+    with Session(["cpu"], config={"cpu": {"threads": threads}}) as sess:
+        pg = sess.prepare({"full": entry}, {"full": {"x": x.shape}})
+        got = pg.execute("full", x=x)["y"].copy()
+        splits = [p.describe() for p in pg.current_plan("full").programs if p is not None]
+        pg.release()
+    assert not [n for d in splits for n in d.get("numpy_nodes", [])], "ran on NumPy instead of C"
+    full = {**OPS[op].defaults, **params}
+    return got, OPS[op].reference([x, w], full)
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_conv1d_many_column_blocks(threads, stride):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 4, 180_000 * stride // 2)).astype(np.float32)  # ck * Lout > 4 blocks' worth
+    w = (rng.standard_normal((3, 4, 3)) / 3).astype(np.float32)
+    got, want = _run("conv1d", x, w, dict(stride=stride, padding=2, dilation=2), threads)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, **TOL)
+
+
+@needs_native
+def test_conv2d_over_one_row_runs_native():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 6, 1, 41)).astype(np.float32)
+    w = (rng.standard_normal((5, 6, 1, 7)) / 4).astype(np.float32)
+    got, want = _run("conv2d", x, w, dict(strides=[1, 3], dilations=[1, 2], pads=[[0, 0], [5, 1]]))
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, **TOL)
+
+
+@pytest.mark.parametrize("k,stride,pads,out_pad,bias", [
+    (16, 8, (4, 4), 0, True),     # Piper's decoder: kernel 2 x stride
+    (5, 2, (0, 0), 1, False),     # output_padding past the full output: zeros
+    (4, 3, (2, 1), 2, True),      # kernel not a multiple of the stride, asymmetric pads
+    (2, 4, (0, 0), 0, False),     # kernel shorter than the stride: phases with no taps
+])
+def test_strided_conv_transpose_1d_equals_onnx(tmp_path, monkeypatch, k, stride, pads, out_pad, bias):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    from flare.models.onnx.loader import load_model
+    from flare.models.onnx.runner import OnnxRunner, Tracer
+
+    ops: list[str] = []
+    traced_op = Tracer.op
+
+    def spy(self, op, *srcs, **params):
+        ops.append(op)
+        return traced_op(self, op, *srcs, **params)
+
+    monkeypatch.setattr(Tracer, "op", spy)
+
+    rng = np.random.default_rng(k * 10 + stride)
+    x = rng.standard_normal((2, 3, 9)).astype(np.float32)
+    w = rng.standard_normal((3, 2, k)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "W")]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(2).astype(np.float32), "B"))
+    node = helper.make_node("ConvTranspose", ["x", "W"] + (["B"] if bias else []), ["y"], strides=[stride],
+                            pads=list(pads), output_padding=[out_pad])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "c", "l"])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    model.ir_version = 8
+    path = tmp_path / "convt.onnx"
+    onnx.save(model, str(path))
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    with Session(["cpu"]) as sess:
+        runner = OnnxRunner(load_model(str(path)), sess)
+        try:
+            got = runner.run({"x": x})["y"]
+        finally:
+            runner.release()
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, **TOL)
+    assert ops.count("conv2d") == 1 and "pad" not in ops  # one convolution, no zero upsampling

@@ -1,0 +1,214 @@
+"""How the ONNX runner keeps its prepared graphs (runner.py's docstring): the segments at one
+place of the trace share one PreparedGraph with a plan per input shape; a segment whose input
+shapes were seen there with another structure runs on a graph of its own; computed constants
+are weights named by their content, so a shared graph never reads another shape's constant;
+a family is replaced after FAMILY_PLANS shapes; release() returns every buffer. And how it
+replays a recorded trace (replay.py): new data through the recorded segments, every value the
+trace read checked, another recording or a new trace when one differs.
+Results are checked against onnx's reference evaluator (exact ops, or f32 sums of a few terms:
+1e-6)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+from flare.core.ledger import LEDGER  # noqa: E402
+from flare.core.session import Session  # noqa: E402
+from flare.models.onnx import runner as runner_mod  # noqa: E402
+from flare.models.onnx.loader import load_model  # noqa: E402
+from flare.models.onnx.runner import OnnxRunner  # noqa: E402
+
+
+def _save(tmp_path, name, nodes, inputs, outputs, inits=()):
+    graph = helper.make_graph(nodes, name, inputs, outputs, list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, str(path))
+    return model, str(path)
+
+
+def _ramp_model(tmp_path):
+    """y = x + Range(0, L) * 0.5 (L = x's length, folded from its shape: a computed constant whose
+    value depends on the input shape), then NonZero(y > 1) -> Gather: a host step, so two segments."""
+    f = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Range", ["zero", "n", "one"], ["r"]),
+        helper.make_node("Cast", ["r"], ["rf"], to=f),
+        helper.make_node("Mul", ["rf", "half"], ["ramp"]),
+        helper.make_node("Add", ["x", "ramp"], ["y"]),
+        helper.make_node("Greater", ["y", "onef"], ["g"]),
+        helper.make_node("NonZero", ["g"], ["nz"]),
+        helper.make_node("Squeeze", ["nz", "zero1"], ["idx"]),
+        helper.make_node("Gather", ["y", "idx"], ["z"], axis=0),
+    ]
+    inits = [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array(1, np.int64), "one"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero1"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "onef")]
+    return _save(tmp_path, "ramp", nodes, [helper.make_tensor_value_info("x", f, ["L"])],
+                 [helper.make_tensor_value_info("z", f, ["K"])], inits)
+
+
+def _check(model, runner, x):
+    want = ReferenceEvaluator(model).run(None, {"x": x})
+    got = runner.run({"x": x})
+    for name, w in zip([o.name for o in model.graph.output], want):
+        np.testing.assert_allclose(got[name], w, rtol=1e-6, atol=1e-6)
+
+
+def test_shapes_share_a_family_graph_and_its_weights(tmp_path):
+    model, path = _ramp_model(tmp_path)
+    rng = np.random.default_rng(1)
+    before = LEDGER.snapshot().count()
+    with Session(["cpu"]) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        for n in (6, 9, 6, 4, 9):
+            _check(model, runner, rng.uniform(-1, 2, n).astype(np.float32))
+        # two places in the trace (before and after NonZero): two graphs, not one per shape
+        assert len(runner.prepared_graphs()) == 2
+        # ... sharing one workspace, counted once
+        assert runner.describe()["workspace_bytes"]["cpu:0"] == runner.workspace.nbytes("cpu:0") > 0
+        # new plans only for new input shapes: 6, 9, 4 before NonZero; after it, one per (L, K) seen
+        assert runner.stats["prepared"] <= 3 + 5
+        runner.release()
+        runner.release()  # idempotent
+        assert LEDGER.snapshot().count() == before
+        _check(model, runner, rng.uniform(-1, 2, 5).astype(np.float32))  # usable again: prepares anew
+        runner.release()
+    assert LEDGER.snapshot().count() == before
+
+
+def test_same_shapes_other_structure_get_a_graph_of_their_own(tmp_path):
+    """If on a computed condition: the branch after it has the same input shapes either way."""
+    f = TensorProto.FLOAT
+    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [],
+                               [helper.make_tensor_value_info("t", f, ["L"])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                               [helper.make_tensor_value_info("e", f, ["L"])])
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+        helper.make_node("Greater", ["s", "zerof"], ["c"]),
+        helper.make_node("If", ["c"], ["b"], then_branch=then_g, else_branch=else_g),
+        helper.make_node("Mul", ["b", "x"], ["y"]),
+    ]
+    model, path = _save(tmp_path, "branch", nodes, [helper.make_tensor_value_info("x", f, ["L"])],
+                        [helper.make_tensor_value_info("y", f, ["L"])],
+                        [numpy_helper.from_array(np.array(0.0, np.float32), "zerof")])
+    pos = np.array([1.0, -0.5, 2.0], np.float32)
+    before = LEDGER.snapshot().count()
+    with Session(["cpu"]) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        for x in (pos, -pos, pos, -pos):
+            _check(model, runner, x)
+        assert len(runner._plans) == 1  # the second structure's graph, outside the family
+        assert runner.stats["replayed"] == 2  # the condition read back picks the recording of its branch
+        runner.release()
+    assert LEDGER.snapshot().count() == before
+
+
+def test_a_full_family_is_replaced(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner_mod, "FAMILY_PLANS", 2)
+    model, path = _ramp_model(tmp_path)
+    rng = np.random.default_rng(2)
+    before = LEDGER.snapshot().count()
+    with Session(["cpu"]) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        first = None
+        for n in (5, 6, 7, 5):
+            _check(model, runner, rng.uniform(-1, 2, n).astype(np.float32))
+            graphs = runner.prepared_graphs()
+            first = first or graphs[0]
+            assert len(graphs) == 2
+        assert first not in runner.prepared_graphs()  # the first family's graph was released and replaced
+        runner.release()
+    assert LEDGER.snapshot().count() == before
+
+
+def test_replay_feeds_new_data_and_checks_what_the_trace_read(tmp_path):
+    model, path = _ramp_model(tmp_path)
+    ramp = np.arange(6, dtype=np.float32) * 0.5
+    keep_odd = np.where(np.arange(6) % 2 == 1, 1.5, 0.0).astype(np.float32) - ramp + 0.25  # y > 1 at odd places
+    keep_first = np.where(np.arange(6) < 2, 1.5, 0.0).astype(np.float32) - ramp + 0.25
+    with Session(["cpu"]) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        _check(model, runner, keep_odd)                       # traced, recorded
+        assert runner.stats["replayed"] == 0
+        _check(model, runner, keep_odd + 0.125)               # same places kept, other values: replayed
+        assert runner.stats["replayed"] == 1
+        _check(model, runner, keep_first)                     # NonZero reads other places: traced again
+        assert runner.stats["replayed"] == 1
+        _check(model, runner, keep_odd - 0.0625)              # the first recording, found by what was read
+        _check(model, runner, keep_first + 0.5)
+        assert runner.stats["replayed"] == 3
+        _check(model, runner, np.linspace(-1, 3, 7).astype(np.float32))  # another shape: traced
+        assert runner.stats["replayed"] == 3
+        runner.release()
+
+
+def test_random_draws_are_drawn_again_on_replay(tmp_path):
+    """y = x + 0 * RandomNormalLike(x): each call draws (a host step); the replay draws too."""
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("RandomNormalLike", ["x"], ["r"]), helper.make_node("Mul", ["r", "zerof"], ["z"]),
+             helper.make_node("Add", ["x", "z"], ["y"])]
+    model, path = _save(tmp_path, "noise", nodes, [helper.make_tensor_value_info("x", f, ["L"])],
+                        [helper.make_tensor_value_info("y", f, ["L"])],
+                        [numpy_helper.from_array(np.array(0.0, np.float32), "zerof")])
+    draws = []
+    from flare.models.onnx.lowering import HOST_STEPS
+    original = HOST_STEPS["RandomNormalLike"]
+
+    def spy(tr, node, ins):
+        outs = original(tr, node, ins)
+        draws.append(outs[0].const)
+        return outs
+
+    HOST_STEPS["RandomNormalLike"] = spy
+    try:
+        with Session(["cpu"]) as sess:
+            runner = OnnxRunner(load_model(path), sess)
+            for k in range(3):
+                x = np.full(5, float(k), np.float32)
+                np.testing.assert_array_equal(runner.run({"x": x})["y"], x)
+            assert runner.stats["replayed"] == 2
+            runner.release()
+    finally:
+        HOST_STEPS["RandomNormalLike"] = original
+    assert len(draws) == 3 and not np.array_equal(draws[0], draws[1])
+
+
+def test_threads_sharing_a_runner_take_turns(tmp_path):
+    """A runner is for one call at a time (its lock): traces, recordings, replays and family
+    graphs stay consistent when threads share it anyway."""
+    import threading
+
+    model, path = _ramp_model(tmp_path)
+    ref = ReferenceEvaluator(model)
+    errors: list[BaseException] = []
+    with Session(["cpu"]) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+
+        def work(seed: int) -> None:
+            rng = np.random.default_rng(seed)
+            try:
+                for _ in range(6):
+                    x = rng.uniform(-1, 2, int(rng.integers(4, 7))).astype(np.float32)
+                    np.testing.assert_allclose(runner.run({"x": x})["z"], ref.run(None, {"x": x})[0],
+                                               rtol=1e-6, atol=1e-6)
+            except BaseException as exc:  # reported by the main thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        runner.release()
+    assert not errors, errors[0]
