@@ -117,3 +117,29 @@ def test_steps_run_the_window_and_keep_a_plan_per_bucket(tiny):
         lm.decode([0], [5], [62])
         lm.decode([0, 1], [7, 8], [63, 1])
         assert lm.graph.current_plan("decode") is plan
+
+
+def test_an_exported_core_runs_its_programs_over_the_window(tiny, tmp_path):
+    """The exported programs declare the mask at every KV row with the dim `window`; the serving
+    engine sends the step's window and the core's loader replays the program at that width.
+    Same logits as the program run over every row (see the tolerance above)."""
+    from flare.models.gguf.export import GgufAdapter
+    from flare.plugins.export import export_core, load_core
+    from flare.plugins.export.runtime import CoreRuntime
+    from flare.plugins.export.serving.engine import Engine, windowed_programs
+
+    adapter = GgufAdapter(path=str(tiny), max_ctx=64, max_seqs=4, prefill_chunk=4)
+    core = load_core(export_core(adapter, tmp_path / "tiny.core", progress=False, draft_layers=0))
+    assert windowed_programs(core) == frozenset(core.programs)
+    with CoreRuntime(core) as rt:
+        engine = Engine(rt)
+        serving = engine.serving                                     # 257 KV rows
+        for chunks, kind in [([Chunk(0, 0, (1, 40, 41, 42))], "prefill"), ([Chunk(0, 4, (43,))], "decode"),
+                             ([Chunk(0, 5, (44,)), Chunk(2, 0, (45,))], "decode")]:
+            got, b = engine.run(kind, chunks)
+            window = kv_window(serving, chunks)
+            assert window < serving.kv_rows
+            assert rt.graph.current_plan(b.program).shapes["mask"] == (b.tokens, window)
+            full = token_lm_inputs(serving, chunks, tokens=b.tokens, batch=None if kind == "decode" else b.batch)
+            want = rt.execute(b.program, **full)["logits"][: len(chunks)]
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-4, err_msg=f"{kind} window {window}")

@@ -7,11 +7,13 @@ graph serves prefill chunks, decode batches and both mixed. KV caches are
 `state` tensors named per layer, shared by every entry.
 
 The window is the mask's width W (`input_shapes(..., window=W)`; all KV rows
-when not given, the shape exported programs use): keys and values are the first
-W rows of the cache (a `slice` view, no copy), so attention scans the rows in
-use, as llama.cpp's n_kv does, not max_seqs x max_ctx. The caller picks W from
-the step (`flare.plugins.export.serving.batch.kv_window`); the runtime keeps a
-plan per (tokens, W) shape.
+when not given): keys and values are the first W rows of the cache (a `slice`
+view, no copy), so attention scans the rows in use, as llama.cpp's n_kv does,
+not max_seqs x max_ctx. W is the graph's dim `window` (mask axis 1), so an
+exported program, declared at every KV row, is replayed at a smaller W by the
+core's loader. The caller picks W from the step
+(`flare.plugins.export.serving.batch.kv_window`); the runtime keeps a plan per
+(tokens, W) shape.
 
 Weights are the file's tensors as they are: quantized matrices feed
 `matmul(transpose_b=True)` as block tensors, the Q8_0 embedding feeds
@@ -103,11 +105,12 @@ def build_step(b: GraphBuilder, spec: GraphSpec, shapes: Mapping[str, tuple], n_
     if not 1 <= window <= cfg.kv_rows:
         raise ShapeError(f"mask width {window} must be in 1..{cfg.kv_rows} (the KV rows)")
     mask = b.input("mask", (t, window), "f32")
+    window = b.dim("window", mask, 1)
     out_rows = b.input("out_rows", shapes["out_rows"], "i32") if "out_rows" in shapes else None
 
     x = b.get_rows(w("token_embd.weight"), tokens, name="embed")
     for i in range(cfg.n_layers if n_layers is None else n_layers):
-        x = _attention(b, cfg, i, x, pos, kv_rows, mask, w)
+        x = _attention(b, cfg, i, x, pos, kv_rows, mask, window, w)
         x = _moe(b, spec, i, x, kv_rows, w) if cfg.is_moe else _ffn(b, cfg, i, x, w)
     if out_rows is not None:
         x = b.get_rows(x, out_rows, name="select_rows")
@@ -121,10 +124,9 @@ def _norm(b: GraphBuilder, cfg: LMConfig, x: Tensor, weight: Tensor, name: str) 
 
 
 def _attention(b: GraphBuilder, cfg: LMConfig, i: int, x: Tensor, pos: Tensor, kv_rows: Tensor, mask: Tensor,
-               w: Callable[[str], Tensor]) -> Tensor:
+               window: int, w: Callable[[str], Tensor]) -> Tensor:
     t = x.shape[0]
     nh, nkv, g, hd = cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.head_dim
-    rows = mask.shape[1]                                                                  # the KV window
     p, L = f"L{i}.attn", f"blk.{i}."
     h = _norm(b, cfg, x, w(L + "attn_norm.weight"), p)
     q = b.matmul(h, w(L + "attn_q.weight"), transpose_b=True, name=f"{p}.q")
@@ -138,15 +140,15 @@ def _attention(b: GraphBuilder, cfg: LMConfig, i: int, x: Tensor, pos: Tensor, k
     v_cache = b.state(f"L{i}.v_cache", (cfg.kv_rows, cfg.kv_dim))
     kc = b.set_rows(k_cache, kv_rows, b.reshape(k, shape=(t, cfg.kv_dim), name=f"{p}.k2"), name=f"{p}.k_store")
     vc = b.set_rows(v_cache, kv_rows, v, name=f"{p}.v_store")
-    if rows < cfg.kv_rows:                     # the window: the first `rows` rows, a view of the cache
-        kc = b.slice(kc, axis=0, start=0, stop=rows, name=f"{p}.k_window")
-        vc = b.slice(vc, axis=0, start=0, stop=rows, name=f"{p}.v_window")
-    keys = b.permute(b.reshape(kc, shape=(rows, nkv, 1, hd), name=f"{p}.keys4"), axes=(1, 2, 0, 3),
-                     name=f"{p}.keys")                                                    # [KVH, 1, R, D]
-    vals = b.permute(b.reshape(vc, shape=(rows, nkv, 1, hd), name=f"{p}.vals4"), axes=(1, 2, 0, 3),
+    # the window: the first `window` rows (a view; the size a replay gives the dim `window`)
+    kc = b.slice(kc, axis=0, start=0, stop=window, name=f"{p}.k_window")
+    vc = b.slice(vc, axis=0, start=0, stop=window, name=f"{p}.v_window")
+    keys = b.permute(b.reshape(kc, shape=(-1, nkv, 1, hd), name=f"{p}.keys4"), axes=(1, 2, 0, 3),
+                     name=f"{p}.keys")                                                    # [KVH, 1, W, D]
+    vals = b.permute(b.reshape(vc, shape=(-1, nkv, 1, hd), name=f"{p}.vals4"), axes=(1, 2, 0, 3),
                      name=f"{p}.vals")
     qh = b.permute(b.reshape(q, shape=(t, nkv, g, hd), name=f"{p}.q4"), axes=(1, 2, 0, 3), name=f"{p}.qh")
-    scores = b.matmul(qh, keys, transpose_b=True, name=f"{p}.scores")                    # [KVH, G, T, R]
+    scores = b.matmul(qh, keys, transpose_b=True, name=f"{p}.scores")                    # [KVH, G, T, W]
     probs = b.softmax(scores, mask, scale=1.0 / math.sqrt(hd), name=f"{p}.probs")
     ctx = b.matmul(probs, vals, name=f"{p}.ctx")                                          # [KVH, G, T, D]
     ctx = b.contiguous(b.permute(ctx, axes=(2, 0, 1, 3), name=f"{p}.ctx_t"), name=f"{p}.ctx_c")
