@@ -1,5 +1,5 @@
 """Attention over the KV window: a step's mask and keys/values cover only KV rows [0, W), the
-smallest power-of-two bucket (>= 64) holding every row the step's tokens see, instead of every
+smallest power-of-two bucket (>= MIN_WINDOW) holding every row the step's tokens see, instead of every
 row of the cache (max_seqs x max_ctx + 1). The window's layout (`kv_window`, `token_lm_inputs`),
 and the GGUF graph run with it on every backend against the same step over all KV rows."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from flare.core.errors import InputError
 from flare.models.gguf.model import GgufLM, serving_contract
 from flare.models.gguf.testing import TinySpec, write_tiny
 from flare.plugins.export.schema import Serving
-from flare.plugins.export.serving.batch import MASK_NEG, Chunk, kv_window, token_lm_inputs
+from flare.plugins.export.serving.batch import MASK_NEG, MIN_WINDOW, Chunk, kv_window, token_lm_inputs
 
 SERVING = Serving("token-lm/1", 4, 128, 8, 300, 2, 2, ())      # 4 slots x 128 positions: 513 KV rows
 
@@ -40,7 +40,8 @@ def tiny(tmp_path_factory):
     ([Chunk(3, 127, (1,))], 512),                      # the last position: every row but the scratch
 ])
 def test_the_window_is_the_smallest_power_of_two_bucket_holding_every_seen_row(chunks, window):
-    assert kv_window(SERVING, chunks) == window
+    assert kv_window(SERVING, chunks, min_window=64) == window
+    assert kv_window(SERVING, chunks) == max(window, MIN_WINDOW)
 
 
 def test_the_window_never_exceeds_the_kv_rows():
@@ -61,7 +62,7 @@ def test_a_windowed_mask_is_the_full_masks_first_columns():
 
 def test_padding_attends_to_row_zero_when_the_scratch_row_is_outside_the_window():
     """Padding tokens still write the scratch row; their (never read) attention needs some row."""
-    inputs = token_lm_inputs(SERVING, [Chunk(0, 0, (5,))], tokens=4, batch=None, window=64)
+    inputs = token_lm_inputs(SERVING, [Chunk(0, 0, (5,))], tokens=4, batch=None, window=64)   # any width
     assert list(inputs["kv_rows"][1:]) == [SERVING.scratch_row] * 3
     assert (inputs["mask"][1:, 0] == 0).all() and (inputs["mask"][1:, 1:] == MASK_NEG).all()
     full = token_lm_inputs(SERVING, [Chunk(0, 0, (5,))], tokens=4, batch=None)
@@ -76,7 +77,7 @@ def test_a_window_that_does_not_hold_the_step_is_refused(window):
 
 STEPS = [   # (chunks, entry): slots 0 and 2 hold 20 and 7 tokens of context
     ([Chunk(0, 20, (5,)), Chunk(2, 7, (9,))], "decode"),     # window 512 of 513
-    ([Chunk(0, 20, (5, 6, 7))], "prefill"),                   # window 64
+    ([Chunk(0, 20, (5, 6, 7))], "prefill"),                   # window 128
     ([Chunk(1, 0, (5, 6, 7, 8)), Chunk(0, 20, (3,))], "mixed"),   # window 256
 ]
 
@@ -110,7 +111,7 @@ def test_steps_run_the_window_and_keep_a_plan_per_bucket(tiny):
     with GgufLM.load(str(tiny), max_seqs=4, max_ctx=128, prefill_chunk=8) as lm:
         lm.prefill(0, list(range(10, 70)))                 # positions 0..59
         lm.decode([0], [5], [60])
-        assert lm.graph.current_plan("decode").shapes["mask"] == (1, 64)
+        assert lm.graph.current_plan("decode").shapes["mask"] == (1, MIN_WINDOW)
         lm.decode([0, 1], [5, 6], [61, 0])                 # slot 1's row 128 is seen
         assert lm.graph.current_plan("decode").shapes["mask"] == (2, 256)
         plan = lm.graph.current_plan("decode")
