@@ -74,6 +74,13 @@ def test_malformed_dims_are_refused_naming_the_field():
     bad = {**data, "dims": {}}
     with pytest.raises(CoreFormatError, match="does not declare"):
         graph_from_dict(bad)
+    for dims in ([], {"window": "mask"}, {"window": ["mask", True]}, {"window": [["mask"], 1]}):
+        with pytest.raises(CoreFormatError, match="dims"):
+            graph_from_dict({**data, "dims": dims})
+    tensors = [dict(t, params={**t["params"], "stop": {"dim": ["window"]}}) if t.get("op") == "slice" else t
+               for t in data["tensors"]]
+    with pytest.raises(CoreFormatError, match="params.stop"):
+        graph_from_dict({**data, "tensors": tensors})
 
 
 def test_only_an_input_axis_can_be_a_dim():

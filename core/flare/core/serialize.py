@@ -70,9 +70,11 @@ def graph_dims(data: Any, where: str = "graph") -> dict[str, tuple[str, int, int
     naming the field when malformed or naming no axis of a declared input."""
     dims = data.get("dims", {}) if isinstance(data, dict) else {}
     _need(isinstance(dims, dict), f"{where}.dims", "must be an object")
-    items = data.get("tensors") if isinstance(data, dict) else None
-    inputs = {t.get("name"): t.get("shape") for t in items if isinstance(t, dict) and t.get("role") == INPUT} \
-        if isinstance(items, list) else {}
+    if not dims:
+        return {}
+    items = data.get("tensors")
+    inputs = {t["name"]: t.get("shape") for t in items if isinstance(t, dict) and t.get("role") == INPUT
+              and isinstance(t.get("name"), str)} if isinstance(items, list) else {}
     out = {}
     for name, ref in dims.items():
         f = f"{where}.dims.{name}"
@@ -88,7 +90,7 @@ def graph_dims(data: Any, where: str = "graph") -> dict[str, tuple[str, int, int
 def _resolve(value: Any, sizes: Mapping[str, int], field: str) -> Any:
     """A param value with `{"dim": name}` references replaced by `Dim`s of the sizes in use."""
     if isinstance(value, dict) and set(value) == {"dim"}:
-        _need(value["dim"] in sizes, field, f"refers to dim {value['dim']!r}, which the graph does not declare")
+        _need(isinstance(value["dim"], str) and value["dim"] in sizes, field, f"refers to dim {value['dim']!r}, which the graph does not declare")
         return Dim(sizes[value["dim"]], value["dim"])
     return value
 
