@@ -144,3 +144,8 @@ def test_an_exported_core_runs_its_programs_over_the_window(tiny, tmp_path):
             full = token_lm_inputs(serving, chunks, tokens=b.tokens, batch=None if kind == "decode" else b.batch)
             want = rt.execute(b.program, **full)["logits"][: len(chunks)]
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-4, err_msg=f"{kind} window {window}")
+        from flare.plugins.serve.engine import StepEngine     # flare serve's engine: the same windows
+
+        chunks = [Chunk(0, 6, (46, 47))]
+        got, b = StepEngine(rt).run("prefill", chunks)
+        assert rt.graph.current_plan(b.program).shapes["mask"] == (b.tokens, kv_window(serving, chunks))
