@@ -9,6 +9,13 @@ references and names the node.
 A tensor's memory is owned by its *storage* tensor: itself, or — for view ops
 (`reshape`, `permute`, `slice`, ...) and for writes into state (`set_rows`,
 `copy_into`) — the tensor it aliases. Strides and offsets are in elements.
+
+A graph may name *dims*: an axis of an input whose size may shrink when the
+graph is replayed (`GraphBuilder.dim`, a `Dim` is an int that remembers its
+name). Op params given a `Dim` follow it, so a serialized graph (an exported
+core) can be rebuilt for a smaller size of that axis (`serialize`), e.g. the
+attention window of a language model's KV cache: the declared size is the
+largest, each size actually run gets its own plan.
 """
 from __future__ import annotations
 
@@ -30,6 +37,21 @@ INTERMEDIATE = "intermediate"
 ROLES = (INPUT, WEIGHT, STATE, CACHE, INTERMEDIATE)
 PERSISTENT = (STATE, CACHE)
 MAX_RANK = 4
+
+
+class Dim(int):
+    """An int that is the size of a named dim (`GraphBuilder.dim`): params holding it are
+    serialized as a reference to the dim, so a replay at another size substitutes it."""
+
+    dim_name: str
+
+    def __new__(cls, value: int, name: str) -> "Dim":
+        obj = super().__new__(cls, value)
+        obj.dim_name = name
+        return obj
+
+    def __reduce__(self):
+        return (Dim, (int(self), self.dim_name))
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -110,8 +132,11 @@ class Tensor:
 class Graph:
     """An ordered list of tensors plus named inputs, outputs, weights and state."""
 
-    def __init__(self, tensors: list[Tensor], outputs: Mapping[str, Tensor]):
+    def __init__(self, tensors: list[Tensor], outputs: Mapping[str, Tensor],
+                 dims: Mapping[str, tuple[str, int]] | None = None):
         self.tensors = list(tensors)
+        # name -> (input, axis): sizes a replay may shrink (see the module docstring)
+        self.dims = dict(dims or {})
         self.outputs = dict(outputs)
         self.inputs = {t.name: t for t in self.tensors if t.role == INPUT}
         self.weights = {t.name: t for t in self.tensors if t.role == WEIGHT}
@@ -202,6 +227,7 @@ class GraphBuilder:
         self._names: set[str] = set()
         self._counter = itertools.count()
         self._scopes: list[str] = []
+        self._dims: dict[str, tuple[str, int]] = {}
 
     @contextlib.contextmanager
     def scope(self, prefix: str) -> Iterator[None]:
@@ -254,6 +280,20 @@ class GraphBuilder:
         t = self._leaf(name, shape, dtype, WEIGHT)
         t.data = data
         return t
+
+    def dim(self, name: str, tensor: Tensor, axis: int) -> Dim:
+        """Name axis `axis` of input `tensor` as dim `name`: a replay of the serialized graph may
+        give that input a smaller size there (at least 1), and every op param set to the
+        returned `Dim` takes that size. Only inputs: a weight's or state's shape is fixed."""
+        if tensor.role != INPUT or tensor not in self._tensors:
+            raise GraphError(f"dim {name!r}: {tensor.name!r} is not an input of this graph", name)
+        if not -len(tensor.shape) <= axis < len(tensor.shape):
+            raise ShapeError(f"dim {name!r}: axis {axis} is outside {tensor.name!r} {tensor.shape}", name)
+        axis %= len(tensor.shape)
+        if self._dims.get(name, (tensor.name, axis)) != (tensor.name, axis):
+            raise GraphError(f"dim {name!r} is already {self._dims[name]}", name)
+        self._dims[name] = (tensor.name, axis)
+        return Dim(tensor.shape[axis], name)
 
     def _by_name(self, name: str) -> Tensor | None:
         if name not in self._names:
@@ -328,7 +368,7 @@ class GraphBuilder:
     def build(self) -> Graph:
         if not self._outputs:
             raise GraphError("graph has no outputs")
-        graph = Graph(self._tensors, self._outputs)
+        graph = Graph(self._tensors, self._outputs, self._dims)
         return graph
 
 

@@ -2,9 +2,18 @@
 
 The step layout is the `token-lm/1` contract (moe-lm's): a flat batch of T
 tokens, each with its position, its KV row (`seq * max_ctx + pos`; padding
-uses the scratch row) and an additive mask row over all KV rows, so one
+uses the scratch row) and an additive mask row over a window of KV rows, so one
 graph serves prefill chunks, decode batches and both mixed. KV caches are
 `state` tensors named per layer, shared by every entry.
+
+The window is the mask's width W (`input_shapes(..., window=W)`; all KV rows
+when not given): keys and values are the first W rows of the cache (a `slice`
+view, no copy), so attention scans the rows in use, as llama.cpp's n_kv does,
+not max_seqs x max_ctx. W is the graph's dim `window` (mask axis 1), so an
+exported program, declared at every KV row, is replayed at a smaller W by the
+core's loader. The caller picks W from the step
+(`flare.plugins.export.serving.batch.kv_window`); the runtime keeps a plan per
+(tokens, W) shape.
 
 Weights are the file's tensors as they are: quantized matrices feed
 `matmul(transpose_b=True)` as block tensors, the Q8_0 embedding feeds
@@ -30,6 +39,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from flare.core.errors import ShapeError
 from flare.core.graph import GraphBuilder, Tensor
 from flare.core.specs import STAGE_EXPERTS
 
@@ -66,8 +76,12 @@ class GraphSpec:
     slots: int = 0
 
 
-def input_shapes(cfg: LMConfig, tokens: int, outputs: int | None = None) -> dict[str, tuple[int, ...]]:
-    shapes = {"tokens": (tokens,), "pos": (tokens,), "kv_rows": (tokens,), "mask": (tokens, cfg.kv_rows)}
+def input_shapes(cfg: LMConfig, tokens: int, outputs: int | None = None,
+                 window: int | None = None) -> dict[str, tuple[int, ...]]:
+    """Input shapes of a step of `tokens` tokens, `outputs` logit rows (None: every token) and
+    a mask over `window` KV rows (None: all of them)."""
+    shapes = {"tokens": (tokens,), "pos": (tokens,), "kv_rows": (tokens,),
+              "mask": (tokens, cfg.kv_rows if window is None else window)}
     if outputs is not None:
         shapes["out_rows"] = (outputs,)
     return shapes
@@ -87,12 +101,16 @@ def build_step(b: GraphBuilder, spec: GraphSpec, shapes: Mapping[str, tuple], n_
     tokens = b.input("tokens", (t,), "i32")
     pos = b.input("pos", (t,), "i32")
     kv_rows = b.input("kv_rows", (t,), "i32")
-    mask = b.input("mask", (t, cfg.kv_rows), "f32")
+    window = int(shapes["mask"][1]) if "mask" in shapes else cfg.kv_rows
+    if not 1 <= window <= cfg.kv_rows:
+        raise ShapeError(f"mask width {window} must be in 1..{cfg.kv_rows} (the KV rows)")
+    mask = b.input("mask", (t, window), "f32")
+    window = b.dim("window", mask, 1)
     out_rows = b.input("out_rows", shapes["out_rows"], "i32") if "out_rows" in shapes else None
 
     x = b.get_rows(w("token_embd.weight"), tokens, name="embed")
     for i in range(cfg.n_layers if n_layers is None else n_layers):
-        x = _attention(b, cfg, i, x, pos, kv_rows, mask, w)
+        x = _attention(b, cfg, i, x, pos, kv_rows, mask, window, w)
         x = _moe(b, spec, i, x, kv_rows, w) if cfg.is_moe else _ffn(b, cfg, i, x, w)
     if out_rows is not None:
         x = b.get_rows(x, out_rows, name="select_rows")
@@ -106,9 +124,9 @@ def _norm(b: GraphBuilder, cfg: LMConfig, x: Tensor, weight: Tensor, name: str) 
 
 
 def _attention(b: GraphBuilder, cfg: LMConfig, i: int, x: Tensor, pos: Tensor, kv_rows: Tensor, mask: Tensor,
-               w: Callable[[str], Tensor]) -> Tensor:
+               window: int, w: Callable[[str], Tensor]) -> Tensor:
     t = x.shape[0]
-    nh, nkv, g, hd, rows = cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.head_dim, cfg.kv_rows
+    nh, nkv, g, hd = cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.head_dim
     p, L = f"L{i}.attn", f"blk.{i}."
     h = _norm(b, cfg, x, w(L + "attn_norm.weight"), p)
     q = b.matmul(h, w(L + "attn_q.weight"), transpose_b=True, name=f"{p}.q")
@@ -118,16 +136,19 @@ def _attention(b: GraphBuilder, cfg: LMConfig, i: int, x: Tensor, pos: Tensor, k
                name=f"{p}.q_rope")
     k = b.rope(b.reshape(k, shape=(t, nkv, hd), name=f"{p}.k3"), pos, base=cfg.rope_base, neox=False,
                name=f"{p}.k_rope")
-    k_cache = b.state(f"L{i}.k_cache", (rows, cfg.kv_dim))
-    v_cache = b.state(f"L{i}.v_cache", (rows, cfg.kv_dim))
+    k_cache = b.state(f"L{i}.k_cache", (cfg.kv_rows, cfg.kv_dim))
+    v_cache = b.state(f"L{i}.v_cache", (cfg.kv_rows, cfg.kv_dim))
     kc = b.set_rows(k_cache, kv_rows, b.reshape(k, shape=(t, cfg.kv_dim), name=f"{p}.k2"), name=f"{p}.k_store")
     vc = b.set_rows(v_cache, kv_rows, v, name=f"{p}.v_store")
-    keys = b.permute(b.reshape(kc, shape=(rows, nkv, 1, hd), name=f"{p}.keys4"), axes=(1, 2, 0, 3),
-                     name=f"{p}.keys")                                                    # [KVH, 1, R, D]
-    vals = b.permute(b.reshape(vc, shape=(rows, nkv, 1, hd), name=f"{p}.vals4"), axes=(1, 2, 0, 3),
+    # the window: the first `window` rows (a view; the size a replay gives the dim `window`)
+    kc = b.slice(kc, axis=0, start=0, stop=window, name=f"{p}.k_window")
+    vc = b.slice(vc, axis=0, start=0, stop=window, name=f"{p}.v_window")
+    keys = b.permute(b.reshape(kc, shape=(-1, nkv, 1, hd), name=f"{p}.keys4"), axes=(1, 2, 0, 3),
+                     name=f"{p}.keys")                                                    # [KVH, 1, W, D]
+    vals = b.permute(b.reshape(vc, shape=(-1, nkv, 1, hd), name=f"{p}.vals4"), axes=(1, 2, 0, 3),
                      name=f"{p}.vals")
     qh = b.permute(b.reshape(q, shape=(t, nkv, g, hd), name=f"{p}.q4"), axes=(1, 2, 0, 3), name=f"{p}.qh")
-    scores = b.matmul(qh, keys, transpose_b=True, name=f"{p}.scores")                    # [KVH, G, T, R]
+    scores = b.matmul(qh, keys, transpose_b=True, name=f"{p}.scores")                    # [KVH, G, T, W]
     probs = b.softmax(scores, mask, scale=1.0 / math.sqrt(hd), name=f"{p}.probs")
     ctx = b.matmul(probs, vals, name=f"{p}.ctx")                                          # [KVH, G, T, D]
     ctx = b.contiguous(b.permute(ctx, axes=(2, 0, 1, 3), name=f"{p}.ctx_t"), name=f"{p}.ctx_c")

@@ -5,7 +5,9 @@ config, and prepares one PreparedGraph through the registered `gguf`
 ModelSpec (so `flare run`, `flare describe` and `flare bench` prepare the
 same thing), with `prefill`/`decode` entries sharing weights, KV state and,
 for MoE files in `offload` mode, the expert caches. Steps use the
-`token-lm/1` batch layout (`flare.plugins.export.serving.batch`), and tokens
+`token-lm/1` batch layout (`flare.plugins.export.serving.batch`) with the mask
+cut to the step's KV window (`kv_window`: attention over the rows in use, a
+plan per (tokens, window) bucket), and tokens
 are chosen by the token-LM sampler an exported core is served with, so this
 loop and a served core choose tokens the same way.
 """
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 
 TokenCallback = Callable[[int], None]
 MIB = 1 << 20
+PLANS_PER_ENTRY = 32     # (tokens, KV window) buckets: pow2 chunks x pow2 windows stay well under this
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ class GgufLM:
         self.spec = GraphSpec(model.cfg, model.infos(), model.tensor, experts, slots)
         options = {"graph_spec": self.spec, "model": model, "prefetch": prefetch}
         self.graph = session.prepare_model("gguf", options)
+        self.graph.max_plans = max(self.graph.max_plans, PLANS_PER_ENTRY)
         self.stager = self.graph.callbacks.get(STAGE_EXPERTS)
         self._prepared = set(self.graph.entries) & {"prefill", "decode"}
         # The weights are on the devices now: their copies of the file's pages may go. A CPU
@@ -158,7 +162,7 @@ class GgufLM:
     def step(self, chunks: Sequence[Any], *, entry: str | None = None) -> np.ndarray:
         """Run one batch of `Chunk`s (seq, start, tokens); logits [len(chunks), vocab] of each
         chunk's last token."""
-        from flare.plugins.export.serving.batch import token_lm_inputs
+        from flare.plugins.export.serving.batch import kv_window, token_lm_inputs
 
         self._check_alive()
         if entry is None:
@@ -176,8 +180,9 @@ class GgufLM:
         if self.experts == OFFLOAD and self.cfg.slots_needed(n) > self.slots:
             raise ModelError(f"a step of {n} tokens may need {self.cfg.slots_needed(n)} experts per layer; the "
                              f"expert cache has {self.slots} slot(s) per layer")
-        inputs = token_lm_inputs(serving_contract(self.cfg), list(chunks), tokens=n,
-                                 batch=None if entry == "decode" else len(chunks))
+        serving = serving_contract(self.cfg)
+        inputs = token_lm_inputs(serving, list(chunks), tokens=n, batch=None if entry == "decode" else len(chunks),
+                                 window=kv_window(serving, chunks))
         if entry not in self._prepared:
             self.graph.prepare(entry, {k: v.shape for k, v in inputs.items()})
             self._prepared.add(entry)
@@ -216,10 +221,10 @@ class GgufLM:
 
     def _all_rows(self, seq: int, start: int, part: list[int]) -> np.ndarray:
         """Logits of every token of a chunk: the prefill graph with out_rows selecting each row."""
-        from flare.plugins.export.serving.batch import Chunk, token_lm_inputs
+        from flare.plugins.export.serving.batch import Chunk, kv_window, token_lm_inputs
 
-        inputs = token_lm_inputs(serving_contract(self.cfg), [Chunk(seq, start, tuple(part))], tokens=len(part),
-                                 batch=1)
+        serving, chunks = serving_contract(self.cfg), [Chunk(seq, start, tuple(part))]
+        inputs = token_lm_inputs(serving, chunks, tokens=len(part), batch=1, window=kv_window(serving, chunks))
         inputs["out_rows"] = np.arange(len(part), dtype=np.int32)
         t0 = time.perf_counter()
         out = self.graph.execute("prefill", **inputs)["logits"]

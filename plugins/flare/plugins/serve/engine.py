@@ -53,7 +53,8 @@ class StepEngine(Engine):
         n = sum(len(c.tokens) for c in chunks)
         b = self.bucket(kind, n, len(chunks))
         every = kind in EVERY_ROW
-        inputs = token_lm_inputs(self.serving, chunks, tokens=b.tokens, batch=None if every else b.batch)
+        inputs = token_lm_inputs(self.serving, chunks, tokens=b.tokens, batch=None if every else b.batch,
+                                 window=self.window(b, chunks))
         logits = self.runtime.execute(b.program, **inputs)["logits"]
         self.steps += 1
         return logits[: n if every else len(chunks)], b

@@ -7,6 +7,11 @@ engine broadcasts every step (as JSON) before running it and the other
 ranks' engines replay it (`follow`), so all ranks launch the same programs
 with the same inputs — the expert-parallel all-reduce inside the programs
 needs exactly that.
+
+Programs whose graph declares the dim `window` (mask axis 1: the KV rows the
+attention reads) get a mask of the step's bucketed window (`kv_window`) instead
+of every KV row; the core's loader replays the program at that width, a plan
+per width kept (`window_sizes` of them at most).
 """
 from __future__ import annotations
 
@@ -17,7 +22,25 @@ import numpy as np
 
 from flare.core.errors import InputError
 
-from .batch import Chunk, token_lm_inputs
+from .batch import MIN_WINDOW, Chunk, kv_window, token_lm_inputs
+
+WINDOW_DIM = ["mask", 1]     # how a token-lm/1 program declares its KV window (flare.core.graph.Dim)
+
+
+def windowed_programs(core: Any) -> frozenset[str]:
+    """Programs of a loaded core that take a mask narrower than every KV row."""
+    graphs = getattr(core, "graphs", {}) or {}
+    return frozenset(n for n, g in graphs.items() if isinstance(g, dict)
+                     and (g.get("dims") or {}).get("window") == WINDOW_DIM)
+
+
+def window_sizes(kv_rows: int) -> int:
+    """How many window buckets (`kv_window`) a cache of `kv_rows` rows has: powers of two from
+    MIN_WINDOW below kv_rows, and kv_rows itself."""
+    n, w = 1, MIN_WINDOW
+    while w < kv_rows:
+        n, w = n + 1, w * 2
+    return n
 
 
 class Executor(Protocol):
@@ -48,6 +71,10 @@ class Engine:
             self.buckets.setdefault(p.kind, []).append(Bucket(name, p.kind, p.bucket.tokens, p.bucket.batch))
         for v in self.buckets.values():
             v.sort(key=lambda b: (b.tokens, b.batch))
+        self.windowed = windowed_programs(runtime.core)
+        graph = getattr(runtime, "graph", None)
+        if self.windowed and graph is not None:       # a plan per window bucket, none evicted
+            graph.max_plans = max(graph.max_plans, window_sizes(self.serving.kv_rows) + 1)
         self.steps = 0
 
     @property
@@ -69,6 +96,10 @@ class Engine:
         raise InputError(f"no {kind} program holds {tokens} tokens of {seqs} sequences "
                          f"(buckets: {[(b.tokens, b.batch) for b in self.buckets[kind]]})")
 
+    def window(self, b: Bucket, chunks: Sequence[Chunk]) -> int | None:
+        """The mask width of a step on program `b`: the step's KV window, or None (every row)."""
+        return kv_window(self.serving, chunks) if b.program in self.windowed else None
+
     def run(self, kind: str, chunks: Sequence[Chunk]) -> tuple[np.ndarray, Bucket]:
         """Logits [len(chunks), vocab] of each chunk's last token, and the program that ran."""
         if self.comm is not None and self.comm.Get_size() > 1:
@@ -79,7 +110,8 @@ class Engine:
     def _run(self, kind: str, chunks: Sequence[Chunk]) -> tuple[np.ndarray, Bucket]:
         n = sum(len(c.tokens) for c in chunks)
         b = self.bucket(kind, n, len(chunks))
-        inputs = token_lm_inputs(self.serving, chunks, tokens=b.tokens, batch=None if kind == "decode" else b.batch)
+        inputs = token_lm_inputs(self.serving, chunks, tokens=b.tokens, batch=None if kind == "decode" else b.batch,
+                                 window=self.window(b, chunks))
         logits = self.runtime.execute(b.program, **inputs)["logits"]
         self.steps += 1
         return logits[: len(chunks)], b   # decode: a row per token = per sequence; others: out_rows
