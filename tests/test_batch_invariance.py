@@ -1,0 +1,109 @@
+"""Batch invariance on the CPU backend: a row's result does not depend on how many rows share
+its step.
+
+`flare serve` runs a sequence's tokens in steps of varying size (decode alone, decode in a
+batch, prefill chunks, speculative verify steps); a served answer must equal its sequential
+run, so every op on a language model's path must give a row the same bits whatever M is. The
+CPU backend's matmul routes (lowering._route, kernels.c idot/ichain/pgemm) compute each output
+element by one formula of its a-row and b-column, so the comparisons here are exact
+(`assert_array_equal`): any tolerance would hide the very last-bit differences that flip a
+quantized activation's rounding or a greedy near-tie.
+
+Two levels: a property test of matmul/linear layouts (a constant weight, activation times
+activation transposed, probabilities times values, broadcast heads) over M = 1..40 rows, each
+row against its M = 1 result, at 1 and 2 threads; and the SmolLM2 graph itself (tests marked
+by the GGUF file's presence) where a sequence's logits must equal bit for bit whether it is
+decoded alone, in a batch of up to 5 sequences, after prefill chunks of other sizes, or in a
+speculative verify step.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flare.backends.cpu import native
+from flare.core.session import Session
+
+pytestmark = pytest.mark.skipif(native.load() is None, reason=f"native executor unavailable: {native.REASON}")
+
+RNG = np.random.default_rng(21)
+K, N, HD, R, G = 96, 80, 64, 37, 3
+W = (RNG.standard_normal((N, K)) / 8).astype(np.float32)       # a linear weight stored [N, K]
+WN = (RNG.standard_normal((K, N)) / 8).astype(np.float32)      # ... stored [K, N]
+BIAS = RNG.standard_normal(N).astype(np.float32)
+KEYS = RNG.standard_normal((2, 1, R, HD)).astype(np.float32)   # [KVH, 1, R, D]: broadcast over G heads
+VALS = RNG.standard_normal((2, 1, R, HD)).astype(np.float32)
+MAX_M = 40
+
+
+def products(b, shapes):
+    m = shapes["x"][0]
+    x = b.input("x", shapes["x"])                                   # [M, K]
+    q = b.input("q", shapes["q"])                                   # [KVH, G, M, D]
+    p = b.input("p", shapes["p"])                                   # [KVH, G, M, R]
+    act = b.input("act", shapes["act"])                             # [N, K]: an activation, not a weight
+    b.output("weight_t", b.matmul(x, b.weight("w", W), transpose_b=True))
+    b.output("weight_n", b.matmul(x, b.weight("wn", WN)))
+    # matmul + bias + gelu: fused into one `linear` by the optimizer
+    b.output("linear", b.gelu(b.add(b.matmul(x, b.weight("w", W), transpose_b=True), b.weight("bias", BIAS))))
+    b.output("act_t", b.matmul(x, act, transpose_b=True))
+    b.output("scores", b.matmul(q, b.input("keys", KEYS.shape), transpose_b=True))
+    b.output("ctx", b.matmul(p, b.input("vals", VALS.shape)))
+    b.output("softmax", b.softmax(p, scale=0.125))
+    b.output("rms", b.rms_norm(x))
+    assert m >= 1
+
+
+def _inputs(m: int, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"x": rows["x"][:m], "q": rows["q"][:, :, :m], "p": rows["p"][:, :, :m], "act": rows["act"],
+            "keys": KEYS, "vals": VALS}
+
+
+def _shapes(m: int) -> dict[str, tuple[int, ...]]:
+    return {"x": (m, K), "q": (2, G, m, HD), "p": (2, G, m, R), "act": (N, K), "keys": KEYS.shape,
+            "vals": VALS.shape}
+
+
+ROWS = {"x": RNG.standard_normal((MAX_M, K)).astype(np.float32),
+        "q": RNG.standard_normal((2, G, MAX_M, HD)).astype(np.float32),
+        "p": RNG.random((2, G, MAX_M, R)).astype(np.float32),
+        "act": RNG.standard_normal((N, K)).astype(np.float32)}
+ROW_AXIS = {"weight_t": 0, "weight_n": 0, "linear": 0, "act_t": 0, "rms": 0, "scores": 2, "ctx": 2, "softmax": 2}
+
+
+def _row(a: np.ndarray, axis: int, i: int) -> np.ndarray:
+    return np.take(a, [i], axis=axis)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_each_row_equals_its_one_row_result(threads):
+    entries = {f"m{m}": products for m in range(1, MAX_M + 1)}
+    with Session(["cpu"], config={"cpu": {"threads": threads}}) as sess:
+        pg = sess.prepare(entries, {f"m{m}": _shapes(m) for m in range(1, MAX_M + 1)})
+        info = pg.describe()["entries"]["m1"]
+        assert all(s.get("executor") == "native" for s in info["split_list"]), info
+        alone = [pg.execute("m1", **_inputs(1, {k: (v[i:i + 1] if k == "x" else v[:, :, i:i + 1] if v.ndim == 4 else v)
+                                                  for k, v in ROWS.items()}))
+                 for i in range(MAX_M)]
+        alone = [{k: v.copy() for k, v in out.items()} for out in alone]
+        for m in range(2, MAX_M + 1):
+            got = pg.execute(f"m{m}", **_inputs(m, ROWS))
+            for name, axis in ROW_AXIS.items():
+                for i in range(m):
+                    np.testing.assert_array_equal(_row(got[name], axis, i), alone[i][name],
+                                                  err_msg=f"{name}: row {i} of {m} at {threads} threads")
+        pg.release()
+
+
+def test_rows_match_the_numpy_product():
+    """The invariant kernels are still the product (f32 rounding of ~100 terms of O(1): 1e-4)."""
+    with Session(["cpu"]) as sess:
+        pg = sess.prepare({"e": products}, {"e": _shapes(7)})
+        got = pg.execute("e", **_inputs(7, ROWS))
+        x = ROWS["x"][:7].astype(np.float64)
+        np.testing.assert_allclose(got["weight_t"], x @ W.T, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(got["weight_n"], x @ WN, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(got["act_t"], x @ ROWS["act"].T, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(got["scores"], ROWS["q"][:, :, :7] @ np.swapaxes(KEYS, -1, -2), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(got["ctx"], ROWS["p"][:, :, :7] @ VALS, rtol=1e-4, atol=1e-4)
+        pg.release()
