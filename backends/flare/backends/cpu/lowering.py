@@ -234,7 +234,7 @@ def _route(m: int, n: int, k: int, ta, tb, ast, bst) -> int:
     chunk vs speculative verify). FLARE_CPU_MATMUL=fastest restores the per-shape routes below
     (BLAS sgemm/sgemv, wdot, swap, the small loop), measured on this project's shapes."""
     if matmul_policy() == "invariant":
-        return R_IDOT if ta[0] == 111 and ast[3] == 1 and tb[0] == 112 and bst[2] == 1 else R_ICHAIN
+        return R_IDOT if ast[3] == 1 and bst[2] == 1 else R_ICHAIN   # by strides alone, never by m
     weight_t = tb[0] == 112 and bst[2] == 1          # b stored [N, K] with unit k stride
     if m * n * k <= SMALL_GEMM and (bst[3] == 1 or bst[2] == 1):
         return R_SMALL
