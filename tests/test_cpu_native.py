@@ -90,6 +90,9 @@ MATMULS = {
     "folded_batch": ((3, 20, 48), (64, 48), True, False),
     "per_batch": ((2, 3, 20, 48), (2, 3, 30, 48), True, False),
     "plain": ((40, 48), (48, 64), False, True),
+    # the invariant kernels' tails: idot's k tail (K % 8) and odd rows/columns, ichain's column tail
+    "idot_k_tail": ((5, 29), (19, 29), True, False),
+    "ichain_tails": ((7, 33), (33, 21), False, False),
     "packed_odd": ((13, 29), (37, 29), True, True),
     "packed_row_tail": ((9, 96), (83, 96), True, True),
     "packed_two_rows": ((2, 201), (17, 201), True, True),
@@ -152,10 +155,12 @@ def test_packed_microkernel_variants(isa):
 
 
 @needs_native
-@pytest.mark.parametrize("isa", [0, 1, 2], ids=native.PACKED_ISAS)
+@pytest.mark.parametrize("isa", [0, 1], ids=["plain C", "AVX2+FMA"])
 def test_invariant_kernel_variants_give_the_same_bits(isa):
     """idot and ichain (kernels.c) on every ISA the machine has: the same bits as the best one, since
-    each lane is a chain of exactly rounded fmaf (vectorized or not) and the lane sum a fixed tree."""
+    each lane is a chain of exactly rounded fmaf (vectorized or not) and the lane sum a fixed tree.
+    Most of a is exactly 0 (as attention's masked probabilities): the AVX2 ichain skips those k, the
+    plain one adds fma(0, b, s) = s, and the bits must still agree."""
     lib = native.load().lib
     names = [n for n in MATMULS if not n.startswith("packed_")]
     rng = np.random.default_rng(5)
@@ -165,6 +170,7 @@ def test_invariant_kernel_variants_give_the_same_bits(isa):
         for name in names:
             sa, sb, tb, _ = MATMULS[name]
             a, w = rng.uniform(-1, 1, sa).astype(np.float32), rng.uniform(-1, 1, sb).astype(np.float32)
+            a[a < 0.4] = 0.0
 
             def entry(b, shapes, sa=sa, sb=sb, tb=tb):
                 b.output("y", b.matmul(b.input("a", sa), b.input("w", sb), transpose_b=tb))
@@ -177,7 +183,7 @@ def test_invariant_kernel_variants_give_the_same_bits(isa):
 
     best = lib.flare_invariant_isa(-1)
     if isa > best:
-        pytest.skip(f"this CPU lacks {native.PACKED_ISAS[isa]}")
+        pytest.skip("this CPU lacks AVX2+FMA")
     rng = np.random.default_rng(5)
     want = run()
     try:
@@ -187,7 +193,7 @@ def test_invariant_kernel_variants_give_the_same_bits(isa):
     finally:
         lib.flare_invariant_isa(-1)
     for name in names:
-        np.testing.assert_array_equal(got[name], want[name], err_msg=f"{name} on {native.PACKED_ISAS[isa]}")
+        np.testing.assert_array_equal(got[name], want[name], err_msg=f"{name} on isa {isa}")
 
 
 @needs_native
