@@ -118,8 +118,11 @@ PROMPTS = ([1, 9690, 314, 253, 3575, 30, 198, 2683, 314, 7002, 282, 4649, 47],
 DECODE = 4
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["1thread", "2threads"])
+@pytest.fixture(scope="module", params=[(1, "integer"), (2, "integer"), (1, "float")],
+                ids=["1thread", "2threads", "float-activations"])
 def smollm2(request):
+    """SmolLM2 at 1 and 2 threads with the default (integer) activations of its quantized products,
+    and once with FLARE_CPU_QUANT_ACTIVATIONS=float (dequantized rows times float activations)."""
     try:
         from flare.models.gguf.weights import resolve
 
@@ -128,9 +131,11 @@ def smollm2(request):
         pytest.skip(f"SmolLM2 weights not installed: {exc}")
     from flare.models.gguf.model import GgufLM
 
-    with Session(["cpu"], config={"cpu": {"threads": request.param}}) as sess:
+    threads, activations = request.param
+    with pytest.MonkeyPatch.context() as mp, Session(["cpu"], config={"cpu": {"threads": threads}}) as sess:
+        mp.setenv("FLARE_CPU_QUANT_ACTIVATIONS", activations)   # read when each step's split compiles
         lm = GgufLM.load("smollm2", session=sess, max_seqs=len(PROMPTS), max_ctx=32, prefill_chunk=16)
-        yield lm
+        yield lm, activations
         lm.release()
 
 
@@ -153,15 +158,15 @@ def _alone(lm) -> tuple[np.ndarray, list[int]]:
     return np.stack(rows), toks
 
 
-_ALONE: list[np.ndarray] = []   # sequence 0's logits alone, per thread count: equal on every count
+_ALONE: dict[str, list[np.ndarray]] = {}   # sequence 0's logits alone per activations: equal on every thread count
 
 
 def test_smollm2_logits_do_not_depend_on_the_step(smollm2):
-    lm = smollm2
+    lm, activations = smollm2
     want, toks = _alone(lm)
-    for other in _ALONE:
+    for other in _ALONE.get(activations, []):
         np.testing.assert_array_equal(want, other, err_msg="the logits differ between thread counts")
-    _ALONE.append(want)
+    _ALONE.setdefault(activations, []).append(want)
     p = PROMPTS[0]
 
     # prefill chunks of other sizes (and the other sequences' prompts in the same mixed steps)
