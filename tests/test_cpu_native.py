@@ -91,6 +91,9 @@ MATMULS = {
     "folded_batch": ((3, 20, 48), (64, 48), True, False),
     "per_batch": ((2, 3, 20, 48), (2, 3, 30, 48), True, False),
     "plain": ((40, 48), (48, 64), False, True),
+    # the invariant kernels' tails: idot's k tail (K % 8) and odd rows/columns, ichain's column tail
+    "idot_k_tail": ((5, 29), (19, 29), True, False),
+    "ichain_tails": ((7, 33), (33, 21), False, False),
     "packed_odd": ((13, 29), (37, 29), True, True),
     "packed_row_tail": ((9, 96), (83, 96), True, True),
     "packed_two_rows": ((2, 201), (17, 201), True, True),
@@ -105,9 +108,17 @@ MATMULS = {
 }
 
 
+@pytest.mark.parametrize("policy", ["invariant", "fastest"])
 @pytest.mark.parametrize("native_on", [pytest.param(True, marks=needs_native), False], ids=["native", "numpy"])
 @pytest.mark.parametrize("name", sorted(MATMULS))
-def test_matmul_routes(name, native_on):
+def test_matmul_routes(name, native_on, policy, monkeypatch):
+    """FLARE_CPU_MATMUL=invariant (the default: idot/ichain, a constant weight packed at every row
+    count; tests/test_batch_invariance.py) and =fastest (the per-shape routes named above)."""
+    monkeypatch.setenv("FLARE_CPU_MATMUL", policy)
+    check_matmul_route(name, native_on, policy)
+
+
+def check_matmul_route(name: str, native_on: bool, policy: str = "invariant") -> None:
     sa, sb, tb, is_weight = MATMULS[name]
     rng = np.random.default_rng(7)
     a, w = rng.uniform(-1, 1, sa).astype(np.float32), rng.uniform(-1, 1, sb).astype(np.float32)
@@ -125,7 +136,8 @@ def test_matmul_routes(name, native_on):
     want = np.matmul(a.astype(np.float64), np.swapaxes(w, -1, -2) if tb else w)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     if native_on:
-        assert sum(d["prepacked_weights"] for d in splits) == (1 if name.startswith("packed_") else 0)
+        packed = name.startswith("packed_") or (policy == "invariant" and name == "gemv_wT")  # one row too
+        assert sum(d["prepacked_weights"] for d in splits) == int(packed)
 
 
 @needs_native
@@ -138,9 +150,51 @@ def test_packed_microkernel_variants(isa):
         pytest.skip(f"this CPU lacks {native.PACKED_ISAS[isa]}")
     try:
         for name in sorted(n for n in MATMULS if n.startswith("packed_")):
-            test_matmul_routes(name, True)
+            check_matmul_route(name, True)
     finally:
         lib.flare_packed_isa(-1)
+
+
+@needs_native
+@pytest.mark.parametrize("isa", [0, 1], ids=["plain C", "AVX2+FMA"])
+def test_invariant_kernel_variants_give_the_same_bits(isa):
+    """idot and ichain (kernels.c) on every ISA the machine has: the same bits as the best one, since
+    each lane is a chain of exactly rounded fmaf (vectorized or not) and the lane sum a fixed tree.
+    Most of a is exactly 0 (as attention's masked probabilities): the AVX2 ichain skips those k, the
+    plain one adds fma(0, b, s) = s, and the bits must still agree."""
+    lib = native.load().lib
+    names = [n for n in MATMULS if not n.startswith("packed_")]
+    rng = np.random.default_rng(5)
+
+    def run() -> dict[str, np.ndarray]:
+        out = {}
+        for name in names:
+            sa, sb, tb, _ = MATMULS[name]
+            a, w = rng.uniform(-1, 1, sa).astype(np.float32), rng.uniform(-1, 1, sb).astype(np.float32)
+            a[a < 0.4] = 0.0
+
+            def entry(b, shapes, sa=sa, sb=sb, tb=tb):
+                b.output("y", b.matmul(b.input("a", sa), b.input("w", sb), transpose_b=tb))
+
+            with Session(["cpu"]) as sess:
+                pg = sess.prepare({"full": entry}, {"full": {"a": sa, "w": sb}})
+                out[name] = pg.execute("full", a=a, w=w)["y"].copy()
+                pg.release()
+        return out
+
+    best = lib.flare_invariant_isa(-1)
+    if isa > best:
+        pytest.skip("this CPU lacks AVX2+FMA")
+    rng = np.random.default_rng(5)
+    want = run()
+    try:
+        assert lib.flare_invariant_isa(isa) == isa
+        rng = np.random.default_rng(5)
+        got = run()
+    finally:
+        lib.flare_invariant_isa(-1)
+    for name in names:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=f"{name} on isa {isa}")
 
 
 @needs_native

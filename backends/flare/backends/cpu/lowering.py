@@ -204,7 +204,7 @@ def matmul_cmd(kind: str, node: Tensor, out: np.ndarray, a: np.ndarray, b: np.nd
                scratch=m * n * 4 if route == R_SWAP else 0)
 
 
-R_GEMM, R_GEMV_T, R_GEMV_N, R_WDOT, R_SWAP, R_SMALL, R_PACKED = range(7)  # the route enum of kernels.c
+R_GEMM, R_GEMV_T, R_GEMV_N, R_WDOT, R_SWAP, R_SMALL, R_PACKED, R_IDOT, R_ICHAIN = range(9)  # kernels.c's enum
 
 
 def prepackable(c: Cmd, w: np.ndarray) -> bool:
@@ -213,9 +213,9 @@ def prepackable(c: Cmd, w: np.ndarray) -> bool:
     if c["kind"] != K["matmul"] and c["kind"] != K["linear"]:
         return False
     m, n, k = c["ip"][0], c["ip"][1], c["ip"][2]
-    return (c["ip"][7] in (R_WDOT, R_SWAP, R_GEMM) and c["ip"][5] == 112 and c["ss"][1][2] == 1
+    return (c["ip"][7] in (R_WDOT, R_SWAP, R_GEMM, R_IDOT) and c["ip"][5] == 112 and c["ss"][1][2] == 1
             and c["ss"][1][0] == c["ss"][1][1] == 0 and w.ndim == 2 and w.shape == (n, k)
-            and w.strides[1] == 4 and c["ip"][3] == 111 and c["ss"][0][3] == 1 and 1 < m <= PACKED_MAX_ROWS)
+            and w.strides[1] == 4 and c["ip"][3] == 111 and c["ss"][0][3] == 1 and 1 <= m <= PACKED_MAX_ROWS)
 
 
 def use_packed(c: Cmd, packed: np.ndarray) -> None:
@@ -226,7 +226,15 @@ def use_packed(c: Cmd, packed: np.ndarray) -> None:
 
 
 def _route(m: int, n: int, k: int, ta, tb, ast, bst) -> int:
-    """Which matmul kernel (measured on this project's shapes; see kernels.c)."""
+    """Which matmul kernel. Batch-invariant by default: the choice does not depend on the row
+    count m, and each kernel computes an output element by one formula of its a-row and b-column
+    (kernels.c: idot when both read k with unit stride, else ichain; a constant weight is then
+    pre-packed, for every m, and the packed microkernel is one FMA chain per element too), so a
+    row's result does not depend on how many rows share the step (decode vs batch vs prefill
+    chunk vs speculative verify). FLARE_CPU_MATMUL=fastest restores the per-shape routes below
+    (BLAS sgemm/sgemv, wdot, swap, the small loop), measured on this project's shapes."""
+    if matmul_policy() == "invariant":
+        return R_IDOT if ast[3] == 1 and bst[2] == 1 else R_ICHAIN   # by strides alone, never by m
     weight_t = tb[0] == 112 and bst[2] == 1          # b stored [N, K] with unit k stride
     if m * n * k <= SMALL_GEMM and (bst[3] == 1 or bst[2] == 1):
         return R_SMALL
@@ -238,6 +246,18 @@ def _route(m: int, n: int, k: int, ta, tb, ast, bst) -> int:
         if m <= SWAP_MAX_ROWS:
             return R_SWAP
     return R_GEMM
+
+
+# FLARE_CPU_MATMUL: "invariant" (the default: a row's result independent of the step's row count,
+# see _route) or "fastest" (the per-shape routes, including BLAS; results may differ in the last
+# bits between a row computed alone and in a batch). Read when a split is compiled.
+MATMUL_POLICIES = ("invariant", "fastest")
+
+
+def matmul_policy() -> str:
+    import os
+    value = (os.environ.get("FLARE_CPU_MATMUL") or "invariant").strip().lower()
+    return value if value in MATMUL_POLICIES else "invariant"
 
 
 def _rows_fold(ne: list[int], st: list[int], m: int) -> bool:

@@ -281,6 +281,257 @@ HOT static void wdot(int64_t M, int64_t N, int64_t K, const float *a, int64_t ld
         }
 }
 
+/* ---- batch-invariant float products ----------------------------------------------------
+ * A row's result must not depend on how many rows share its step (decode of one sequence, a
+ * batch of them, prefill chunks, speculative verify steps: flare serve's answers must equal their
+ * sequential runs). So every float matmul that is not pre-packed computes each output element by
+ * one fixed formula of its a-row and b-column, whatever M, N, the blocking or the thread split:
+ *  - idot (b read along k with unit stride, e.g. keys [R, D] at attention scores): 8 lanes,
+ *    lane l accumulating k = l, l+8, ... by fmaf in increasing k, then the fixed tree
+ *    ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)).
+ *  - ichain (anything else, e.g. values [R, D] at attention's context): one fmaf chain in
+ *    increasing k.
+ * fmaf is exactly rounded, so a lane's arithmetic is the same whether GCC vectorizes it (AVX2,
+ * AVX-512) or not (the default clone calls libm's fmaf): the same bits on every x86 CPU. The
+ * kernels are compiled per ISA with FMA enabled (not via target_clones, whose "avx2" clone lacks
+ * FMA) and picked at first use. */
+#define ILANES 8
+#define INV_INL static inline __attribute__((always_inline))
+
+INV_INL float ilanes_sum(const float *s) {
+    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
+/* out[m, n] = dot(a row m, w row n) over K, a [M, K] and w [N, K] both with unit k stride;
+ * 2 rows x 4 weight rows per block share their loads (16 lane-vectors of accumulators). */
+INV_INL void idot_body(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *w,
+                       int64_t ldw, float *o, int64_t ldo) {
+    const int64_t K8 = K / ILANES * ILANES;
+    int64_t n = 0;
+    for (; n < N; n += 4) {
+        const int64_t nc = N - n < 4 ? N - n : 4;
+        const float *wr[4];
+        for (int j = 0; j < 4; ++j) wr[j] = w + (n + (j < nc ? j : 0)) * ldw;
+        for (int64_t m = 0; m < M; m += 2) {
+            const int64_t mc = M - m < 2 ? M - m : 2;
+            const float *ar[2] = { a + m * lda, a + (m + (mc > 1 ? 1 : 0)) * lda };
+            float s[2][4][ILANES];
+            for (int r = 0; r < 2; ++r)
+                for (int j = 0; j < 4; ++j)
+                    for (int l = 0; l < ILANES; ++l) s[r][j][l] = 0.0f;
+            for (int64_t k = 0; k < K8; k += ILANES)
+                for (int r = 0; r < 2; ++r)
+                    for (int j = 0; j < 4; ++j)
+                        for (int l = 0; l < ILANES; ++l)
+                            s[r][j][l] = __builtin_fmaf(ar[r][k + l], wr[j][k + l], s[r][j][l]);
+            for (int64_t k = K8; k < K; ++k)   /* the tail: lane k - K8, still increasing k (the SIMD */
+                for (int r = 0; r < 2; ++r)    /* versions pad it with zeros: fma(0, 0, s) = s) */
+                    for (int j = 0; j < 4; ++j)
+                        s[r][j][k - K8] = __builtin_fmaf(ar[r][k], wr[j][k], s[r][j][k - K8]);
+            for (int r = 0; r < mc; ++r)
+                for (int j = 0; j < nc; ++j) o[(m + r) * ldo + n + j] = ilanes_sum(s[r][j]);
+        }
+    }
+}
+
+/* out[m, n] = one fmaf chain over k of a[m, k] b[k, n] (any strides; b's n stride 1 vectorizes
+ * over 16 columns, 4 rows at a time). */
+INV_INL void ichain_body(int64_t M, int64_t N, int64_t K, const float *a, int64_t sam, int64_t sak,
+                         const float *b, int64_t sbk, int64_t sbn, float *o, int64_t ldo) {
+    if (sbn == 1) {
+        int64_t n = 0;
+        for (; n + 16 <= N; n += 16) {
+            int64_t m = 0;
+            for (; m + 4 <= M; m += 4) {
+                float acc[4][16];
+                for (int r = 0; r < 4; ++r) for (int j = 0; j < 16; ++j) acc[r][j] = 0.0f;
+                for (int64_t k = 0; k < K; ++k) {
+                    const float *br = b + k * sbk + n;
+                    for (int r = 0; r < 4; ++r) {
+                        const float x = a[(m + r) * sam + k * sak];
+                        for (int j = 0; j < 16; ++j) acc[r][j] = __builtin_fmaf(x, br[j], acc[r][j]);
+                    }
+                }
+                for (int r = 0; r < 4; ++r) for (int j = 0; j < 16; ++j) o[(m + r) * ldo + n + j] = acc[r][j];
+            }
+            for (; m < M; ++m) {
+                float acc[16];
+                for (int j = 0; j < 16; ++j) acc[j] = 0.0f;
+                for (int64_t k = 0; k < K; ++k) {
+                    const float x = a[m * sam + k * sak], *br = b + k * sbk + n;
+                    for (int j = 0; j < 16; ++j) acc[j] = __builtin_fmaf(x, br[j], acc[j]);
+                }
+                for (int j = 0; j < 16; ++j) o[m * ldo + n + j] = acc[j];
+            }
+        }
+        if (n == N) return;
+        b += n; o += n; N -= n;
+    }
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < K; ++k) acc = __builtin_fmaf(a[m * sam + k * sak], b[k * sbk + n * sbn], acc);
+            o[m * ldo + n] = acc;
+        }
+}
+
+typedef void (*idot_t)(int64_t, int64_t, int64_t, const float *, int64_t, const float *, int64_t, float *, int64_t);
+typedef void (*ichain_t)(int64_t, int64_t, int64_t, const float *, int64_t, int64_t, const float *, int64_t, int64_t,
+                         float *, int64_t);
+static void idot_plain(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *w, int64_t ldw,
+                        float *o, int64_t ldo) { idot_body(M, N, K, a, lda, w, ldw, o, ldo); }
+static void ichain_plain(int64_t M, int64_t N, int64_t K, const float *a, int64_t sam, int64_t sak, const float *b,
+                         int64_t sbk, int64_t sbn, float *o, int64_t ldo) {
+    ichain_body(M, N, K, a, sam, sak, b, sbk, sbn, o, ldo);
+}
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#include <immintrin.h>
+#endif
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define INV_SIMD 1
+#define INV_AVX2 __attribute__((target("avx2,fma")))
+
+/* ilanes_sum of one 8-lane vector: [l0+l4, l1+l5, l2+l6, l3+l7], then (t0+t2) and (t1+t3), then their sum */
+INV_INL INV_AVX2 float ilanes_sum256(__m256 v) {
+    const __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)));
+}
+
+/* the tail of k (K % 8 values) zero-padded into a vector: fma(0, 0, s) leaves s as it is (s is
+ * never -0: a sum that starts at +0 reaches zero only as +0), as the plain version's tail does */
+INV_INL INV_AVX2 __m256 itail(const float *p, int64_t rem) {
+    float t[ILANES] = {0};
+    for (int64_t l = 0; l < rem; ++l) t[l] = p[l];
+    return _mm256_loadu_ps(t);
+}
+
+/* MR rows x NR weight rows, every k: s[r][j] lanes as in idot_body */
+#define IDOT_TILE(MR, NR)                                                                              \
+    do {                                                                                               \
+        __m256 s[MR][NR];                                                                              \
+        for (int r = 0; r < MR; ++r) for (int j = 0; j < NR; ++j) s[r][j] = _mm256_setzero_ps();      \
+        for (int64_t k = 0; k < K8; k += ILANES) {                                                     \
+            __m256 x[MR];                                                                              \
+            for (int r = 0; r < MR; ++r) x[r] = _mm256_loadu_ps(ar[r] + k);                            \
+            for (int j = 0; j < NR; ++j) {                                                             \
+                const __m256 y = _mm256_loadu_ps(wr[j] + k);                                           \
+                for (int r = 0; r < MR; ++r) s[r][j] = _mm256_fmadd_ps(x[r], y, s[r][j]);              \
+            }                                                                                          \
+        }                                                                                              \
+        if (K8 < K) {                                                                                  \
+            for (int j = 0; j < NR; ++j) {                                                             \
+                const __m256 y = itail(wr[j] + K8, K - K8);                                            \
+                for (int r = 0; r < MR; ++r) s[r][j] = _mm256_fmadd_ps(itail(ar[r] + K8, K - K8), y, s[r][j]); \
+            }                                                                                          \
+        }                                                                                              \
+        for (int r = 0; r < mc; ++r)                                                                   \
+            for (int j = 0; j < nc; ++j) o[(m + r) * ldo + n + j] = ilanes_sum256(s[r][j]);           \
+    } while (0)
+
+INV_AVX2 static void idot_avx2(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *w,
+                               int64_t ldw, float *o, int64_t ldo) {
+    const int64_t K8 = K / ILANES * ILANES;
+    if (M == 1) {   /* decode: one row against 8 weight rows at a time */
+        for (int64_t n = 0; n < N; n += 8) {
+            const int64_t m = 0, mc = 1, nc = N - n < 8 ? N - n : 8;
+            const float *ar[1] = { a }, *wr[8];
+            for (int j = 0; j < 8; ++j) wr[j] = w + (n + (j < nc ? j : 0)) * ldw;
+            IDOT_TILE(1, 8);
+        }
+        return;
+    }
+    for (int64_t n = 0; n < N; n += 4) {
+        const int64_t nc = N - n < 4 ? N - n : 4;
+        const float *wr[4];
+        for (int j = 0; j < 4; ++j) wr[j] = w + (n + (j < nc ? j : 0)) * ldw;
+        for (int64_t m = 0; m < M; m += 3) {
+            const int64_t mc = M - m < 3 ? M - m : 3;
+            const float *ar[3];
+            for (int r = 0; r < 3; ++r) ar[r] = a + (m + (r < mc ? r : 0)) * lda;
+            IDOT_TILE(3, 4);
+        }
+    }
+}
+
+/* one row, NV 8-column vectors from column n: NV FMA chains; a k whose a value is 0 is skipped
+ * (fma(0, y, s) = s for finite y, and s is never -0: see itail) */
+#define ICHAIN_ROW(NV)                                                                                 \
+    do {                                                                                               \
+        __m256 c[NV];                                                                                  \
+        for (int v = 0; v < NV; ++v) c[v] = _mm256_setzero_ps();                                       \
+        for (int64_t k = 0; k < K; ++k) {                                                              \
+            const float xv = ar[k * sak];                                                              \
+            if (xv == 0.0f) continue;                                                                  \
+            const __m256 x = _mm256_set1_ps(xv);                                                       \
+            const float *br = b + k * sbk + n;                                                         \
+            for (int v = 0; v < NV; ++v) c[v] = _mm256_fmadd_ps(x, _mm256_loadu_ps(br + 8 * v), c[v]); \
+        }                                                                                              \
+        for (int v = 0; v < NV; ++v) _mm256_storeu_ps(o + m * ldo + n + 8 * v, c[v]);                 \
+    } while (0)
+
+/* ichain_body in AVX2: 4 rows x 16 columns (8 chains; a k where all four a values are 0 is
+ * skipped), the rows after the last full 4 one at a time, 64 or 16 columns per pass. Skipping
+ * zeros (attention's masked keys: most of the KV rows at a decode step) is exact for finite b. */
+INV_AVX2 static void ichain_avx2(int64_t M, int64_t N, int64_t K, const float *a, int64_t sam, int64_t sak,
+                                 const float *b, int64_t sbk, int64_t sbn, float *o, int64_t ldo) {
+    if (sbn == 1) {
+        const int64_t N16 = N / 16 * 16;
+        int64_t m = 0;
+        for (; m + 4 <= M; m += 4)
+            for (int64_t n = 0; n < N16; n += 16) {
+                const float *ar[4] = { a + m * sam, a + (m + 1) * sam, a + (m + 2) * sam, a + (m + 3) * sam };
+                __m256 c0[4], c1[4];
+                for (int r = 0; r < 4; ++r) { c0[r] = _mm256_setzero_ps(); c1[r] = _mm256_setzero_ps(); }
+                for (int64_t k = 0; k < K; ++k) {
+                    const float x0 = ar[0][k * sak], x1 = ar[1][k * sak], x2 = ar[2][k * sak], x3 = ar[3][k * sak];
+                    if (x0 == 0.0f && x1 == 0.0f && x2 == 0.0f && x3 == 0.0f) continue;
+                    const float xs[4] = { x0, x1, x2, x3 };
+                    const float *br = b + k * sbk + n;
+                    const __m256 y0 = _mm256_loadu_ps(br), y1 = _mm256_loadu_ps(br + 8);
+                    for (int r = 0; r < 4; ++r) {
+                        const __m256 x = _mm256_set1_ps(xs[r]);
+                        c0[r] = _mm256_fmadd_ps(x, y0, c0[r]);
+                        c1[r] = _mm256_fmadd_ps(x, y1, c1[r]);
+                    }
+                }
+                for (int r = 0; r < 4; ++r) {
+                    _mm256_storeu_ps(o + (m + r) * ldo + n, c0[r]);
+                    _mm256_storeu_ps(o + (m + r) * ldo + n + 8, c1[r]);
+                }
+            }
+        for (; m < M; ++m) {
+            const float *ar = a + m * sam;
+            int64_t n = 0;
+            for (; n + 64 <= N16; n += 64) ICHAIN_ROW(8);
+            for (; n < N16; n += 16) ICHAIN_ROW(2);
+        }
+        if (N16 == N) return;
+        b += N16; o += N16; N -= N16;
+    }
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < K; ++k) acc = __builtin_fmaf(a[m * sam + k * sak], b[k * sbk + n * sbn], acc);
+            o[m * ldo + n] = acc;
+        }
+}
+#endif
+static idot_t g_idot = 0;
+static ichain_t g_ichain = 0;
+
+/* which invariant kernels run: 0 plain C, 1 AVX2+FMA (also on AVX-512 CPUs: 8 lanes is the
+ * formula, and the same bits either way: see above). `want` < 0 keeps the best the CPU has. */
+int32_t flare_invariant_isa(int32_t want) {
+    g_idot = idot_plain; g_ichain = ichain_plain;
+#ifdef INV_SIMD
+    __builtin_cpu_init();
+    if (want != 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        g_idot = idot_avx2; g_ichain = ichain_avx2; return 1;
+    }
+#endif
+    return 0;
+}
 
 /* ---- packed weights ------------------------------------------------------------
  * A constant weight stored [N, K] is packed once at compile time (commands.py, `pack_weight`)
@@ -522,7 +773,7 @@ HOT static void epilogue_rows(float *o, int64_t rows, int64_t n, int64_t ldo, co
 }
 
 /* Routes (ip[7], chosen by commands.py): */
-enum { R_GEMM = 0, R_GEMV_T = 1, R_GEMV_N = 2, R_WDOT = 3, R_SWAP = 4, R_SMALL = 5, R_PACKED = 6 };
+enum { R_GEMM = 0, R_GEMV_T = 1, R_GEMV_N = 2, R_WDOT = 3, R_SWAP = 4, R_SMALL = 5, R_PACKED = 6, R_IDOT = 7, R_ICHAIN = 8 };
 
 /* One batch's product over output rows [m0, m1) and columns [n0, n1): what a thread runs of a
  * split matmul (every route takes a column range; GEMM and SMALL also a row range). Each output
@@ -537,6 +788,15 @@ static void mm_block(const flare_cmd *c, const float *a, const float *b, float *
     case R_GEMV_N: gemv(TR, K, nn, b + n0, c->ip[6], a, c->ss[0][3], 0.0f, o + n0, 1); break;
     case R_WDOT: wdot(M, nn, K, a, c->ip[4], b + n0 * c->ip[6], c->ip[6], o + n0, ldo); break;
     case R_PACKED: pgemm(M, nn, K, a, c->ip[4], b + n0 * K, o + n0, ldo); break;  /* n0: a multiple of PANEL */
+    case R_IDOT:
+        if (!g_idot) flare_invariant_isa(-1);
+        g_idot(mm, nn, K, a + m0 * c->ss[0][2], c->ss[0][2], b + n0 * c->ss[1][3], c->ss[1][3], o + m0 * ldo + n0, ldo);
+        break;
+    case R_ICHAIN:
+        if (!g_ichain) flare_invariant_isa(-1);
+        g_ichain(mm, nn, K, a + m0 * c->ss[0][2], c->ss[0][2], c->ss[0][3], b + n0 * c->ss[1][3], c->ss[1][2],
+                 c->ss[1][3], o + m0 * ldo + n0, ldo);
+        break;
     case R_SMALL: {
         const int64_t sbn = c->ss[1][3] == 1 ? 1 : c->ss[1][3];
         small_gemm(mm, nn, K, a + m0 * c->ss[0][2], c->ss[0][2], c->ss[0][3], b + n0 * sbn, c->ss[1][2], sbn,
@@ -561,7 +821,7 @@ static void mm_block(const flare_cmd *c, const float *a, const float *b, float *
 
 static int mm_needs_blas(const flare_cmd *c) {
     const int route = (int)c->ip[7];
-    return route != R_SMALL && route != R_WDOT && route != R_PACKED;
+    return route != R_SMALL && route != R_WDOT && route != R_PACKED && route != R_IDOT && route != R_ICHAIN;
 }
 
 /* Batches [q0, q1) (flattened i0, i1), rows [m0, m1), columns [n0, n1); linear adds its epilogue
@@ -1176,7 +1436,7 @@ static plan_t plan(const flare_cmd *c, int nth) {
         switch (route) {
         case R_PACKED: p.grain = 2 * PANEL; break;
         case R_WDOT: p.grain = 4; break;
-        case R_GEMM: case R_SMALL:
+        case R_GEMM: case R_SMALL: case R_IDOT: case R_ICHAIN:
             if (M >= 16 * nth || N < 16 * nth) { p.axis = A_MROWS; p.units = M; p.grain = route == R_GEMM ? 16 : 1; }
             else p.grain = 16;
             break;
