@@ -107,7 +107,11 @@ class Segment:
         return seg
 
     def builder(self):
-        """The entry builder Flare prepares: replays the traced tensors exactly."""
+        """The entry builder Flare prepares: replays the traced tensors exactly.
+
+        The op nodes are copied (`GraphBuilder.copy_node`), not made again: the trace
+        checked them on these very shapes, and re-running every op's rule was most of
+        the cost of a new plan."""
         tensors, outputs = self.tensors, self.outputs
 
         def build(b: GraphBuilder, shapes: Mapping[str, Any]) -> None:
@@ -118,7 +122,7 @@ class Segment:
                 elif t.role == WEIGHT:
                     made[t.id] = b.weight(t.name, t.data)
                 else:
-                    made[t.id] = b.op(t.op, *[made[s.id] for s in t.srcs], name=t.name, **t.params)
+                    made[t.id] = b.copy_node(t, [made[s.id] for s in t.srcs])
             for name, t in outputs.items():
                 b.output(name, made[t.id])
         return build
