@@ -222,6 +222,7 @@ class OnnxRunner:
         self.workspace = session.workspace(f"onnx:{model.path}:workspace")
         self._folded: dict[tuple, list[Val]] = {}  # (op, inputs, outputs) -> outputs, for nodes of file constants only
         self._folded_by_value: dict[tuple, list[Val]] = {}  # (node, small input values) -> outputs
+        self._fold_ops: dict[tuple, Any] = {}  # (node bytes, opset) -> onnx.reference kernel (lowering.base.fold)
         self._walk: tuple[list[Any], dict[str, int]] | None = None
         self._attrs: dict[int, tuple[Any, dict[str, Any]]] = {}
         self._node_ids = {id(n) for n in self.walk_plan()[0]}
