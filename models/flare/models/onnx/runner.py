@@ -46,6 +46,7 @@ from .values import BOOL, Val, flare_dtype, flare_shape, from_flare_array, is_wi
 ENTRY = "main"
 CACHE_SIZE = 16      # graphs of segments outside their family (data-dependent structure)
 FOLD_MEMO, FOLD_MEMO_BYTES = 65536, 4096  # folds of small computed constants remembered by value (cleared when full)
+WORKSPACE_HEADROOM = 1.5  # GraphWorkspace headroom of a runner's shared arena
 FAMILY_PLANS = 64    # input shapes (plans) per family graph: 10 sentences of Piper use ~10 per family
 # ops never folded at import time even when their inputs are constant (a fresh draw each run)
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -224,7 +225,8 @@ class OnnxRunner:
         self._plans: OrderedDict[str, Any] = OrderedDict()      # structure key -> graph (outside families)
         self._families: dict[tuple, _Family] = {}
         self._digests: dict[int, tuple[np.ndarray, str]] = {}   # id -> (array, digest) of derived file constants
-        self.workspace = session.workspace(f"onnx:{model.path}:workspace")
+        # headroom: sentence lengths grow the arena a little at a time, and each growth re-binds every plan
+        self.workspace = session.workspace(f"onnx:{model.path}:workspace", headroom=WORKSPACE_HEADROOM)
         self._folded: dict[tuple, list[Val]] = {}  # (op, inputs, outputs) -> outputs, for nodes of file constants only
         self._folded_by_value: dict[tuple, list[Val]] = {}  # (node, small input values) -> outputs
         self._fold_ops: dict[tuple, Any] = {}  # (node bytes, opset) -> onnx.reference kernel (lowering.base.fold)
