@@ -28,6 +28,10 @@ import numpy as np
 
 from .values import from_flare_array, to_flare_array
 
+
+class NeedsTrace(Exception):
+    """Raised by the runner for a recorded segment it cannot run without its tensors."""
+
 DETERMINISTIC_HOST_STEPS = frozenset({"NonZero", "Unique", "Compress", "NonMaxSuppression"})
 RANDOM_HOST_STEPS = frozenset({"RandomNormalLike", "RandomUniformLike"})
 RECORDINGS_PER_SHAPE, SHAPES_KEPT = 4, 32  # a recording holds its segments (graph objects): bounded
@@ -132,6 +136,7 @@ class Recordings:
     def add(self, key: tuple, rec: Recording) -> None:
         if not rec.valid or len(rec.outputs) == 0:
             return
+        rec.events = [("seg", ev[1].slim(), *ev[2:]) if ev[0] == "seg" else ev for ev in rec.events]
         recs = self.by_shape.setdefault(key, [])
         recs.append(rec)
         del recs[:-RECORDINGS_PER_SHAPE]
@@ -178,7 +183,11 @@ class Recordings:
                         runner.reuse = ran
                         return None
                     feeds[name] = arr
-                results[i] = runner.execute_segment(seg.with_feeds(feeds), ordinal)
+                try:
+                    results[i] = runner.execute_segment(seg.with_feeds(feeds), ordinal)
+                except NeedsTrace:            # its plan was evicted: trace (the segments so far are reused)
+                    runner.reuse = ran
+                    return None
                 ran[(seg.key, ordinal)] = (feeds, results[i])
                 summaries.append(summary)
                 i += 1

@@ -21,7 +21,8 @@ ops, params, shapes, dtypes and weight identities) each input shape had; a
 segment whose shapes were seen with another structure (data-dependent control
 flow) gets a graph of its own, in a small LRU cache. Every graph of a runner
 shares one workspace (segments never run at the same time), so memory is the
-largest segment's arena, not the sum. A family is replaced after
+largest segment's arena, not the sum. The workspace grows with headroom (`WORKSPACE_HEADROOM`): each growth makes every plan
+re-bind, and sentence lengths grow it a little at a time. A family is replaced after
 `FAMILY_PLANS` shapes, which bounds the computed constants it accumulates.
 A runner is not thread-safe: use one per thread (its Session may be shared;
 Flare's PreparedGraph takes turns).
@@ -31,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
@@ -40,7 +41,7 @@ from flare.core.graph import INPUT, WEIGHT, GraphBuilder, Tensor
 
 from .errors import OnnxError, UnsupportedOpError
 from .loader import DEFAULT_DOMAINS, OnnxModel
-from .replay import Recording, Recordings
+from .replay import NeedsTrace, Recording, Recordings
 from .values import BOOL, Val, flare_dtype, flare_shape, from_flare_array, is_wide, to_flare_array
 
 ENTRY = "main"
@@ -91,6 +92,13 @@ def expand(model: OnnxModel) -> OnnxModel:
     return OnnxModel(proto, model.path, model.opset, model.initializers)
 
 
+class FeedShape(NamedTuple):
+    """What a slim segment keeps of a feed: its shape and dtype."""
+
+    shape: tuple
+    dtype: np.dtype
+
+
 class Segment:
     """One traced Flare graph: its tensors in order, outputs, and the feeds of its inputs."""
 
@@ -100,6 +108,18 @@ class Segment:
         self.outputs = outputs
         self.feeds = feeds
         self.key = _structure_key(tensors, outputs, digests)
+
+    def slim(self) -> "Segment":
+        """The same segment without its tensors and arrays (what a recording keeps): it runs
+        only where a plan for its shapes exists (`OnnxRunner.execute_segment` raises
+        `NeedsTrace` otherwise). Why: a recording holding every traced tensor kept ~10k Python
+        objects a sentence alive, and the collector's full passes over them cost more than
+        the rare retrace of a segment whose plan was evicted."""
+        seg = Segment.__new__(Segment)
+        seg.tensors, seg.key = None, self.key
+        seg.outputs = dict.fromkeys(self.outputs)
+        seg.feeds = {n: FeedShape(tuple(a.shape), a.dtype) for n, a in self.feeds.items()}
+        return seg
 
     def with_feeds(self, feeds: dict[str, np.ndarray]) -> "Segment":
         """The same segment (structure, key) on other input arrays of the same shapes."""
@@ -294,6 +314,8 @@ class OnnxRunner:
         where = (ordinal, tuple(sorted(seg.feeds)), tuple(seg.outputs))
         shapes = _shape_key(seg)
         fam = self._families.get(where)
+        if seg.tensors is None and not self._can_run_slim(seg, fam, shapes):
+            raise NeedsTrace(f"no plan left for segment #{ordinal} at these shapes")
         if fam is not None and fam.structure.get(shapes, seg.key) != seg.key:
             return self._execute_alone(seg)
         if fam is not None and shapes not in fam.structure and len(fam.structure) >= FAMILY_PLANS:
@@ -309,6 +331,16 @@ class OnnxRunner:
             return fam.pg.execute(ENTRY, **seg.feeds)
         finally:
             fam.current = None  # the segment's arrays are not kept alive by the family
+
+    def _can_run_slim(self, seg: Segment, fam: "_Family | None", shapes: tuple) -> bool:
+        """A segment without tensors runs only on a plan that exists (nothing to build from)."""
+        if fam is not None and fam.structure.get(shapes, seg.key) != seg.key:
+            pg = self._plans.get(seg.key)
+        elif fam is not None and shapes in fam.structure and len(fam.structure) <= FAMILY_PLANS:
+            pg = fam.pg
+        else:
+            return False
+        return pg is not None and pg.plans.get(ENTRY, {n: tuple(a.shape) for n, a in seg.feeds.items()}) is not None
 
     def _new_family(self, where: tuple, seg: Segment) -> _Family:
         fam = _Family()
