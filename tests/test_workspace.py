@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flare.core.backend import Binding
-from flare.core.errors import AllocationError, ReleasedError
+from flare.core.errors import AllocationError, InputError, ReleasedError
 from flare.core.ledger import LEDGER
 from flare.core.session import Session
 from flare.backends.cpu.backend import CpuBackend
@@ -228,7 +228,7 @@ def test_headroom_grows_by_steps_and_regrown_inputs_double():
         assert ws.generation == gen, "17 and 18 rows fit the headroom: no growth"
         assert pg.persistent.generation == store_gen + 1, "x grew once (16 -> 17 rows), to 32 rows"
         assert pg.persistent.inputs[("x", "cpu:0")].nbytes == 2 * 16 * 32 * 4
-        with pytest.raises(ValueError, match="headroom"):
+        with pytest.raises(InputError, match="headroom"):
             sess.workspace("bad", headroom=0.5)
         pg.release()
     assert LEDGER.live_bytes("cpu:0") == 0

@@ -29,7 +29,7 @@ import threading
 from typing import Mapping, Sequence
 
 from .backend import Buffer, Device
-from .errors import ReleasedError
+from .errors import InputError, ReleasedError
 
 
 class GraphWorkspace:
@@ -37,7 +37,7 @@ class GraphWorkspace:
 
     def __init__(self, name: str = "workspace", headroom: float = 1.0):
         if not 1.0 <= headroom <= 4.0:
-            raise ValueError(f"workspace headroom {headroom} must be in [1, 4]")
+            raise InputError(f"workspace {name!r}: headroom {headroom} must be in [1, 4]")
         self.name = name
         self.headroom = headroom
         self.generation = 0
