@@ -32,6 +32,7 @@ from .values import from_flare_array, to_flare_array
 class NeedsTrace(Exception):
     """Raised by the runner for a recorded segment it cannot run without its tensors."""
 
+
 DETERMINISTIC_HOST_STEPS = frozenset({"NonZero", "Unique", "Compress", "NonMaxSuppression"})
 RANDOM_HOST_STEPS = frozenset({"RandomNormalLike", "RandomUniformLike"})
 RECORDINGS_PER_SHAPE, SHAPES_KEPT = 4, 32  # a recording holds slim segments (Segment.slim) and read values: bounded

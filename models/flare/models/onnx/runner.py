@@ -21,8 +21,9 @@ ops, params, shapes, dtypes and weight identities) each input shape had; a
 segment whose shapes were seen with another structure (data-dependent control
 flow) gets a graph of its own, in a small LRU cache. Every graph of a runner
 shares one workspace (segments never run at the same time), so memory is the
-largest segment's arena, not the sum. The workspace grows with headroom (`WORKSPACE_HEADROOM`): each growth makes every plan
-re-bind, and sentence lengths grow it a little at a time. A family is replaced after
+largest segment's arena, not the sum. The workspace grows with headroom
+(`WORKSPACE_HEADROOM`): each growth makes every plan re-bind, and sentence
+lengths grow it a little at a time. A family is replaced after
 `FAMILY_PLANS` shapes, which bounds the computed constants it accumulates.
 A runner is not thread-safe: use one per thread (its Session may be shared;
 Flare's PreparedGraph takes turns).
