@@ -90,3 +90,36 @@ def test_scope_prefixes_op_nodes_including_inserted_ones():
             y = b.relu(r, name="act")
     assert t.name.startswith("enc/") and r.srcs[0].name.startswith("enc/contiguous")
     assert y.name == "enc/inner/act" and x.name == "x"
+
+
+def test_copy_node_rebuilds_a_checked_graph_and_refuses_other_sources():
+    """copy_node (a traced graph built again for a plan) makes what `op` made: same shapes,
+    strides, views and results; a source of another shape is refused, naming the node."""
+    b = GraphBuilder()
+    x, w = b.input("x", (2, 6)), b.weight("w", np.arange(6, dtype=np.float32).reshape(1, 6))
+    y = b.add(x, w, name="y")
+    t = b.permute(b.reshape(y, shape=[2, 2, 3], name="r"), axes=[0, 2, 1], name="p")
+    b.output("out", b.relu(t, name="act"))
+    first = b.build()
+
+    c = GraphBuilder()
+    made = {}
+    for node in first.tensors:
+        if node.op is None:
+            made[node.id] = (c.input(node.name, node.shape) if node.name == "x" else c.weight(node.name, node.data))
+        else:
+            made[node.id] = c.copy_node(node, [made[s.id] for s in node.srcs])
+    c.output("out", made[first.outputs["out"].id])
+    second = c.build()
+    second.validate()
+    assert [(n.op, n.shape, n.strides, n.offset, n.view_of is not None) for n in second.tensors] == \
+        [(n.op, n.shape, n.strides, n.offset, n.view_of is not None) for n in first.tensors]
+    assert made[t.id].view_of is made[t.srcs[0].id]
+    feed = {"x": np.random.default_rng(0).standard_normal((2, 6)).astype(np.float32)}
+    np.testing.assert_array_equal(evaluate(second, feed)[0]["out"], evaluate(first, feed)[0]["out"])
+
+    d = GraphBuilder()
+    with pytest.raises(ShapeError, match="y"):
+        d.copy_node(y, [d.input("x", (3, 6)), d.weight("w", w.data)])
+    with pytest.raises(GraphError, match="leaves"):
+        d.copy_node(x, [])

@@ -122,12 +122,18 @@ def test_a_full_family_is_replaced(tmp_path, monkeypatch):
     with Session(["cpu"]) as sess:
         runner = OnnxRunner(load_model(path), sess)
         first = None
+        xs = {n: rng.uniform(-1, 2, n).astype(np.float32) for n in (5, 6, 7)}
         for n in (5, 6, 7, 5):
-            _check(model, runner, rng.uniform(-1, 2, n).astype(np.float32))
+            _check(model, runner, xs[n])
             graphs = runner.prepared_graphs()
             first = first or graphs[0]
             assert len(graphs) == 2
         assert first not in runner.prepared_graphs()  # the first family's graph was released and replaced
+        # the recording of the first call keeps no tensors (Segment.slim) and its plan went with the
+        # old family: the same call again was traced, not replayed (and is right: _check)
+        assert runner.stats["replayed"] == 0
+        _check(model, runner, xs[5])
+        assert runner.stats["replayed"] == 1          # ... and recorded again: the same x replays
         runner.release()
     assert LEDGER.snapshot().count() == before
 
@@ -143,13 +149,17 @@ def test_replay_feeds_new_data_and_checks_what_the_trace_read(tmp_path):
         assert runner.stats["replayed"] == 0
         _check(model, runner, keep_odd + 0.125)               # same places kept, other values: replayed
         assert runner.stats["replayed"] == 1
+        assert runner.stats.get("reused", 0) == 0
         _check(model, runner, keep_first)                     # NonZero reads other places: traced again
         assert runner.stats["replayed"] == 1
+        assert runner.stats["reused"] == 1                    # ... taking the first segment the replay ran
+        assert runner.reuse == {}
         _check(model, runner, keep_odd - 0.0625)              # the first recording, found by what was read
         _check(model, runner, keep_first + 0.5)
         assert runner.stats["replayed"] == 3
         _check(model, runner, np.linspace(-1, 3, 7).astype(np.float32))  # another shape: traced
         assert runner.stats["replayed"] == 3
+        assert runner.stats["reused"] == 1
         runner.release()
 
 

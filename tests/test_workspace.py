@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flare.core.backend import Binding
-from flare.core.errors import AllocationError, ReleasedError
+from flare.core.errors import AllocationError, InputError, ReleasedError
 from flare.core.ledger import LEDGER
 from flare.core.session import Session
 from flare.backends.cpu.backend import CpuBackend
@@ -210,3 +210,25 @@ def test_a_tensor_too_large_reports_the_device_real_free_bytes():
         assert err.value.free == limit - 10_000, str(err.value)
         assert f"{limit - 10_000} bytes free" in str(err.value)
         keep.release()
+
+
+def test_headroom_grows_by_steps_and_regrown_inputs_double():
+    """A workspace with headroom allocates 1.5x the need when it must grow, so a slightly longer
+    input after it neither grows the arena nor makes the other plans re-bind; a regrown input
+    buffer takes twice its old size (the same reason). Results stay right throughout."""
+    with Session(["cpu"]) as sess:
+        ws = sess.workspace("roomy", headroom=1.5)
+        pg = sess.prepare({"full": encoder}, {"full": {"x": (16, 32)}}, workspace=ws)
+        need = pg.current_plan("full").device_plans["cpu:0"].total
+        assert ws.nbytes("cpu:0") == int(need * 1.5)
+        gen, store_gen = ws.generation, pg.persistent.generation
+        for n in (16, 17, 18):
+            x = RNG.uniform(-1, 1, (n, 32)).astype(np.float32)
+            np.testing.assert_allclose(pg.execute("full", x=x)["y"], ref_encoder(x), rtol=1e-4, atol=1e-4)
+        assert ws.generation == gen, "17 and 18 rows fit the headroom: no growth"
+        assert pg.persistent.generation == store_gen + 1, "x grew once (16 -> 17 rows), to 32 rows"
+        assert pg.persistent.inputs[("x", "cpu:0")].nbytes == 2 * 16 * 32 * 4
+        with pytest.raises(InputError, match="headroom"):
+            sess.workspace("bad", headroom=0.5)
+        pg.release()
+    assert LEDGER.live_bytes("cpu:0") == 0

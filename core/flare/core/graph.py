@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -99,7 +100,7 @@ class Tensor:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return math.prod(self.shape)  # shapes hold Python ints (integer_shape, OpDef.check); 1 for ()
 
     @property
     def nbytes(self) -> int:
@@ -156,10 +157,13 @@ class Graph:
                 out.setdefault(src.id, []).append(node)
         return out
 
-    def validate(self) -> None:
+    def validate(self, rules: bool = True) -> None:
         """Check references, order and op rules; raise a GraphError naming the node.
 
         Builder graphs pass trivially; this guards graphs read back from files.
+        `rules=False` skips re-running each op's rule (and the cycle search, which the
+        order check implies), for graphs whose nodes the builder checked as it made
+        them: what remains catches a source taken from another graph.
         """
         from .ops import OPS  # late: ops import graph for types
 
@@ -167,7 +171,8 @@ class Graph:
         if len(known) != len(self.tensors):
             raise GraphError("duplicate tensor ids in graph")
         position = {t.id: i for i, t in enumerate(self.tensors)}
-        _check_acyclic(self.tensors, known)
+        if rules:
+            _check_acyclic(self.tensors, known)
         for t in self.tensors:
             if t.op is None:
                 if t.role not in (INPUT, WEIGHT, STATE, CACHE):
@@ -180,7 +185,8 @@ class Graph:
                     raise GraphError(f"source {src.name!r} is not in the graph", t.name)
                 if position[src.id] > position[t.id]:
                     raise GraphError(f"source {src.name!r} comes after its consumer", t.name)
-            OPS[t.op].check(t.name, list(t.srcs), t.params)
+            if rules:
+                OPS[t.op].check(t.name, list(t.srcs), t.params)
         for name, t in self.outputs.items():
             if t.id not in known:
                 raise GraphError(f"output {name!r} is not in the graph")
@@ -334,6 +340,37 @@ class GraphBuilder:
             srcs_list[0] = self.op("contiguous", srcs_list[0])
         params = opdef.with_defaults(name, params)
         out = opdef.make(name, srcs_list, params, next(self._ids))
+        self._names.add(name)
+        self._tensors.append(out)
+        return out
+
+    def copy_node(self, node: Tensor, srcs: Sequence[Tensor]) -> Tensor:
+        """Append a copy of `node`, an op node of another graph already checked on sources
+        of these same shapes, dtypes and strides (a traced graph built again for a plan).
+
+        Why: re-running every op's rule and inference for a graph that was just built
+        with the same shapes is most of the cost of building it again; this copies the
+        result instead. The sources are checked to match the originals (shape, dtype,
+        strides, offset), so the copy is what `op` would have made."""
+        name = node.name
+        if node.op is None:
+            raise GraphError("copy_node copies op nodes; declare leaves with input/weight/state", name)
+        if name in self._names:
+            raise GraphError("name used twice", name)
+        if len(srcs) != len(node.srcs):
+            raise GraphError(f"copy of {node.op} with {len(srcs)} sources, the node has {len(node.srcs)}", name)
+        for new, old in zip(srcs, node.srcs):
+            if (new.shape != old.shape or new.dtype != old.dtype or new.strides != old.strides
+                    or new.offset != old.offset):
+                raise ShapeError(f"copy of {node.op}: source {new.name!r} is {new.shape} {new.dtype}, "
+                                 f"the node was checked on {old.shape} {old.dtype}", name)
+        view_of = None
+        if node.view_of is not None:
+            view_of = next((new for new, old in zip(srcs, node.srcs) if old is node.view_of), None)
+            if view_of is None:
+                raise GraphError("copy of a view whose storage is not among its sources", name)
+        out = Tensor(next(self._ids), name, node.shape, node.dtype, INTERMEDIATE, node.op, tuple(srcs),
+                     dict(node.params), node.strides, node.offset, view_of)
         self._names.add(name)
         self._tensors.append(out)
         return out

@@ -85,7 +85,11 @@ class PersistentStore:
                 key = (t.name, dev_name)
                 old = self.inputs.get(key)
                 if old is None or old.nbytes < t.nbytes:
-                    buf = dev.alloc(t.nbytes, tag=f"{self.owner}:input:{t.name}")
+                    # a grown input buffer moves every plan of the graph to re-bind: a regrowth
+                    # takes twice the old size, so inputs growing a little each call (a plan per
+                    # length) re-bind a few times, not once per new maximum
+                    size = t.nbytes if old is None else max(t.nbytes, min(2 * old.nbytes, dev.buffer_type().max_size))
+                    buf = dev.alloc(size, tag=f"{self.owner}:input:{t.name}")
                     new.append(buf)
                     self.inputs[key] = buf
                     if old is not None:

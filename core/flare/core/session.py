@@ -122,11 +122,11 @@ class Session:
                 return d
         raise BackendUnavailable(f"no device {name!r} in this session ({', '.join(d.name for d in self.devices)})")
 
-    def workspace(self, name: str = "workspace") -> GraphWorkspace:
-        """A new workspace for graphs that never run at the same time."""
+    def workspace(self, name: str = "workspace", headroom: float = 1.0) -> GraphWorkspace:
+        """A new workspace for graphs that never run at the same time (`headroom`: see GraphWorkspace)."""
         with self._lock:
             self._check_open()
-            ws = GraphWorkspace(name)
+            ws = GraphWorkspace(name, headroom)
             self._workspaces[next(self._keys)] = ws
             return ws
 

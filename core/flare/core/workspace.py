@@ -12,6 +12,13 @@ pending prepare binds to them; if anything in that prepare fails, they are
 released and the old arena stays exactly as it was. Only when the prepare
 succeeds are the old chunks released and the new ones installed.
 
+`headroom` (default 1: exactly the largest need): a chunk that must grow is
+allocated at `headroom` times the need (within the device's largest buffer),
+for graphs whose shapes keep growing a little (a plan per sentence length):
+each growth makes every graph on the workspace re-bind (re-compile its native
+command lists), so growing by steps costs fewer re-binds than growing to each
+new maximum.
+
 Graphs on one workspace share arena bytes, so they must not run at the same
 time: each holds `lock` (re-entrant) while it prepares, executes or resets,
 and attach/detach/grow/free take it too.
@@ -22,14 +29,17 @@ import threading
 from typing import Mapping, Sequence
 
 from .backend import Buffer, Device
-from .errors import ReleasedError
+from .errors import InputError, ReleasedError
 
 
 class GraphWorkspace:
     """Per-device arenas (lists of chunk buffers) with a generation counter."""
 
-    def __init__(self, name: str = "workspace"):
+    def __init__(self, name: str = "workspace", headroom: float = 1.0):
+        if not 1.0 <= headroom <= 4.0:
+            raise InputError(f"workspace {name!r}: headroom {headroom} must be in [1, 4]")
         self.name = name
+        self.headroom = headroom
         self.generation = 0
         self._arenas: dict[str, list[Buffer]] = {}
         self._users = 0
@@ -69,6 +79,10 @@ class GraphWorkspace:
                 have = self.chunk_sizes(device.name)
                 n = max(len(have), len(chunks))
                 want = [max((have + [0] * n)[i], (list(chunks) + [0] * n)[i]) for i in range(n)]
+                if self.headroom > 1.0:
+                    limit = device.buffer_type().max_size
+                    want = [w if i < len(have) and have[i] >= w else max(w, min(int(w * self.headroom), limit))
+                            for i, w in enumerate(want)]
                 bufs = growth.buffers.setdefault(device.name, [])
                 for i, size in enumerate(want):
                     bufs.append(device.alloc(size, tag=f"{self.name}:arena[{i}]"))

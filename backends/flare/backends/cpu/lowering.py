@@ -58,10 +58,12 @@ def pad4(values: Sequence[int], fill: int) -> list[int]:
 
 def bcast4(a: np.ndarray, out_shape: Sequence[int]) -> list[int]:
     """a's element strides aligned right to `out_shape` (4-D), 0 where a is broadcast."""
-    shape = pad4(a.shape, 1)
-    st = pad4(estrides(a), 0)
-    oshape = pad4(out_shape, 1)
-    return [0 if d == 1 and od != 1 else s for d, od, s in zip(shape, oshape, st)]
+    pad, item = 4 - a.ndim, a.itemsize
+    opad = 4 - len(out_shape)
+    st = [0] * pad + [s // item for s in a.strides]
+    shape = (1,) * pad + a.shape
+    oshape = (1,) * opad + tuple(out_shape)
+    return [0 if shape[i] == 1 and oshape[i] != 1 else st[i] for i in range(4)]
 
 
 def coalesce(shape: Sequence[int], strides: list[list[int]]) -> tuple[list[int], list[list[int]]]:

@@ -109,6 +109,9 @@ def check_params(op: str, node: str, params: Mapping[str, Any]) -> None:
             raise GraphError(f"{op}: parameter {key}={value!r} must be {what}", node)
 
 
+_KNOWN_PARAMS: dict[str, tuple[Any, frozenset[str]]] = {}  # op name -> (OpDef, its parameter names)
+
+
 @dataclass(frozen=True)
 class OpDef:
     """Everything the framework knows about one op."""
@@ -129,9 +132,12 @@ class OpDef:
     quant_srcs: tuple[int, ...] = ()
 
     def with_defaults(self, node: str, params: Mapping[str, Any]) -> dict[str, Any]:
-        unknown = set(params) - set(self.defaults) - set(self.required)
-        if unknown:
-            raise GraphError(f"{self.name}: unknown params {sorted(unknown)}", node)
+        hit = _KNOWN_PARAMS.get(self.name)  # (frozen: a side table, not a field) asked per node built
+        if hit is None or hit[0] is not self:
+            hit = _KNOWN_PARAMS[self.name] = (self, frozenset(self.defaults) | frozenset(self.required))
+        known = hit[1]
+        if not known.issuperset(params):
+            raise GraphError(f"{self.name}: unknown params {sorted(set(params) - known)}", node)
         missing = [p for p in self.required if p not in params]
         if missing:
             raise GraphError(f"{self.name}: missing params {missing}", node)

@@ -2,6 +2,8 @@
 no kernel); `contiguous`, `concat` and `pad` produce fresh contiguous tensors."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import ShapeError
@@ -55,11 +57,11 @@ def _reshape_shape(node, src, params):
     if shape.count(-1) > 1:
         raise ShapeError(f"reshape to {tuple(shape)}: at most one -1", node)
     if -1 in shape:
-        known = int(np.prod([d for d in shape if d != -1]))
+        known = math.prod(int(d) for d in shape if d != -1)
         if known == 0 or src.size % known:
             raise ShapeError(f"reshape {src.shape} -> {tuple(shape)}: sizes do not divide", node)
         shape[shape.index(-1)] = src.size // known
-    if int(np.prod(shape)) != src.size:
+    if math.prod(int(d) for d in shape) != src.size:
         raise ShapeError(f"reshape {src.shape} -> {tuple(shape)}: {src.size} elements do not fit", node)
     return tuple(int(d) for d in shape)
 

@@ -10,8 +10,10 @@ each feed comes from) and of the values read (with where each came from); a late
 the same input shapes and dtypes replays it: it runs the same segments on the new data and
 checks every value read against the recorded one. On the first difference it switches to
 another recording with the same history that read that value, or gives up, and the runner
-traces the call (recording it too). Giving up after some segments ran wastes only them: a
-segment has no side effects.
+traces the call (recording it too). Giving up after some segments ran wastes nothing: a
+segment has no side effects, and the trace that follows takes their results (`runner.reuse`)
+where it closes a segment of the same structure and place on equal feeds (a new sentence of
+a length seen before: its encoder ran in the replay, up to the durations that differ).
 
 A recording is only kept when every feed, read value and output had a known source (a value
 from anywhere else, e.g. a branch output copied by a lowering, makes the trace unreplayable;
@@ -26,9 +28,14 @@ import numpy as np
 
 from .values import from_flare_array, to_flare_array
 
+
+class NeedsTrace(Exception):
+    """Raised by the runner for a recorded segment it cannot run without its tensors."""
+
+
 DETERMINISTIC_HOST_STEPS = frozenset({"NonZero", "Unique", "Compress", "NonMaxSuppression"})
 RANDOM_HOST_STEPS = frozenset({"RandomNormalLike", "RandomUniformLike"})
-RECORDINGS_PER_SHAPE, SHAPES_KEPT = 4, 32  # a recording holds its segments (graph objects): bounded
+RECORDINGS_PER_SHAPE, SHAPES_KEPT = 4, 32  # a recording holds slim segments (Segment.slim) and read values: bounded
 
 
 class Recording:
@@ -130,6 +137,7 @@ class Recordings:
     def add(self, key: tuple, rec: Recording) -> None:
         if not rec.valid or len(rec.outputs) == 0:
             return
+        rec.events = [("seg", ev[1].slim(), *ev[2:]) if ev[0] == "seg" else ev for ev in rec.events]
         recs = self.by_shape.setdefault(key, [])
         recs.append(rec)
         del recs[:-RECORDINGS_PER_SHAPE]
@@ -147,6 +155,8 @@ class Recordings:
         results: dict[int, Mapping[str, np.ndarray]] = {}
         draws: dict[int, list] = {}
         summaries = []
+
+        ran: dict[tuple, tuple] = {}      # (segment key, ordinal) -> (feeds, results): see `runner.reuse`
 
         def value(src: tuple) -> Any:
             kind = src[0]
@@ -171,9 +181,15 @@ class Recordings:
                 for name, want in seg.feeds.items():
                     arr = to_flare_array(value(feed_src[name]), f"value {name!r}")
                     if arr.shape != want.shape or arr.dtype != want.dtype:
+                        runner.reuse = ran
                         return None
                     feeds[name] = arr
-                results[i] = runner.execute_segment(seg.with_feeds(feeds), ordinal)
+                try:
+                    results[i] = runner.execute_segment(seg.with_feeds(feeds), ordinal)
+                except NeedsTrace:            # its plan was evicted: trace (the segments so far are reused)
+                    runner.reuse = ran
+                    return None
+                ran[(seg.key, ordinal)] = (feeds, results[i])
                 summaries.append(summary)
                 i += 1
                 continue
@@ -184,6 +200,7 @@ class Recordings:
             other = next((r for r in cands if r is not rec and len(r.events) > i and r.sigs[:i] == rec.sigs[:i]
                           and r.events[i][0] == "obs" and _same(got, r.events[i][2])), None)
             if other is None:
+                runner.reuse = ran            # the trace that follows runs these segments again
                 return None
             rec = other
             i += 1

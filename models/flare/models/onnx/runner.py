@@ -21,7 +21,9 @@ ops, params, shapes, dtypes and weight identities) each input shape had; a
 segment whose shapes were seen with another structure (data-dependent control
 flow) gets a graph of its own, in a small LRU cache. Every graph of a runner
 shares one workspace (segments never run at the same time), so memory is the
-largest segment's arena, not the sum. A family is replaced after
+largest segment's arena, not the sum. The workspace grows with headroom
+(`WORKSPACE_HEADROOM`): each growth makes every plan re-bind, and sentence
+lengths grow it a little at a time. A family is replaced after
 `FAMILY_PLANS` shapes, which bounds the computed constants it accumulates.
 A runner is not thread-safe: use one per thread (its Session may be shared;
 Flare's PreparedGraph takes turns).
@@ -31,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
@@ -40,12 +42,13 @@ from flare.core.graph import INPUT, WEIGHT, GraphBuilder, Tensor
 
 from .errors import OnnxError, UnsupportedOpError
 from .loader import DEFAULT_DOMAINS, OnnxModel
-from .replay import Recording, Recordings
+from .replay import NeedsTrace, Recording, Recordings
 from .values import BOOL, Val, flare_dtype, flare_shape, from_flare_array, is_wide, to_flare_array
 
 ENTRY = "main"
 CACHE_SIZE = 16      # graphs of segments outside their family (data-dependent structure)
 FOLD_MEMO, FOLD_MEMO_BYTES = 65536, 4096  # folds of small computed constants remembered by value (cleared when full)
+WORKSPACE_HEADROOM = 1.5  # GraphWorkspace headroom of a runner's shared arena
 FAMILY_PLANS = 64    # input shapes (plans) per family graph: 10 sentences of Piper use ~10 per family
 # ops never folded at import time even when their inputs are constant (a fresh draw each run)
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -90,6 +93,13 @@ def expand(model: OnnxModel) -> OnnxModel:
     return OnnxModel(proto, model.path, model.opset, model.initializers)
 
 
+class FeedShape(NamedTuple):
+    """What a slim segment keeps of a feed: its shape and dtype."""
+
+    shape: tuple
+    dtype: np.dtype
+
+
 class Segment:
     """One traced Flare graph: its tensors in order, outputs, and the feeds of its inputs."""
 
@@ -100,6 +110,18 @@ class Segment:
         self.feeds = feeds
         self.key = _structure_key(tensors, outputs, digests)
 
+    def slim(self) -> "Segment":
+        """The same segment without its tensors and arrays (what a recording keeps): it runs
+        only where a plan for its shapes exists (`OnnxRunner.execute_segment` raises
+        `NeedsTrace` otherwise). Why: a recording holding every traced tensor kept ~10k Python
+        objects a sentence alive, and the collector's full passes over them cost more than
+        the rare retrace of a segment whose plan was evicted."""
+        seg = Segment.__new__(Segment)
+        seg.tensors, seg.key = None, self.key
+        seg.outputs = dict.fromkeys(self.outputs)
+        seg.feeds = {n: FeedShape(tuple(a.shape), a.dtype) for n, a in self.feeds.items()}
+        return seg
+
     def with_feeds(self, feeds: dict[str, np.ndarray]) -> "Segment":
         """The same segment (structure, key) on other input arrays of the same shapes."""
         seg = Segment.__new__(Segment)
@@ -107,7 +129,11 @@ class Segment:
         return seg
 
     def builder(self):
-        """The entry builder Flare prepares: replays the traced tensors exactly."""
+        """The entry builder Flare prepares: replays the traced tensors exactly.
+
+        The op nodes are copied (`GraphBuilder.copy_node`), not made again: the trace
+        checked them on these very shapes, and re-running every op's rule was most of
+        the cost of a new plan."""
         tensors, outputs = self.tensors, self.outputs
 
         def build(b: GraphBuilder, shapes: Mapping[str, Any]) -> None:
@@ -118,7 +144,7 @@ class Segment:
                 elif t.role == WEIGHT:
                     made[t.id] = b.weight(t.name, t.data)
                 else:
-                    made[t.id] = b.op(t.op, *[made[s.id] for s in t.srcs], name=t.name, **t.params)
+                    made[t.id] = b.copy_node(t, [made[s.id] for s in t.srcs])
             for name, t in outputs.items():
                 b.output(name, made[t.id])
         return build
@@ -199,6 +225,11 @@ class _Family:
         seg.builder()(b, shapes)
 
 
+def _same_feeds(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(
+        a[n].shape == b[n].shape and a[n].dtype == b[n].dtype and np.array_equal(a[n], b[n]) for n in a)
+
+
 def _shape_key(seg: Segment) -> tuple:
     return tuple(sorted((n, tuple(a.shape), a.dtype.str) for n, a in seg.feeds.items()))
 
@@ -215,9 +246,11 @@ class OnnxRunner:
         self._plans: OrderedDict[str, Any] = OrderedDict()      # structure key -> graph (outside families)
         self._families: dict[tuple, _Family] = {}
         self._digests: dict[int, tuple[np.ndarray, str]] = {}   # id -> (array, digest) of derived file constants
-        self.workspace = session.workspace(f"onnx:{model.path}:workspace")
+        # headroom: sentence lengths grow the arena a little at a time, and each growth re-binds every plan
+        self.workspace = session.workspace(f"onnx:{model.path}:workspace", headroom=WORKSPACE_HEADROOM)
         self._folded: dict[tuple, list[Val]] = {}  # (op, inputs, outputs) -> outputs, for nodes of file constants only
         self._folded_by_value: dict[tuple, list[Val]] = {}  # (node, small input values) -> outputs
+        self._fold_ops: dict[tuple, Any] = {}  # (node bytes, opset) -> onnx.reference kernel (lowering.base.fold)
         self._walk: tuple[list[Any], dict[str, int]] | None = None
         self._attrs: dict[int, tuple[Any, dict[str, Any]]] = {}
         self._node_ids = {id(n) for n in self.walk_plan()[0]}
@@ -227,6 +260,8 @@ class OnnxRunner:
         self.stats = {"segments_run": 0, "prepared": 0, "host_steps": 0, "folded": 0, "replayed": 0}
         self.last_segments: list[dict[str, Any]] = []
         self.recordings = Recordings()  # traces replayed for later calls of the same input shapes (replay.py)
+        # segments a failed replay ran, for the trace that follows: (key, ordinal) -> (feeds, results)
+        self.reuse: dict[tuple, tuple] = {}
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self._lock:
@@ -237,7 +272,10 @@ class OnnxRunner:
                 return out
             rec = Recording()
             host_steps = self.stats["host_steps"]
-            out = Tracer(self, inputs, rec).run()
+            try:
+                out = Tracer(self, inputs, rec).run()
+            finally:
+                self.reuse = {}
             rec.host_steps = self.stats["host_steps"] - host_steps
             self.recordings.add(key, rec)
             return out
@@ -269,9 +307,16 @@ class OnnxRunner:
         """Run the segment on its family's graph (a new plan for new input shapes), or, when
         its shapes were seen there with another structure, on a graph of its own."""
         self.stats["segments_run"] += 1
+        if self.reuse:
+            done = self.reuse.pop((seg.key, ordinal), None)
+            if done is not None and _same_feeds(done[0], seg.feeds):
+                self.stats["reused"] = self.stats.get("reused", 0) + 1
+                return done[1]   # the same structure on the same arrays: the same outputs
         where = (ordinal, tuple(sorted(seg.feeds)), tuple(seg.outputs))
         shapes = _shape_key(seg)
         fam = self._families.get(where)
+        if seg.tensors is None and not self._can_run_slim(seg, fam, shapes):
+            raise NeedsTrace(f"no plan left for segment #{ordinal} at these shapes")
         if fam is not None and fam.structure.get(shapes, seg.key) != seg.key:
             return self._execute_alone(seg)
         if fam is not None and shapes not in fam.structure and len(fam.structure) >= FAMILY_PLANS:
@@ -287,6 +332,16 @@ class OnnxRunner:
             return fam.pg.execute(ENTRY, **seg.feeds)
         finally:
             fam.current = None  # the segment's arrays are not kept alive by the family
+
+    def _can_run_slim(self, seg: Segment, fam: "_Family | None", shapes: tuple) -> bool:
+        """A segment without tensors runs only on a plan that exists (nothing to build from)."""
+        if fam is not None and fam.structure.get(shapes, seg.key) != seg.key:
+            pg = self._plans.get(seg.key)
+        elif fam is not None and shapes in fam.structure and len(fam.structure) <= FAMILY_PLANS:
+            pg = fam.pg
+        else:
+            return False
+        return pg is not None and pg.plans.get(ENTRY, {n: tuple(a.shape) for n, a in seg.feeds.items()}) is not None
 
     def _new_family(self, where: tuple, seg: Segment) -> _Family:
         fam = _Family()

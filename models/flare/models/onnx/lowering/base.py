@@ -130,16 +130,29 @@ def attributes(node: Any) -> dict[str, Any]:
     return out
 
 
+FOLD_OPS_KEPT = 8192  # reference-kernel objects a runner keeps for folds (cleared when full)
+
+
 def fold(tr: Any, node: Any, ins: list) -> list:
     """Evaluate a node of constants on the host with onnx.reference (the file's own semantics)."""
     from onnx.reference import ReferenceEvaluator
     from onnx.reference.ops import load_op
 
     try:
-        cls = load_op(node.domain, node.op_type, tr.opset if node.domain in ("", "ai.onnx") else None)
-        run_params = {"log": lambda *a: None, "opsets": {"": tr.opset}, "verbose": 0, "new_ops": None,
-                      "existing_functions": {}, "evaluator_cls": ReferenceEvaluator}
-        op = cls(node, run_params)
+        # the kernel object (its attributes parsed) is kept per runner by the node's bytes: a
+        # trace folds the same shape arithmetic again for every new input shape
+        ops = getattr(getattr(tr, "runner", None), "_fold_ops", None)
+        key = (node.SerializeToString(), tr.opset) if ops is not None else None
+        op = ops.get(key) if ops is not None else None
+        if op is None:
+            cls = load_op(node.domain, node.op_type, tr.opset if node.domain in ("", "ai.onnx") else None)
+            run_params = {"log": lambda *a: None, "opsets": {"": tr.opset}, "verbose": 0, "new_ops": None,
+                          "existing_functions": {}, "evaluator_cls": ReferenceEvaluator}
+            op = cls(node, run_params)
+            if ops is not None:
+                if len(ops) >= FOLD_OPS_KEPT:
+                    ops.clear()
+                ops[key] = op
         res = op.run(*[None if v is None else v.const for v in ins])
     except OnnxError:
         raise
