@@ -17,7 +17,7 @@ import numpy as np
 from flare.core.ops.spatial import grid_sample_ref, pool_geometry, windows
 
 from .kernels import KERNELS
-from .lowering import cmd, conv1d_scratch, estrides, translator
+from .lowering import cmd, conv1d_rows, conv1d_scratch, estrides, translator
 
 
 def _conv2d(out, x, p):
@@ -97,5 +97,5 @@ def _conv2d_native(node, out, srcs):
     lout = out.shape[3]
     xs = estrides(x)
     return [cmd("conv1d", out, [x, w, bias], [1, b, cout, lout], [0, cout * lout, lout, 1], [[0, xs[0], xs[1], xs[3]]],
-                ip=(p["strides"][1], p["pads"][1][0], p["dilations"][1], cin, k, length),
-                scratch=conv1d_scratch(b, cin, k, lout))]
+                ip=(p["strides"][1], p["pads"][1][0], p["dilations"][1], cin, k, length, conv1d_rows(lout)),
+                scratch=conv1d_scratch(b, cin, k, lout, cout))]

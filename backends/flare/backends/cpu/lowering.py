@@ -464,10 +464,21 @@ def _top_k(node, out, srcs):
 CONV1D_BLOCK, CONV1D_SLOTS = 65536, 8  # as native/conv1d.h
 
 
-def conv1d_scratch(b: int, cin: int, k: int, lout: int) -> int:
-    """Bytes of the conv1d command's scratch: one im2col block (ck x n floats) per slot, as
-    native/conv1d.h cuts them (one block when the whole im2col is under 1 MiB)."""
+CONV1D_ROWS_LOUT = 64  # outputs this short take conv1d.h's row layout (one product over every batch)
+
+
+def conv1d_rows(lout: int) -> int:
+    """ip[6] of the conv1d command: 1 for the row layout (short outputs, see native/conv1d.h)."""
+    return int(lout <= CONV1D_ROWS_LOUT)
+
+
+def conv1d_scratch(b: int, cin: int, k: int, lout: int, cout: int) -> int:
+    """Bytes of the conv1d command's scratch, as native/conv1d.h uses it: for the row layout the
+    im2col rows and the product ([B*Lout, Cin*K] and [B*Lout, Cout] floats); otherwise one im2col
+    block (ck x n floats) per slot (one block when the whole im2col is under 1 MiB)."""
     ck = cin * k
+    if conv1d_rows(lout):
+        return b * lout * (ck + cout) * 4
     if ck * lout <= 4 * CONV1D_BLOCK:
         n = max(lout, 1)
     else:
@@ -486,8 +497,8 @@ def _conv1d(node, out, srcs):
     lout = out.shape[2]
     p = node.params
     return [cmd("conv1d", out, [x, w], [1, b, cout, lout], [0, *estrides(out)], [[0, *estrides(x)]],
-                ip=(p["stride"], p["padding"], p["dilation"], cin, k, length),
-                scratch=conv1d_scratch(b, cin, k, lout))]
+                ip=(p["stride"], p["padding"], p["dilation"], cin, k, length, conv1d_rows(lout)),
+                scratch=conv1d_scratch(b, cin, k, lout, cout))]
 
 
 @translator("lstm")

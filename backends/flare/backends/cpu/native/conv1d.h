@@ -30,12 +30,62 @@ static int64_t conv1d_cols(int64_t ck, int64_t Lo) {
 #define CONV1D_SLOTS 8
 static int64_t conv1d_slots(int64_t blocks) { return blocks < CONV1D_SLOTS ? blocks : CONV1D_SLOTS; }
 
+/* Short outputs (ip[6] = 1, lowering.conv1d_rows: Lout <= 64, e.g. a streaming VAD's encoder over
+ * many chunks) take the layout this file's column blocks replaced: im2col rows per output position
+ * (b, l), ONE product over all B*Lout rows, then a transpose into [B, Cout, Lout]. Column blocks
+ * there would be B products of a few columns each. Phases: 0 im2col rows, 1 the product by rows
+ * (or, for up to 16 rows, wdot by output channels), 2 the transpose (+ bias) by (b, co) rows. */
 static int64_t conv1d_units(const flare_cmd *c, int phase, int64_t *grain) {
-    const int64_t B = c->ne[1], Lo = c->ne[3], ck = c->ip[3] * c->ip[4], n = conv1d_cols(ck, Lo);
+    const int64_t B = c->ne[1], Lo = c->ne[3], ck = c->ip[3] * c->ip[4];
+    if (c->ip[6]) {
+        const int64_t rows = B * Lo;
+        *grain = phase == 1 ? (rows <= 16 ? 4 : 16) : 1;
+        return phase == 0 ? rows : phase == 1 ? (rows <= 16 ? c->ne[2] : rows) : B * c->ne[2];
+    }
+    const int64_t n = conv1d_cols(ck, Lo);
     *grain = 1;
     return phase == 1 ? conv1d_slots(B * ((Lo + n - 1) / n)) : 0;
 }
-
+static int conv1d_rows_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
+    const int64_t B = c->ne[1], Co = c->ne[2], Lo = c->ne[3];
+    const int64_t s = c->ip[0], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
+    const int64_t ck = Ci * K;
+    float *cols = (float *)c->scratch, *res = cols + B * Lo * ck;   /* [B*Lo, ck], then [B*Lo, Co] */
+    if (phase == 0) {
+        const float *x = (const float *)c->src[0];
+        for (int64_t r = r0; r < r1; ++r) {
+            const int64_t b = r / Lo, l = r % Lo;
+            float *row = cols + r * ck;
+            for (int64_t ci = 0; ci < Ci; ++ci) {
+                const float *xr = x + b * c->ss[0][1] + ci * c->ss[0][2];
+                for (int64_t k = 0; k < K; ++k) {
+                    const int64_t p = l * s + k * dil - pad;
+                    row[ci * K + k] = (p >= 0 && p < L) ? xr[p * c->ss[0][3]] : 0.0f;
+                }
+            }
+        }
+    } else if (phase == 1) {
+        const float *w = (const float *)c->src[1];
+        if (B * Lo <= 16) wdot(B * Lo, r1 - r0, ck, cols, ck, w + r0 * ck, ck, res + r0, Co);  /* channels */
+        else if (g_sgemm) gemm(NT, TR, r1 - r0, Co, ck, cols + r0 * ck, ck, w, ck, 0.0f, res + r0 * Co, Co);
+        else
+            for (int64_t r = r0; r < r1; ++r)
+                for (int64_t co = 0; co < Co; ++co) {
+                    float acc = 0.0f;
+                    for (int64_t j = 0; j < ck; ++j) acc += cols[r * ck + j] * w[co * ck + j];
+                    res[r * Co + co] = acc;
+                }
+    } else {
+        const float *bias = (const float *)c->src[2];
+        float *o = (float *)c->out;
+        for (int64_t r = r0; r < r1; ++r) {
+            const int64_t b = r / Co, co = r % Co;
+            const float add = bias ? bias[co] : 0.0f;
+            for (int64_t l = 0; l < Lo; ++l) o[r * Lo + l] = res[(b * Lo + l) * Co + co] + add;
+        }
+    }
+    return 0;
+}
 /* row[l - la] = xr[(l*s + off) * xs] where 0 <= l*s + off < L, else 0, for l in [la, lb) */
 static void conv1d_row(float *row, const float *xr, int64_t xs, int64_t la, int64_t lb, int64_t L, int64_t s,
                        int64_t off) {
@@ -66,6 +116,7 @@ HOT static void conv1d_plain(int64_t Co, int64_t n, int64_t ck, const float *w, 
 /* Phase 1, units [r0, r1) = slots (above): each of a slot's blocks (b, j) gets its im2col rows
  * into the slot's part of the scratch, then its product. */
 static int conv1d_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
+    if (c->ip[6]) return conv1d_rows_phase(c, phase, r0, r1);
     if (phase != 1) return 0;
     const int64_t B = c->ne[1], Co = c->ne[2], Lo = c->ne[3];
     const int64_t s = c->ip[0], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
