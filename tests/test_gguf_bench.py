@@ -10,12 +10,9 @@ from flare.plugins.bench import parse_config, run_bench
 
 @pytest.fixture(autouse=True, scope="module")
 def _registered():
-    from flare.core.plugin_manager import get_plugin_manager
-    from flare.models.gguf import plugin
+    from flare.models.gguf.testing import ensure_registered
 
-    pm = get_plugin_manager()
-    if "gguf" not in pm.models():
-        pm.register(plugin, name="flare.models.gguf.plugin")
+    ensure_registered()
 
 
 @pytest.mark.parametrize("count, work", [("prefill", 12), ("decode", 3), ("all", 15)])

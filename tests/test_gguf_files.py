@@ -17,14 +17,9 @@ from flare.models.gguf.testing import TinySpec, tensor_offset_field, write_tiny
 
 @pytest.fixture(autouse=True, scope="module")
 def _registered():
-    """The plugin is an entry point of the installed distribution; register it by hand where the
-    installed metadata predates it (a source checkout on PYTHONPATH)."""
-    from flare.core.plugin_manager import get_plugin_manager
-    from flare.models.gguf import plugin
+    from flare.models.gguf.testing import ensure_registered
 
-    pm = get_plugin_manager()
-    if "gguf" not in pm.models():
-        pm.register(plugin, name="flare.models.gguf.plugin")
+    ensure_registered()
 
 
 @pytest.fixture(scope="module")

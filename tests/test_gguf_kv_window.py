@@ -18,13 +18,9 @@ SERVING = Serving("token-lm/1", 4, 128, 8, 300, 2, 2, ())      # 4 slots x 128 p
 
 @pytest.fixture(autouse=True, scope="module")
 def _registered():
-    """Register the gguf plugin where the installed metadata predates it (a source checkout)."""
-    from flare.core.plugin_manager import get_plugin_manager
-    from flare.models.gguf import plugin
+    from flare.models.gguf.testing import ensure_registered
 
-    pm = get_plugin_manager()
-    if "gguf" not in pm.models():
-        pm.register(plugin, name="flare.models.gguf.plugin")
+    ensure_registered()
 
 
 @pytest.fixture(scope="module")

@@ -33,12 +33,9 @@ TEXT = ("The history of the city begins in the early Middle Ages, when a small s
 
 @pytest.fixture(autouse=True, scope="module")
 def _registered():
-    from flare.core.plugin_manager import get_plugin_manager
-    from flare.models.gguf import plugin
+    from flare.models.gguf.testing import ensure_registered
 
-    pm = get_plugin_manager()
-    if "gguf" not in pm.models():
-        pm.register(plugin, name="flare.models.gguf.plugin")
+    ensure_registered()
 
 
 @pytest.fixture(scope="module")

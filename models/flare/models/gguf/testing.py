@@ -22,6 +22,18 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n
           "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
 
+def ensure_registered() -> None:
+    """Register the gguf plugin with Flare's plugin manager where the installed entry points
+    predate it (a source checkout run through PYTHONPATH); a no-op where it is installed."""
+    from flare.core.plugin_manager import get_plugin_manager
+
+    from . import plugin
+
+    pm = get_plugin_manager()
+    if "gguf" not in pm.models():
+        pm.register(plugin, name="flare.models.gguf.plugin")
+
+
 def byte_tokens() -> list[str]:
     """GPT-2's byte-to-unicode alphabet, in byte order (what byte-level BPE vocabularies start from)."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
