@@ -334,6 +334,18 @@ INV_INL void idot_body(int64_t M, int64_t N, int64_t K, const float *a, int64_t 
     }
 }
 
+/* ichain's columns left over by the vector blocks (or every column of a strided b): one exactly
+ * rounded FMA chain over k per output, the same order as the blocks' lanes. */
+INV_INL void ichain_scalar(int64_t M, int64_t N, int64_t K, const float *a, int64_t sam, int64_t sak, const float *b,
+                           int64_t sbk, int64_t sbn, float *o, int64_t ldo) {
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < K; ++k) acc = __builtin_fmaf(a[m * sam + k * sak], b[k * sbk + n * sbn], acc);
+            o[m * ldo + n] = acc;
+        }
+}
+
 /* out[m, n] = one fmaf chain over k of a[m, k] b[k, n] (any strides; b's n stride 1 vectorizes
  * over 16 columns, 4 rows at a time). */
 INV_INL void ichain_body(int64_t M, int64_t N, int64_t K, const float *a, int64_t sam, int64_t sak,
@@ -367,12 +379,7 @@ INV_INL void ichain_body(int64_t M, int64_t N, int64_t K, const float *a, int64_
         if (n == N) return;
         b += n; o += n; N -= n;
     }
-    for (int64_t m = 0; m < M; ++m)
-        for (int64_t n = 0; n < N; ++n) {
-            float acc = 0.0f;
-            for (int64_t k = 0; k < K; ++k) acc = __builtin_fmaf(a[m * sam + k * sak], b[k * sbk + n * sbn], acc);
-            o[m * ldo + n] = acc;
-        }
+    ichain_scalar(M, N, K, a, sam, sak, b, sbk, sbn, o, ldo);
 }
 
 typedef void (*idot_t)(int64_t, int64_t, int64_t, const float *, int64_t, const float *, int64_t, float *, int64_t);
@@ -509,12 +516,7 @@ INV_AVX2 static void ichain_avx2(int64_t M, int64_t N, int64_t K, const float *a
         if (N16 == N) return;
         b += N16; o += N16; N -= N16;
     }
-    for (int64_t m = 0; m < M; ++m)
-        for (int64_t n = 0; n < N; ++n) {
-            float acc = 0.0f;
-            for (int64_t k = 0; k < K; ++k) acc = __builtin_fmaf(a[m * sam + k * sak], b[k * sbk + n * sbn], acc);
-            o[m * ldo + n] = acc;
-        }
+    ichain_scalar(M, N, K, a, sam, sak, b, sbk, sbn, o, ldo);
 }
 #endif
 static idot_t g_idot = 0;
