@@ -33,7 +33,7 @@ from rich.table import Table
 
 from . import __version__
 from .errors import USAGE, FlareError, InputError, exit_code
-from .options import add_backends_option, add_model_option, model_options
+from .options import add_backends_option, add_model_option, model_options, npy_inputs
 from .plugin_manager import get_plugin_manager
 
 def _fmt_bytes(n: int) -> str:
@@ -169,15 +169,7 @@ def _run_graph(model: str, argv: list[str]) -> int:
                    help="an input array (default: zeros of the model's declared shape)")
     args = p.parse_args(argv)
     options = _model_options(args.option)
-    given: dict[str, np.ndarray] = {}
-    for item in args.input:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise InputError(f"--input {item!r}: expected NAME=FILE.npy")
-        try:
-            given[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as exc:
-            raise InputError(f"--input {name}: cannot read {path!r} as a .npy array: {exc}") from None
+    given = npy_inputs(args.input)
     from .dtypes import to_numpy
 
     report: dict = {"model": model, "entries": {}}

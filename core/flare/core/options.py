@@ -45,6 +45,23 @@ def add_model_option(parser: argparse.ArgumentParser) -> None:
                              "else as text), e.g. --option experts=resident")
 
 
+def npy_inputs(items: Sequence[str]) -> dict[str, Any]:
+    """`--input NAME=FILE.npy` items as {name: array}; never unpickles (allow_pickle=False), and
+    a malformed item or an unreadable file is an InputError naming it."""
+    import numpy as np
+
+    given: dict[str, Any] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise InputError(f"--input {item!r}: expected NAME=FILE.npy")
+        try:
+            given[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            raise InputError(f"--input {name}: cannot read {path!r} as a .npy array: {exc}") from None
+    return given
+
+
 def model_options(items: Sequence[str]) -> dict[str, Any]:
     """['slots=8', 'experts=offload'] -> {'slots': 8, 'experts': 'offload'}; InputError naming a bad item."""
     options: dict[str, Any] = {}

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from flare.core.errors import InputError
+from flare.core.options import npy_inputs
 
 from .errors import OnnxError
 
@@ -53,14 +54,7 @@ def load_inputs(model: Any, items: list[str], json_file: str | None, shapes: dic
                 given[name] = np.asarray(value, dtype=dtype)
             except (TypeError, ValueError) as exc:
                 raise InputError(f"--inputs {json_file}: input {name!r}: {exc}") from None
-    for item in items:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise InputError(f"--input {item!r}: expected NAME=FILE.npy")
-        try:
-            given[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as exc:
-            raise InputError(f"--input {name}: cannot read {path!r} as a .npy array: {exc}") from None
+    given.update(npy_inputs(items))
     for name in given:
         if name not in info:
             raise InputError(f"input {name!r}: {os.path.basename(model.path)} has no such input "
