@@ -10,6 +10,18 @@ from .base import F32, _need, cval, lowers
 _LSTM_GATES = [0, 2, 3, 1]  # ONNX blocks i, o, f, c -> Flare's (PyTorch's) i, f, g(c), o
 
 
+def _time_major(tr, node, x, seq_lens, layout: int):
+    """x as [steps, batch, input] (ONNX layout 1 is batch-major), with its step and batch counts;
+    sequence_lens, when given, must cover every step (shorter sequences are not supported)."""
+    t = tr.t(x)
+    if layout:
+        t = tr.op("contiguous", tr.op("permute", t, axes=[1, 0, 2]))
+    steps, batch = (x.shape[1], x.shape[0]) if layout else (x.shape[0], x.shape[1])
+    if seq_lens is not None and np.any(np.asarray(tr.c(seq_lens)) != steps):
+        raise OnnxError(f"{node.op_type} sequence_lens shorter than the sequence are not supported")
+    return t, steps, batch
+
+
 @lowers("LSTM")
 def _lstm(tr, node, ins, attrs):
     """ONNX LSTM onto Flare's `lstm` recurrence: gates reordered, the input projection (plus
@@ -28,12 +40,7 @@ def _lstm(tr, node, ins, attrs):
     if peep is not None and np.any(tr.c(peep)):
         raise OnnxError("LSTM peepholes are not supported")
     layout = int(attrs.get("layout", 0))
-    t = tr.t(x)
-    if layout:
-        t = tr.op("contiguous", tr.op("permute", t, axes=[1, 0, 2]))
-    steps, batch = (x.shape[1], x.shape[0]) if layout else (x.shape[0], x.shape[1])
-    if seq_lens is not None and np.any(np.asarray(tr.c(seq_lens)) != steps):
-        raise OnnxError("LSTM sequence_lens shorter than the sequence are not supported")
+    t, steps, batch = _time_major(tr, node, x, seq_lens, layout)
     direction = attrs.get("direction", "forward")
     dirs = 2 if direction == "bidirectional" else 1
     hidden = r.shape[-1]
@@ -94,12 +101,7 @@ def _rnn_unrolled(tr, node, ins, attrs):
     if attrs.get("activations") is not None or "clip" in attrs:
         raise OnnxError(f"{node.op_type} activations/clip other than the defaults")
     layout = int(attrs.get("layout", 0))
-    t = tr.t(x)
-    if layout:
-        t = tr.op("contiguous", tr.op("permute", t, axes=[1, 0, 2]))
-    steps, batch = (x.shape[1], x.shape[0]) if layout else (x.shape[0], x.shape[1])
-    if seq_lens is not None and np.any(np.asarray(tr.c(seq_lens)) != steps):
-        raise OnnxError(f"{node.op_type} sequence_lens shorter than the sequence are not supported")
+    t, steps, batch = _time_major(tr, node, x, seq_lens, layout)
     direction = attrs.get("direction", "forward")
     dirs = 2 if direction == "bidirectional" else 1
     hidden = r.shape[-1]

@@ -156,11 +156,11 @@ def _arg(tr, node, ins, attrs):
     return [tr.val(tr.op("cast", out, dtype="i64"), shape, I64)]
 
 
-@lowers("CumSum")
-def _cumsum(tr, node, ins, attrs):
+@lowers("CumSum", "CumProd")
+def _cumulative(tr, node, ins, attrs):
     x = ins[0]
     axis = _axis(_ints(tr, ins[1])[0], len(x.shape))
-    out = tr.op("cumsum", tr.t(x), axis=axis, exclusive=bool(attrs.get("exclusive", 0)),
+    out = tr.op(node.op_type.lower(), tr.t(x), axis=axis, exclusive=bool(attrs.get("exclusive", 0)),
                 reverse=bool(attrs.get("reverse", 0)))
     return [tr.val(out, x.shape, x.dtype)]
 
@@ -227,15 +227,6 @@ def _lp_norm(tr, node, ins, attrs):
     zero = _full(tr, 0.0, np.float32)
     safe = tr.op("where", tr.op("equal", norm, zero), _full(tr, 1.0, np.float32), norm)
     return [tr.val(tr.op("div", t, safe), x.shape, F32)]
-
-
-@lowers("CumProd")
-def _cumprod(tr, node, ins, attrs):
-    x = ins[0]
-    axis = _axis(_ints(tr, ins[1])[0], len(x.shape))
-    out = tr.op("cumprod", tr.t(x), axis=axis, exclusive=bool(attrs.get("exclusive", 0)),
-                reverse=bool(attrs.get("reverse", 0)))
-    return [tr.val(out, x.shape, x.dtype)]
 
 
 @lowers("TfIdfVectorizer")
