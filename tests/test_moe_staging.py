@@ -13,7 +13,7 @@ import pytest
 from flare.core.errors import ModelError
 from flare.models.moe_lm import ExpertCacheError, ExpertStager, MoeLM, SeqChunk, encode, get_config
 from flare.models.moe_lm import weights as moe_weights
-from flare.models.moe_lm.batch import pow2_chunks
+from flare.plugins.export.serving.batch import pow2_chunks
 from flare.models.moe_lm.numpy_reference import forward
 from flare.models.moe_lm.staging import slots_for_budget
 

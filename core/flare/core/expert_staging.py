@@ -525,6 +525,24 @@ class ExpertStager:
         return len(mine)
 
 
+def release_staged(graph: Any, stager: "ExpertStager | None", close_session: Callable[[], None] | None = None) -> None:
+    """Release a prepared graph whose expert cache `stager` fills, in the one safe order: wait for
+    the stager's copies in flight, release the graph, stop the prefetch thread (no background copy
+    may outlive the cache buffers), close the session if the model owns it, then forget the
+    stager's slot records. The last three run even when releasing the graph fails."""
+    try:
+        if stager is not None:
+            stager.drain()
+        graph.release()
+    finally:
+        if stager is not None:
+            stager.close()
+        if close_session is not None:
+            close_session()
+        if stager is not None:
+            stager.invalidate()
+
+
 def _helper_loop(jobs: queue.SimpleQueue) -> None:
     """The helper thread: run queued jobs until a None (close(), or the stager's finalizer)."""
     while True:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from flare.core.errors import ModelError
+from flare.core.expert_staging import release_staged
 from flare.core.ledger import LEDGER
 from flare.core.ops.quant import as_float
 from flare.core.session import Session
@@ -65,16 +66,6 @@ def serving_contract(cfg: LMConfig) -> "Serving":
     from flare.plugins.export.schema import Serving
 
     return Serving("token-lm/1", cfg.max_seqs, cfg.max_ctx, cfg.prefill_chunk, cfg.vocab, cfg.pad, cfg.eos, ())
-
-
-def pow2_chunks(n: int, limit: int) -> list[int]:
-    """n tokens as power-of-two chunks of at most `limit` (few distinct shapes, no padding)."""
-    out = []
-    while n > 0:
-        size = 1 << (min(n, limit).bit_length() - 1)
-        out.append(size)
-        n -= size
-    return out
 
 
 def slots_for_budget(cfg: LMConfig, infos: Any, cache_mb: float | None, max_step: int) -> int:
@@ -202,7 +193,7 @@ class GgufLM:
     def prefill(self, seq: int, tokens: Sequence[int], start: int = 0, *, all_logits: bool = False) -> np.ndarray:
         """Feed `tokens` of sequence `seq` from `start` in power-of-two chunks; the last token's
         logits [vocab], or with `all_logits` every token's [n, vocab] (teacher forcing)."""
-        from flare.plugins.export.serving.batch import Chunk
+        from flare.plugins.export.serving.batch import Chunk, pow2_chunks
 
         tokens = [int(t) for t in tokens]
         if not tokens:
@@ -269,17 +260,7 @@ class GgufLM:
         if self.released:
             return
         self.released = True
-        try:
-            if self.stager is not None:
-                self.stager.drain()
-            self.graph.release()
-        finally:
-            if self.stager is not None:
-                self.stager.close()      # no background copy may outlive the caches
-            if self._owns_session:
-                self.session.close()
-            if self.stager is not None:
-                self.stager.invalidate()
+        release_staged(self.graph, self.stager, self.session.close if self._owns_session else None)
 
     def _check_alive(self) -> None:
         if self.released:

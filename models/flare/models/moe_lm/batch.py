@@ -82,13 +82,3 @@ def serving_contract(cfg: MoeConfig) -> "Serving":
     from .sampling import NEVER
 
     return Serving("token-lm/1", cfg.max_seqs, cfg.max_ctx, cfg.prefill_chunk, cfg.vocab, PAD, EOS, tuple(NEVER))
-
-
-def pow2_chunks(n: int, limit: int) -> list[int]:
-    """Split n tokens into power-of-two chunks of at most `limit` (few distinct shapes, no padding)."""
-    out = []
-    while n > 0:
-        size = 1 << (min(n, limit).bit_length() - 1)
-        out.append(size)
-        n -= size
-    return out

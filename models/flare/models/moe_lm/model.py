@@ -18,12 +18,15 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from flare.core.errors import ModelError
+from flare.core.expert_staging import release_staged
 from flare.core.ledger import LEDGER
 from flare.core.session import Session
 from flare.core.specs import STAGE_EXPERTS
 
 from . import weights as weights_mod
-from .batch import SeqChunk, make_inputs, pow2_chunks
+from flare.plugins.export.serving.batch import pow2_chunks
+
+from .batch import SeqChunk, make_inputs
 from .config import EOS, MoeConfig, get_config
 from .graph import ENTRIES, MODES, OFFLOAD, GraphSpec
 from .placement import Placement, resolve
@@ -232,16 +235,8 @@ class MoeLM:
             return
         self.released = True
         try:
-            if self.stager is not None:
-                self.stager.drain()
-            self.graph.release()
+            release_staged(self.graph, self.stager, self.session.close if self._owns_session else None)
         finally:
-            if self.stager is not None:
-                self.stager.close()  # no background copy may outlive the buffers
-            if self._owns_session:
-                self.session.close()
-            if self.stager is not None:
-                self.stager.invalidate()
             self.spec = self._tok_emb = None  # drop the views into the file mapping before closing it
             self.weight_file.close()
 

@@ -37,6 +37,17 @@ MASK_NEG = np.float32(-1e30)
 MIN_WINDOW = 128
 
 
+def pow2_chunks(n: int, limit: int) -> list[int]:
+    """A prompt of n tokens as power-of-two prefill chunks of at most `limit`, largest first:
+    few distinct step shapes (a plan each), and no padded rows."""
+    out = []
+    while n > 0:
+        size = 1 << (min(n, limit).bit_length() - 1)
+        out.append(size)
+        n -= size
+    return out
+
+
 def kv_window(serving: "Serving", chunks: Sequence, *, padded: bool = False, min_window: int = MIN_WINDOW) -> int:
     """KV rows a step's mask must cover: the smallest power of two >= `min_window` holding the
     highest row any chunk's tokens see (`seq * max_ctx + start + len`), capped at `kv_rows`.
