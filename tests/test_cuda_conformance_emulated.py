@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from flare.backends.cuda_emu.devices import open_device
+from flare.plugins.testing.conformance.cases_extra import refused_beyond_the_importer_ops
 
 
 def test_conformance_suite_passes_on_the_emulated_cuda_device(tmp_path):
@@ -31,15 +32,3 @@ def test_conformance_suite_passes_on_the_emulated_cuda_device(tmp_path):
     tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
     assert proc.returncode == 0, tail
     assert " passed" in tail and not refused_beyond_the_importer_ops(proc.stdout), tail
-
-
-def refused_beyond_the_importer_ops(output: str) -> list[str]:
-    """Ops the conformance run's coverage summary says were refused, less the ONNX importer's
-    (CPU-only so far): what a GPU backend should have run but did not."""
-    from flare.plugins.testing.conformance.cases_extra import importer_ops
-
-    refused = set()
-    for line in output.splitlines():
-        if line.strip().startswith("refused (skipped"):
-            refused |= {op.strip() for op in line.split(":", 1)[1].split(",") if op.strip()}
-    return sorted(refused - importer_ops())

@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("cuda.bindings")
 from flare.backends.cuda_emu import fake_driver  # noqa: E402
 from flare.backends.cuda_emu.emulator import host_compiler  # noqa: E402
+from flare.plugins.testing.conformance.cases_extra import refused_beyond_the_importer_ops  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 
@@ -86,15 +87,3 @@ print("ok")
 """
     rc, tail = _run(["-c", code], env)
     assert rc == 0 and tail.endswith("ok"), tail
-
-
-def refused_beyond_the_importer_ops(output: str) -> list[str]:
-    """Ops the conformance run's coverage summary says were refused, less the ONNX importer's
-    (CPU-only so far): what a GPU backend should have run but did not."""
-    from flare.plugins.testing.conformance.cases_extra import importer_ops
-
-    refused = set()
-    for line in output.splitlines():
-        if line.strip().startswith("refused (skipped"):
-            refused |= {op.strip() for op in line.split(":", 1)[1].split(",") if op.strip()}
-    return sorted(refused - importer_ops())

@@ -148,3 +148,13 @@ def importer_ops() -> frozenset[str]:
     CPU only so far; the GPU backends refuse them in supports() and the scheduler places
     them on the CPU. Tests of "every op has a GPU kernel / a native CPU command" exempt them."""
     return frozenset(c.op for c in onnx_op_cases())
+
+
+def refused_beyond_the_importer_ops(output: str) -> list[str]:
+    """Ops a conformance run's coverage summary (its "refused (skipped ...):" lines) says were
+    refused, less importer_ops(): what a GPU backend should have run but did not."""
+    refused = set()
+    for line in output.splitlines():
+        if line.strip().startswith("refused (skipped"):
+            refused |= {op.strip() for op in line.split(":", 1)[1].split(",") if op.strip()}
+    return sorted(refused - importer_ops())
