@@ -305,3 +305,111 @@ def test_a_stager_dropped_without_close_is_collected_and_stops_its_helper():
     assert gone() is None                  # the helper thread kept no reference to it
     helper.join(5)
     assert not helper.is_alive()           # and its finalizer stopped the thread
+
+
+# -- the native copy path (flare.core.native_copy): caches the stager can address ------------------
+native = pytest.mark.skipif(not __import__("flare.core.native_copy", fromlist=["x"]).available(),
+                            reason="no native copies here (no compiler)")
+
+
+class HostCtx(ArrayCtx):
+    """ArrayCtx whose caches are host memory the stager may address (`host_rows`, as a prepared
+    graph's CPU caches): demand copies are one C call, prefetch copies run on the native thread."""
+
+    def host_rows(self, name):
+        return self.caches[name]
+
+
+def _threads() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/task"))
+
+
+@native
+def test_native_prefetch_copies_the_guess_with_no_python_helper():
+    st, src, routers = _stager(slots=6, prefetch=2)
+    st.take_back = False             # settle waits for the whole job: counts independent of timing
+    ctx = HostCtx(6)
+    hidden = np.random.default_rng(5).standard_normal((2, D)).astype(np.float32)
+    st(_node(0), np.array([[0, 1], [2, 3]], np.int32), np.array([0, 1], np.int32), hidden, ctx=ctx)
+    want = _guess(routers, 1, hidden, 2)
+    assert st._native_job is not None and st._helper is None and st._job is None
+    st.drain()
+    assert set(st.records[-1].prefetched) == want
+    assert set(st.resident(1)) == want and st.stats.prefetched == len(want)
+    assert ctx.writers == set()                          # no row writer: every copy was C
+    _check_cache(st, src, ctx)
+    copier = st._copier
+    st.close()
+    assert copier is not None and copier.closed and st._copier is None
+
+
+@native
+def test_native_prefetch_outputs_equal_no_prefetch_over_many_steps():
+    """Random routing, with the copy thread's progress whatever it is when each staging call takes
+    back the rest: the slots returned always point at the right experts' bytes."""
+    rng = np.random.default_rng(12)
+    plain, src, _ = _stager(slots=5, prefetch=0, trace=False)
+    ahead, _, _ = _stager(slots=5, prefetch=2, trace=False)
+    c1, c2 = ArrayCtx(5), HostCtx(5)
+    for step in range(80):
+        t = 1 + step % 2
+        hidden = rng.standard_normal((t, D)).astype(np.float32)
+        if step % 3 == 0:
+            ahead.prefetch_layer(0, hidden, c2)
+        for layer in range(LAYERS):
+            ids = rng.choice(E, size=(t, 2), replace=False if t == 1 else True).astype(np.int32)
+            a = plain(_node(layer), ids, None, hidden, ctx=c1)
+            b = ahead(_node(layer), ids, None, hidden, ctx=c2)
+            for p in "gud":
+                np.testing.assert_array_equal(c1.caches[f"L{layer}.{p}"][a], c2.caches[f"L{layer}.{p}"][b])
+                np.testing.assert_array_equal(c2.caches[f"L{layer}.{p}"][b], src[f"L{layer}.{p}"][ids])
+    ahead.drain()
+    _check_cache(ahead, src, c2)
+    s = ahead.stats
+    assert s.selected == plain.stats.selected and s.hits + s.experts_staged == s.selected
+    ahead.close()
+    assert s.prefetched + s.experts_staged > 0 and ahead._helper is None
+
+
+@native
+def test_caches_the_stager_cannot_address_are_written_by_row_writers():
+    from flare.core.errors import InputError
+
+    class Refusing(ArrayCtx):
+        def host_rows(self, name):
+            raise InputError(f"{name} is not in host memory")
+
+    st, src, _ = _stager(slots=4)
+    ctx = Refusing(4)
+    st(_node(0), np.array([[0, 1]], np.int32), ctx=ctx)
+    assert st._copier is None and ctx.writers == {"MainThread"}
+    _check_cache(st, src, ctx)
+    st.native_copy = False                               # turned off: row writers even where addressable
+    host = HostCtx(4)
+    st.invalidate()
+    st(_node(0), np.array([[2, 3]], np.int32), ctx=host)
+    assert st._copier is None and host.writers == {"MainThread"}
+    st.close()
+
+
+@native
+def test_models_with_native_prefetch_leave_no_thread_behind(tmp_path):
+    """Load, generate and release an offload model with prefetch many times: tokens equal the
+    resident model's every time, and the copy threads are gone after each release."""
+    from flare.models.moe_lm import MoeLM, encode
+    from flare.models.moe_lm import weights as moe_weights
+    from flare.models.moe_lm.config import get_config
+
+    cfg = get_config("tiny")
+    path = moe_weights.ensure(cfg, 0, tmp_path)
+    with MoeLM.load("tiny", experts="resident", weights_path=path) as ref_model:
+        want = ref_model.generate(encode("native copies"), 6, stop_at_eos=False)[0]
+    before = _threads()
+    for _ in range(6):
+        model = MoeLM.load("tiny", experts="offload", weights_path=path, prefetch=2)
+        assert model.generate(encode("native copies"), 6, stop_at_eos=False)[0] == want
+        assert model.stager._copier is not None and model.stager._helper is None
+        model.release()
+        assert _threads() == before
