@@ -71,6 +71,17 @@ def test_background_copies_finish_in_order_and_take_back_drops_only_unstarted_on
         c.close()
 
 
+def test_a_spinning_copy_thread_copies_the_same_and_stops_on_close():
+    before = _threads()
+    src, dst = _pair(16 * 65_536, seed=5)
+    c = Copier(spin_us=2000)                            # idle spin between jobs instead of sleeping
+    for k in range(16):                                 # jobs arriving while it spins
+        c.wait(c.submit(_segments(dst[k * 65_536:], src[k * 65_536:], [65_536])))
+    assert np.array_equal(dst, src)
+    c.close()                                           # stops a spinning thread too
+    assert _threads() == before
+
+
 def test_a_full_ring_queues_nothing():
     src, dst = _pair(4096, seed=2)
     c = Copier(capacity=4)
