@@ -73,7 +73,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import native_copy
 from .errors import InputError, ModelError
 
 AGE_EVERY = 64   # staging calls of a layer between halvings of its use counts
@@ -206,19 +205,6 @@ class _PrefetchJob:
         self.record: int | None = None      # index of the traced staging call that queued it
 
 
-@dataclass
-class _NativeJob:
-    """One layer's guessed copies queued on the native copy thread: `ends[i]` is the ticket after
-    run i's segments, so run i was copied whole iff `ends[i] <=` the ticket `take_back` returns."""
-
-    layer: int
-    runs: list[Run]
-    ends: list[int]
-    guessed: tuple[int, ...]
-    record: int | None
-    queued: float
-
-
 class ExpertStager:
     """The `stage_experts` host callback of one prepared MoE model (see the module docstring).
 
@@ -253,13 +239,6 @@ class ExpertStager:
         # False: settling waits for the whole job instead of taking unstarted copies back (the
         # counters then do not depend on thread timing: tests use it to check the guesses)
         self.take_back = True
-        # copies into host-memory caches by C (native_copy.py) where it builds: demand copies on
-        # this thread in one call per staging call, prefetch copies on the native copy thread (no
-        # Python helper thread); False: NumPy copies, and prefetch on the Python helper thread
-        self.native_copy = native_copy.available()
-        self._copier: native_copy.Copier | None = None
-        self._targets: list[tuple[tuple[int, int, int], ...] | None] = []
-        self._native_job: _NativeJob | None = None
         if prefetch:
             self.enable_prefetch(prefetch, router)
 
@@ -283,22 +262,17 @@ class ExpertStager:
         """Forget what the caches hold (a new prepared graph starts empty)."""
         self.drain()
         self._layers = self._empty_layers()
-        self._writer_ctx, self._writers, self._targets = None, [], []
+        self._writer_ctx, self._writers = None, []
 
     def drain(self) -> None:
         """Settle a pending prefetch (before anything else reads the caches or counters): cancel
         it if not begun, drop the copies it has not started, wait for the one in flight."""
         if self._job is not None:
             self._settle(())
-        if self._native_job is not None:
-            self._settle_native(())
 
     def close(self) -> None:
         """Drain and stop the helper thread (idempotent); call before the caches are released."""
         self.drain()
-        copier, self._copier = self._copier, None
-        if copier is not None:
-            copier.close()
         helper, self._helper = self._helper, None
         if helper is not None:
             assert self._stop_helper is not None
@@ -340,8 +314,6 @@ class ExpertStager:
         taken_back = 0
         if self._job is not None:
             taken_back = self._settle(needed if self._job.layer == layer else (), ctx)
-        if self._native_job is not None:
-            taken_back = self._settle_native(needed if self._native_job.layer == layer else (), ctx)
         if len(needed) > self.slots:
             raise ExpertCacheError(
                 f"{self.label}: layer {layer}: a step selects {len(needed)} distinct experts for "
@@ -383,36 +355,12 @@ class ExpertStager:
         """Copy `runs` of `layer` from the source into the caches (staging thread, inside the
         execute: the graph's lock is held, so its lock-free row writers are safe here too)."""
         writers = self._layer_writers(layer, ctx)
-        copier = self._native_copier(layer)
-        if copier is not None:
-            copier.copy_here(self._segments(layer, runs))
-            self.stats.bytes_staged += self._expert_bytes[layer] * sum(n for _, _, n in runs)
-        else:
-            for first, slot, count in runs:
-                for write, src in zip(writers, self._sources[layer]):
-                    write(slot, src[first: first + count])
-                self.stats.bytes_staged += self._expert_bytes[layer] * count
+        for first, slot, count in runs:
+            for write, src in zip(writers, self._sources[layer]):
+                write(slot, src[first: first + count])
+            self.stats.bytes_staged += self._expert_bytes[layer] * count
         self.stats.copies += len(runs)
         self.stats.writes += len(runs) * len(self._names[layer])
-
-    def _native_copier(self, layer: int) -> native_copy.Copier | None:
-        """The native copy thread (started on first use) where `layer`'s caches take native
-        copies (after `_layer_writers` resolved them); None: copy with the row writers."""
-        if not self.native_copy or layer >= len(self._targets) or self._targets[layer] is None:
-            return None
-        if self._copier is None:
-            try:
-                self._copier = native_copy.Copier()
-            except native_copy.CopierError:   # no thread: NumPy copies from now on
-                self.native_copy = False
-        return self._copier
-
-    def _segments(self, layer: int, runs: Sequence[Run]) -> list[tuple[int, int, int]]:
-        """(cache address, source address, bytes) of each tensor of each run, run by run."""
-        targets = self._targets[layer]
-        assert targets is not None
-        return [(dst + slot * row, src + first * row, count * row)
-                for first, slot, count in runs for dst, src, row in targets]
 
     # -- prefetch -------------------------------------------------------------------
     def prefetch_layer(self, layer: int, hidden: np.ndarray | Callable[[], np.ndarray], ctx: Any) -> None:
@@ -434,7 +382,7 @@ class ExpertStager:
         copies skip write_rows' guard), else `ctx.write_rows` (caches on another device, whose
         writes prefetch never makes; tests and the reference ctx, which have no row_writer)."""
         if ctx is not self._writer_ctx:
-            self._writer_ctx, self._writers, self._targets = ctx, [], []
+            self._writer_ctx, self._writers = ctx, []
         while len(self._writers) <= layer:
             i = len(self._writers)
             make = getattr(ctx, "row_writer", None)
@@ -446,38 +394,11 @@ class ExpertStager:
                 writers = tuple((lambda n: lambda row, a: ctx.write_rows(n, row, a))(name)
                                 for name in self._names[i])
             self._writers.append(writers)
-            self._targets.append(self._native_targets(i, ctx))
         return self._writers[layer]
-
-    def _native_targets(self, layer: int, ctx: Any) -> tuple[tuple[int, int, int], ...] | None:
-        """(cache address, source address, bytes per expert) of each of `layer`'s tensors, for
-        the native copy thread: only where the cache is a C-contiguous host view (`host_rows`)
-        with the source's row layout and bytes; None otherwise (the row writers copy)."""
-        host_rows = getattr(ctx, "host_rows", None)
-        if host_rows is None:
-            return None
-        out = []
-        try:
-            for name, src in zip(self._names[layer], self._sources[layer]):
-                dst = host_rows(name)
-                row = src[0].nbytes
-                if (dst.dtype != src.dtype or dst.shape[1:] != src.shape[1:] or not dst.flags.c_contiguous
-                        or not src.flags.c_contiguous):
-                    return None
-                out.append((int(dst.ctypes.data), int(src.ctypes.data), int(row)))
-        except InputError:
-            return None
-        return tuple(out)
 
     def _start_prefetch(self, layer: int, hidden: np.ndarray | Callable[[], np.ndarray], ctx: Any,
                         queued_by_stage: bool = False) -> None:
-        """Queue the guess-and-copy of `layer`: guessed here and copied by the native copy thread
-        where the caches take native copies, else both on the Python helper thread."""
-        self._layer_writers(layer, ctx)
-        copier = self._native_copier(layer)
-        if copier is not None:
-            self._start_native_prefetch(copier, layer, hidden, queued_by_stage)
-            return
+        """Queue the guess-and-copy of `layer` for the helper thread (started on first use)."""
         if self._helper is None:
             # the thread holds only the queue, so a stager dropped without close() is collected,
             # and its finalizer stops the thread
@@ -492,66 +413,6 @@ class ExpertStager:
         self._job = job
         assert self._jobs is not None
         self._jobs.put(job)
-
-    def _start_native_prefetch(self, copier: native_copy.Copier, layer: int,
-                               hidden: np.ndarray | Callable[[], np.ndarray], queued_by_stage: bool) -> None:
-        """Guess `layer`'s experts on this thread (a few small NumPy calls: no Python on another
-        thread to contend for the GIL) and queue their copies on the native copy thread, which
-        runs them while this thread computes; the next staging call settles them."""
-        t0 = time.perf_counter()
-        h = np.asarray(hidden() if callable(hidden) else hidden)
-        guessed, runs = self._plan(layer, h) if h.size else ((), [])
-        if runs:
-            segments = self._segments(layer, runs)
-            ticket = copier.submit(segments)
-            if ticket < 0:                    # the ring is full (never with one job at a time): give the slots back
-                cache = self._layers[layer]
-                for first, slot, count in runs:
-                    for j in range(count):
-                        cache.take(slot + j)
-            else:
-                per_run = len(self._names[layer])
-                base = ticket - len(segments)
-                record = len(self.records) - 1 if queued_by_stage and self.trace and self.records else None
-                self._native_job = _NativeJob(layer, runs, [base + per_run * (i + 1) for i in range(len(runs))],
-                                              guessed, record, t0)
-        self.stats.prefetch_seconds += time.perf_counter() - t0
-
-    def _settle_native(self, needed: Sequence[int], ctx: Any = None) -> int:
-        """End the pending native job (staging thread): take back the copies not started, wait
-        for the one in flight; runs copied whole count as prefetched, the others' experts are
-        copied here if in `needed` and their slots freed otherwise. Returns how many it copied here."""
-        job, self._native_job = self._native_job, None
-        assert job is not None and self._copier is not None
-        t0 = time.perf_counter()
-        started = self._copier.take_back() if self.take_back else job.ends[-1]
-        self._copier.wait(started)
-        st = self.stats
-        st.prefetch_wait_seconds += time.perf_counter() - t0
-        copied = [run for run, end in zip(job.runs, job.ends) if end <= started]
-        rest = [run for run, end in zip(job.runs, job.ends) if end > started]
-        n_copied = sum(n for _, _, n in copied)
-        st.prefetched += n_copied
-        st.copies += len(copied)
-        st.writes += len(copied) * len(self._names[job.layer])
-        st.bytes_staged += self._expert_bytes[job.layer] * n_copied
-        if job.record is not None and job.guessed and job.record < len(self.records):
-            last = self.records[job.record]
-            self.records[job.record] = StageRecord(last.layer, last.selected, last.staged, last.runs, last.evicted,
-                                                   job.guessed)
-        cache = self._layers[job.layer]
-        want = set(needed)
-        mine: list[int] = []
-        for first, slot, count in rest:      # not copied whole: a part may hold another expert's bytes
-            for j in range(count):
-                if first + j in want:
-                    mine.append(first + j)
-                else:
-                    cache.take(slot + j)
-        if mine:
-            self._copy(job.layer, _runs(mine, sorted(cache.slot_of[e] for e in mine)), ctx)
-            cache.unused_prefetch.difference_update(mine)
-        return len(mine)
 
     def _run_job(self, job: _PrefetchJob) -> None:
         """The helper thread: guess, pick slots, then copy run by run until the job is taken back."""
@@ -594,15 +455,14 @@ class ExpertStager:
             job.cond.notify_all()
 
     def _plan(self, layer: int, hidden: np.ndarray) -> tuple[tuple[int, ...], list[Run]]:
-        """Guess `layer`'s experts from the residual stream and give them slots (the staging
-        thread on the native path, else the helper thread)."""
+        """Guess `layer`'s experts from the residual stream and give them slots (helper thread)."""
         weight_t, bias = self._routers[layer]
         x = hidden.reshape(-1, weight_t.shape[0]).astype(np.float32, copy=False)
         logits = x @ weight_t                  # the RMS norm's weight is folded into the router
         if bias is not None:
-            # the norm's 1/rms(x) scales each token's logits: it only changes their order with a
-            # bias (without one, the top n are the same and the norm is skipped: this runs on
-            # the staging thread, where every microsecond is on the step's critical path)
+            # the norm's 1/rms(x) scales each token's logits: it changes their order only with a
+            # bias (without one the top n are the same, and the norm is skipped: the guess is
+            # Python holding the GIL, which the compute thread waits for when it leaves C)
             logits *= (1.0 / np.sqrt(np.einsum("ij,ij->i", x, x) / x.shape[1] + 1e-6))[:, None]
             logits += bias
         n = min(self.prefetch, self.n_experts)

@@ -243,16 +243,6 @@ class PreparedGraph:
         store, devices = self.persistent, self.devices
         return lambda row, array: state_rows.write_rows(store, devices, name, row, array)
 
-    def host_rows(self, name: str) -> np.ndarray:
-        """The host view of a state/cache tensor on a CPU device, for the owner of a host
-        callback whose native copy thread writes rows itself (expert staging: the addresses of
-        cache slots). Same rules as `row_writer`: the owner keeps its copies off rows an execute
-        uses and finishes them before `release()`; InputError where the tensor is not in host memory."""
-        self.row_writer(name)                      # the checks (alive, known, on a CPU device)
-        view = state_rows.host_view(self.persistent, self.devices, name)
-        assert view is not None
-        return view
-
     def __enter__(self) -> "PreparedGraph":
         return self
 

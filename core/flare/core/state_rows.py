@@ -34,19 +34,6 @@ def rows(store: PersistentStore, name: str, row: int, count: int) -> tuple[str, 
                         (row_elems, *t.strides[1:]) if len(t.shape) > 1 else (1,), t.dtype)
 
 
-def host_view(store: PersistentStore, devices: Mapping[str, Device], name: str) -> np.ndarray | None:
-    """The whole host view of state/cache tensor `name` on a CPU device (resolved once: its
-    buffer never moves), or None where the tensor lives in memory the host does not address."""
-    cached = store.state_views.get(name)
-    if cached is None:
-        dev, buf, t = store.states[name]
-        if devices[dev].backend != "cpu":
-            return None
-        view = devices[dev].host_view(Binding(buf, 0, t.shape, t.strides, t.dtype))
-        cached = store.state_views[name] = (view, math.prod(t.shape[1:]))
-    return cached[0]
-
-
 def write_rows(store: PersistentStore, devices: Mapping[str, Device], name: str, row: int, array: np.ndarray) -> None:
     """Write `array` (any shape holding whole rows) into `name` from `row` on.
 
@@ -55,11 +42,12 @@ def write_rows(store: PersistentStore, devices: Mapping[str, Device], name: str,
     (of bytes, for block-quantized dtypes)."""
     cached = store.state_views.get(name)
     if cached is None:
-        view = host_view(store, devices, name)
-        if view is None:
+        dev, buf, t = store.states[name]
+        if devices[dev].backend != "cpu":
             _write_rows_device(store, devices, name, row, array)
             return
-        cached = store.state_views[name]
+        view = devices[dev].host_view(Binding(buf, 0, t.shape, t.strides, t.dtype))
+        cached = store.state_views[name] = (view, math.prod(t.shape[1:]))
     view, row_elems = cached
     a = array if type(array) is np.ndarray and array.dtype == view.dtype else np.asarray(array, view.dtype)
     count, rest = divmod(a.size, row_elems)
