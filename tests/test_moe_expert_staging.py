@@ -305,3 +305,29 @@ def test_a_stager_dropped_without_close_is_collected_and_stops_its_helper():
     assert gone() is None                  # the helper thread kept no reference to it
     helper.join(5)
     assert not helper.is_alive()           # and its finalizer stopped the thread
+
+
+def test_models_with_prefetch_leave_no_thread_behind_after_many_loads(tmp_path):
+    """Load, generate and release an offload model with prefetch several times: the tokens equal
+    the resident model's every time, and the helper thread is gone after each release."""
+    import os
+
+    from flare.models.moe_lm import MoeLM, encode
+    from flare.models.moe_lm import weights as moe_weights
+    from flare.models.moe_lm.config import get_config
+
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    cfg = get_config("tiny")
+    path = moe_weights.ensure(cfg, 0, tmp_path)
+    with MoeLM.load("tiny", experts="resident", weights_path=path) as ref_model:
+        want = ref_model.generate(encode("many loads"), 6, stop_at_eos=False)[0]
+    before = threads()
+    for _ in range(5):
+        model = MoeLM.load("tiny", experts="offload", weights_path=path, prefetch=2)
+        model.stager.take_back = False            # every guess copied: the helper surely ran
+        assert model.generate(encode("many loads"), 6, stop_at_eos=False)[0] == want
+        assert model.stager._helper is not None and model.stager.stats.prefetched > 0
+        model.release()
+        assert threads() == before and model.stager._helper is None

@@ -43,13 +43,28 @@ layer 0's FFN sees but for layer 0's attention.
 Layer i+1's staging call settles the job first, then stages as always, so
 outputs never change. Settling cancels a job the helper has not begun, takes
 back the runs it has not started (copying the ones this step needs itself,
-freeing the slots of wrong guesses) and waits only for the run in flight. So
-on a busy machine, where the helper may not get a core in time, prefetch costs
-little more than staging without it; where a core is free, copies of right
-guesses leave the critical path and a wrong guess costs a copy (and possibly
-an eviction). The helper writes the caches from another thread, which only
-host-memory (CPU) caches allow; models refuse prefetch where an expert cache
-lives on another device.
+freeing the slots of wrong guesses) and waits only for the run in flight, so
+outputs never depend on how far the helper got. The helper writes the caches
+from another thread, which only host-memory (CPU) caches allow; models refuse
+prefetch where an expert cache lives on another device. It is meant for a
+session computing on one thread, the helper taking the machine's second core.
+
+What it costs, measured on the 2-vCPU machine (AMD EPYC VM), 1 compute thread:
+a staged GGUF decode step (bench-moe, 4 layers) is ~300 us resident; staging
+adds ~46 us of host-node round trips (4 per step, ~11 us each: this callback's
+bookkeeping ~5 us, the host step's input/output copies and the extra device
+split) and ~21 us of copies (~1.5 missing Q4_0 experts per step, 221 KB each,
+~14 us). Prefetch saves little of that: it avoids ~0.1 (GGUF, hit rate 0.85 ->
+0.89) to ~0.6 (moe-lm `mid` prefill, 0.66 -> 0.78) demand copies per staging
+call, but each job costs the staging thread the hand-over (waking the helper:
+tens of microseconds on these VMs, more when the machine is busy), the GIL
+while the helper runs its guess (~6 us, 13 with a router bias) and copies,
+and the bandwidth its copies take from the compute thread, more than the
+copies it saves: prefetch was slower than staging without it in every
+side-by-side run here. A native copy thread (C, no GIL, the guess on the
+staging thread) was tried and backed out, measured no better. Prefetch can pay
+where guesses are right more often, experts are large next to the staging
+call's fixed costs, and a hand-over between cores is cheap.
 
 Threads: one stager belongs to one prepared graph. Its calls come from that
 graph's executes, which take turns on the graph's lock, so it takes no lock of
@@ -458,13 +473,19 @@ class ExpertStager:
         """Guess `layer`'s experts from the residual stream and give them slots (helper thread)."""
         weight_t, bias = self._routers[layer]
         x = hidden.reshape(-1, weight_t.shape[0]).astype(np.float32, copy=False)
-        x = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-6)       # the RMS norm, its weight folded in
-        logits = x @ weight_t
+        logits = x @ weight_t                  # the RMS norm's weight is folded into the router
         if bias is not None:
+            # the norm's 1/rms(x) scales each token's logits: it changes their order only with a
+            # bias (without one the top n are the same, and the norm is skipped: the guess is
+            # Python holding the GIL, which the compute thread waits for when it leaves C)
+            logits *= (1.0 / np.sqrt(np.einsum("ij,ij->i", x, x) / x.shape[1] + 1e-6))[:, None]
             logits += bias
         n = min(self.prefetch, self.n_experts)
-        top = np.argpartition(-logits, n - 1, axis=-1)[:, :n] if n < self.n_experts else np.argsort(-logits, -1)
-        guess = sorted(set(top.ravel().tolist()))
+        if n == 1:
+            guess = sorted(set(logits.argmax(axis=-1).tolist()))
+        else:
+            top = np.argpartition(-logits, n - 1, axis=-1)[:, :n] if n < self.n_experts else np.argsort(-logits, -1)
+            guess = sorted(set(top.ravel().tolist()))
         cache = self._layers[layer]
         missing = [e for e in guess if e not in cache.slot_of][: self.slots]
         victims = cache.victims(len(missing), set(guess)) if missing else []

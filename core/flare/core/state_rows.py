@@ -38,7 +38,8 @@ def write_rows(store: PersistentStore, devices: Mapping[str, Device], name: str,
     """Write `array` (any shape holding whole rows) into `name` from `row` on.
 
     Expert staging writes a few rows per layer per step: on a CPU device the tensor's
-    host view is resolved once (`store.state_views`) and a write is one slice assignment."""
+    host view is resolved once (`store.state_views`) and a write is one slice assignment
+    (of bytes, for block-quantized dtypes)."""
     cached = store.state_views.get(name)
     if cached is None:
         dev, buf, t = store.states[name]
@@ -52,7 +53,13 @@ def write_rows(store: PersistentStore, devices: Mapping[str, Device], name: str,
     count, rest = divmod(a.size, row_elems)
     if rest or row < 0 or row + count > view.shape[0]:
         raise InputError(f"write_rows: {a.shape} at row {row} does not fit {name!r} {view.shape}")
-    view[row: row + count] = a.reshape((count, *view.shape[1:]))
+    dst, src = view[row: row + count], a.reshape((count, *view.shape[1:]))
+    if view.dtype.fields is not None and dst.flags.c_contiguous and src.flags.c_contiguous:
+        # block-quantized rows (Q4_0, ...) are structured dtypes, which NumPy assigns field by
+        # field: ~10x slower than the byte copy they are (40 vs 4 us per 72 KB expert tensor)
+        dst.view(np.uint8)[...] = src.view(np.uint8)
+    else:
+        dst[...] = src
 
 
 def _write_rows_device(store: PersistentStore, devices: Mapping[str, Device], name: str, row: int,
