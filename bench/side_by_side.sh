@@ -7,16 +7,20 @@ cd "$(dirname "$0")/.."
 export OPENBLAS_NUM_THREADS=1
 round=$1; shift
 out=${FLARE_BENCH_OUT:-/tmp}/side-by-side-r$round-$(date +%H%M).txt
-pair() { echo "=== $1 vs $2 ($3)" | tee -a $out; timeout 1200 flare bench "$1" "$2" --blocks 2 --no-progress --json /tmp/b.json 2>&1 | grep -E "B/A|│ +[0-9]+ │|identical|DIFFERENT|median|ratio|accept|not comparable" | tee -a $out; }
+# pair A B LABEL [extra flare bench arguments]
+pair() { echo "=== $1 vs $2 ($3) ${4:-}" | tee -a $out; timeout 1200 flare bench "$1" "$2" --blocks 2 ${4:-} --no-progress --json /tmp/b.json 2>&1 | grep -E "B/A|│ +[0-9]+ │|identical|DIFFERENT|median|ratio|accept|not comparable" | tee -a $out; }
 C=bench/configs
 for g in "$@"; do case $g in
  silero) pair $C/silero_onnxruntime.toml $C/silero_flare_cpu.toml t1; pair $C/silero_onnxruntime_t2.toml $C/silero_flare_cpu_t2.toml t2;;
  minilm) pair $C/minilm_onnxruntime_b1.toml $C/minilm_flare_b1.toml t1; pair $C/minilm_onnxruntime_b1_t2.toml $C/minilm_flare_b1_t2.toml t2
          pair $C/minilm_onnxruntime_b32.toml $C/minilm_flare_b32.toml t1; pair $C/minilm_onnxruntime_b32_t2.toml $C/minilm_flare_b32_t2.toml t2
          pair $C/minilm_flare_b32.toml $C/minilm_flare_b32_t2.toml scaling;;
- moe) pair $C/moe_resident.toml $C/moe_resident_t2.toml scaling; pair $C/moe_resident.toml $C/moe_offload.toml offload
-      pair $C/moe_resident.toml $C/moe_offload_prefetch.toml offload-prefetch
-      pair $C/gguf_moe_resident.toml $C/gguf_moe_offload.toml gguf-offload; pair $C/gguf_moe_resident.toml $C/gguf_moe_offload_prefetch.toml gguf-offload-prefetch;;
+ moe) pair $C/moe_resident.toml $C/moe_resident_t2.toml scaling; pair $C/moe_resident_small.toml $C/moe_resident_small_t2.toml scaling-small
+      # staging pairs at 8 requests a run: at the default 2 a run is ~0.1 s and the ratio swings with any noise
+      pair $C/moe_resident.toml $C/moe_offload.toml offload "--requests 8"
+      pair $C/moe_resident.toml $C/moe_offload_prefetch.toml offload-prefetch "--requests 8"
+      pair $C/gguf_moe_resident.toml $C/gguf_moe_offload.toml gguf-offload "--requests 8"
+      pair $C/gguf_moe_resident.toml $C/gguf_moe_offload_prefetch.toml gguf-offload-prefetch "--requests 8";;
  smol) pair $C/smollm2_decode_llamacpp_t1.toml $C/smollm2_decode_cpu_t1.toml t1; pair $C/smollm2_decode_llamacpp_t2.toml $C/smollm2_decode_cpu_t2.toml t2
        pair $C/smollm2_prefill_llamacpp_t1.toml $C/smollm2_prefill_cpu_t1.toml t1; pair $C/smollm2_prefill_llamacpp_t2.toml $C/smollm2_prefill_cpu_t2.toml t2
        echo "=== fresh-process RSS decode t1" | tee -a $out; timeout 900 python bench/fresh_rss.py $C/smollm2_decode_llamacpp_t1.toml $C/smollm2_decode_cpu_t1.toml --blocks 1 2>&1 | tail -2 | tee -a $out;;
