@@ -8,6 +8,8 @@ blocks of steps, so a shared machine's load falls on both alike; p10 stands for 
 
 - `decode`: one token (position 40 of sequence 0), `prefill`: one 4-token chunk (the bench's
   prompts are prefilled in such chunks: 12 per 48-token prompt, then 15 decode steps).
+- `rest`: p10 of the step minus p10 of its native part, i.e. the Python around it (a difference
+  of two distributions: on a loaded machine it carries their noise too).
 - `hot`: the same token every step (its experts stay in cache); `cold`: a random token each
   step (random experts: mid's 48 MiB of experts do not fit the 32 MiB L3), as in real text.
 
@@ -80,7 +82,7 @@ def main() -> None:
                 step, native = (np.array(times[(t, p)]) * 1e6 for p in ("step", "native"))
                 cells.append(f"{t} thread(s): step {np.percentile(step, 10):6.0f} / {np.median(step):6.0f}, "
                              f"native {np.percentile(native, 10):6.0f} / {np.median(native):6.0f}, "
-                             f"python ~{np.percentile(step, 10) - np.percentile(native, 10):4.0f}")
+                             f"rest ~{np.percentile(step, 10) - np.percentile(native, 10):4.0f}")
             print(f"  {entry:7s} {cache:4s}  " + " | ".join(cells))
     for session, model in loaded.values():
         model.release()
