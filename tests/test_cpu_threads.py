@@ -219,6 +219,47 @@ def test_a_bad_index_in_a_split_list_is_the_same_typed_error():
             pg.release()
 
 
+SMALL_VOCAB = 6
+
+
+def between_splits(b, shapes):
+    """Split products around a run of small commands that do not split (one step of the walk,
+    run by one thread): a lookup in a 6-row table, an add, a scale, a tanh."""
+    x = b.input("x", shapes["x"])                                                        # [T, D]
+    h = b.matmul(x, b.weight("w1", W["w1"]), transpose_b=True)                           # split
+    small = b.get_rows(b.weight("table", W["emb"][:SMALL_VOCAB, :8]), b.input("ids", shapes["ids"], "i32"))
+    tail = b.tanh(b.scale(b.add(small, b.weight("bias8", W["b1"][:8])), scale=0.5, bias=0.1))  # unsplit run
+    b.output("tail", tail)
+    b.output("y", b.matmul(h, b.weight("w2", W["w2"]), transpose_b=True))                # split
+
+
+def test_a_run_of_unsplit_commands_between_split_ones():
+    """The walk runs consecutive unsplit commands as one step: outputs as at one thread, and a bad
+    index in the middle of such a run is IndexError naming that node (the run stops there)."""
+    shapes = {"x": (T, D), "ids": (4,)}
+    rng = np.random.default_rng(3)
+    feed = {"x": rng.standard_normal((T, D)).astype(np.float32), "ids": np.array([0, 5, 2, 1], np.int32)}
+    with _session(1) as sess:
+        pg = sess.prepare({"full": between_splits}, {"full": shapes})
+        want = {k: v.copy() for k, v in pg.execute("full", **feed).items()}
+        pg.release()
+    for threads in (2, 3):
+        with _session(threads) as sess:
+            pg = sess.prepare({"full": between_splits}, {"full": shapes})
+            split = pg.describe()["entries"]["full"]["split_list"][0]
+            assert split["split_commands"] >= 2, split                # the products around the run split
+            before = sess.devices[0].pool.regions()
+            got = pg.execute("full", **feed)
+            assert sess.devices[0].pool.regions() > before
+            for name in want:
+                np.testing.assert_array_equal(got[name], want[name], err_msg=f"{name} at {threads} threads")
+            with pytest.raises(IndexError, match="get_rows"):
+                pg.execute("full", x=feed["x"], ids=np.array([0, SMALL_VOCAB, 1, 2], np.int32))
+            got = pg.execute("full", **feed)                            # and it still runs afterwards
+            np.testing.assert_array_equal(got["tail"], want["tail"])
+            pg.release()
+
+
 def test_a_forked_child_runs_the_lists_on_its_own_thread():
     """A child forked after the pool started has none of its workers: it must not wait for them."""
     import signal
