@@ -35,7 +35,7 @@ class NeedsTrace(Exception):
 
 DETERMINISTIC_HOST_STEPS = frozenset({"NonZero", "Unique", "Compress", "NonMaxSuppression"})
 RANDOM_HOST_STEPS = frozenset({"RandomNormalLike", "RandomUniformLike"})
-RECORDINGS_PER_SHAPE, SHAPES_KEPT = 4, 32  # a recording holds slim segments (Segment.slim) and read values: bounded
+RECORDINGS_PER_SHAPE, SHAPES_KEPT = 16, 32  # a recording holds slim segments (Segment.slim) and read values: bounded
 
 
 class Recording:
