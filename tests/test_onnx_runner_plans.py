@@ -150,16 +150,19 @@ def test_replay_feeds_new_data_and_checks_what_the_trace_read(tmp_path):
         _check(model, runner, keep_odd + 0.125)               # same places kept, other values: replayed
         assert runner.stats["replayed"] == 1
         assert runner.stats.get("reused", 0) == 0
-        _check(model, runner, keep_first)                     # NonZero reads other places: traced again
-        assert runner.stats["replayed"] == 1
-        assert runner.stats["reused"] == 1                    # ... taking the first segment the replay ran
-        assert runner.reuse == {}
+        segments = runner.stats["segments_run"]
+        _check(model, runner, keep_first)                     # NonZero reads other places: traced again,
+        assert runner.stats["replayed"] == 1                  # ... resumed at NonZero (the checkpoint of
+        assert runner.stats["resumed"] == 1                   # the segment it closed), after the first
+        assert runner.stats["segments_run"] == segments + 2   # segment the replay ran: not run again
+        assert runner.stats.get("reused", 0) == 0
+        assert runner.reuse == {} and runner.resume is None
         _check(model, runner, keep_odd - 0.0625)              # the first recording, found by what was read
         _check(model, runner, keep_first + 0.5)
         assert runner.stats["replayed"] == 3
         _check(model, runner, np.linspace(-1, 3, 7).astype(np.float32))  # another shape: traced
         assert runner.stats["replayed"] == 3
-        assert runner.stats["reused"] == 1
+        assert runner.stats["resumed"] == 1
         runner.release()
 
 

@@ -42,7 +42,7 @@ from flare.core.graph import INPUT, WEIGHT, GraphBuilder, Tensor
 
 from .errors import OnnxError, UnsupportedOpError
 from .loader import DEFAULT_DOMAINS, OnnxModel
-from .replay import NeedsTrace, Recording, Recordings
+from .replay import Checkpoint, NeedsTrace, Recording, Recordings, Resume
 from .values import BOOL, Val, flare_dtype, flare_shape, from_flare_array, is_wide, to_flare_array
 
 ENTRY = "main"
@@ -262,6 +262,7 @@ class OnnxRunner:
         self.recordings = Recordings()  # traces replayed for later calls of the same input shapes (replay.py)
         # segments a failed replay ran, for the trace that follows: (key, ordinal) -> (feeds, results)
         self.reuse: dict[tuple, tuple] = {}
+        self.resume: Resume | None = None  # where a failed replay lets the trace start (replay.py)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self._lock:
@@ -272,11 +273,12 @@ class OnnxRunner:
                 return out
             rec = Recording()
             host_steps = self.stats["host_steps"]
+            resume, self.resume = self.resume, None
             try:
-                out = Tracer(self, inputs, rec).run()
+                out = Tracer(self, inputs, rec, resume).run()
             finally:
                 self.reuse = {}
-            rec.host_steps = self.stats["host_steps"] - host_steps
+            rec.host_steps = self.stats["host_steps"] - host_steps + (resume.checkpoint.host_steps if resume else 0)
             self.recordings.add(key, rec)
             return out
 
@@ -444,7 +446,8 @@ class OnnxRunner:
 class Tracer:
     """One walk over the nodes for one call; see the module docstring."""
 
-    def __init__(self, runner: OnnxRunner, inputs: Mapping[str, np.ndarray], rec: Recording | None = None):
+    def __init__(self, runner: OnnxRunner, inputs: Mapping[str, np.ndarray], rec: Recording | None = None,
+                 resume: Resume | None = None):
         from . import lowering
 
         self.rec = rec or Recording()
@@ -461,7 +464,48 @@ class Tracer:
             self.env[name] = Val(name, tuple(arr.shape), arr.dtype, const=arr, runtime=True)
             self.rec.mark(arr, ("input", name))
         self.position = -1
+        self.start = 0              # the first node walked (a resumed trace starts later)
+        self._depth = 0             # inside If branches (run_branch): no checkpoints there
+        self._count = self._anon = self._count_at_node = self._anon_at_node = 0
+        self._host_steps0 = runner.stats["host_steps"]
+        self._prefix_summaries: list = []
         self._new_segment()
+        if resume is not None:
+            self._restore(resume)
+
+    def _restore(self, resume: Resume) -> None:
+        """Continue a replay that gave up: the live values of its checkpoint, bound to this
+        call's arrays, and the walk from the checkpoint's node."""
+        cp = resume.checkpoint
+        self.rec.resumed(resume)
+        for name, shape, dtype, src, fixed, runtime in cp.values:
+            arr = resume.value(src)
+            self.env[name] = Val(name, shape, dtype, const=arr, runtime=runtime, fixed=fixed)
+            if runtime:
+                self.rec.mark(arr, src)
+        self.start, self.ordinal, self._count, self._anon = cp.position, cp.ordinal, cp.count, cp.anon
+        self._host_steps0 -= cp.host_steps
+        self._prefix_summaries = list(resume.summaries)
+        self.runner.stats["resumed"] = self.runner.stats.get("resumed", 0) + 1
+
+    def _checkpoint(self) -> Checkpoint | None:
+        """The state a resumed trace needs to walk on from the node being stepped, or None
+        where a live value has no known source (or none yet)."""
+        pos = self.position
+        if self._depth or not 0 <= pos < len(self.nodes) or not self.rec.valid:
+            return None
+        init = self.model.initializers
+        last_use = self.last_use
+        values = []
+        for name, v in self.env.items():
+            if last_use.get(name, -1) < pos or name in init:
+                continue
+            src = self.rec.known_source(v)
+            if src is None:
+                return None
+            values.append((name, v.shape, v.dtype, src, v.fixed, v.runtime))
+        return Checkpoint(pos, self.ordinal + 1, self._count_at_node, self._anon_at_node,
+                          self.runner.stats["host_steps"] - self._host_steps0, tuple(values))
 
     # -- segments -------------------------------------------------------------
     def _new_segment(self) -> None:
@@ -493,6 +537,9 @@ class Tracer:
                 v.tensor = None
                 v.runtime = True
             self.rec.closed(index, [(f"out{i}", v) for i, v in enumerate(wanted.values())])
+            cp = self._checkpoint()
+            if cp is not None:
+                self.rec.checkpoint(cp)
         for v in self.live_tensors.values():
             v.tensor = None  # dead values of the closed segment are gone
         self._new_segment()
@@ -506,7 +553,7 @@ class Tracer:
             raise OnnxError(f"value {v.name!r} was used after its segment closed")
         anonymous = not v.name
         if anonymous:
-            self._anon = getattr(self, "_anon", 0) + 1
+            self._anon += 1
             v.name = f"const{self._anon}@{self.position}"
         leaf = self.leaves.get(v.name)
         if leaf is None:
@@ -540,7 +587,7 @@ class Tracer:
         return self.b.op(op, *srcs, name=self._name(op), **params)
 
     def _name(self, op: str) -> str:
-        self._count = getattr(self, "_count", 0) + 1
+        self._count += 1
         node = self.nodes[self.position] if 0 <= self.position < len(self.nodes) else None
         label = (node.name or node.op_type) if node is not None else "io"
         return f"{label}/{op}_{self._count}"
@@ -555,9 +602,11 @@ class Tracer:
 
     # -- the walk ----------------------------------------------------------------
     def run(self) -> dict[str, np.ndarray]:
-        self.runner.last_segments = []
-        for i, node in enumerate(self.nodes):
+        self.runner.last_segments = self._prefix_summaries
+        for i in range(self.start, len(self.nodes)):
+            node = self.nodes[i]
             self.position = i
+            self._count_at_node, self._anon_at_node = self._count, self._anon
             self.step(node, node.name or f"#{i} ({node.op_type})")
         self.position = len(self.nodes)
         final = [self.env[n] for n in self.model.output_names]
@@ -641,8 +690,12 @@ class Tracer:
         for t in graph.initializer:
             arr = read_tensor(t, None, self.model.path)
             self.env[t.name] = Val(t.name, tuple(arr.shape), arr.dtype, const=arr, fixed=True)
-        for j, node in enumerate(graph.node):
-            self.step(node, f"{graph.name}/{node.name or j}")
+        self._depth += 1
+        try:
+            for j, node in enumerate(graph.node):
+                self.step(node, f"{graph.name}/{node.name or j}")
+        finally:
+            self._depth -= 1
         out = []
         for o in graph.output:
             v = self.env[o.name]
