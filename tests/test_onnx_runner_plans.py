@@ -138,6 +138,26 @@ def test_a_full_family_is_replaced(tmp_path, monkeypatch):
     assert LEDGER.snapshot().count() == before
 
 
+def test_a_family_keeps_its_least_recently_used_plans_only(tmp_path, monkeypatch):
+    """PLANS_KEPT bounds the plans (host objects, compiled programs) of a family graph; a call
+    whose plan was dropped is planned again: traced (its recording has no tensors), and right."""
+    monkeypatch.setattr(runner_mod, "PLANS_KEPT", 2)
+    model, path = _ramp_model(tmp_path)
+    rng = np.random.default_rng(3)
+    xs = {n: rng.uniform(-1, 2, n).astype(np.float32) for n in (5, 6, 7)}
+    with Session(["cpu"]) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        for n in (5, 6, 7):
+            _check(model, runner, xs[n])
+        assert all(len(list(pg.plans.all())) <= 2 for pg in runner.prepared_graphs())
+        _check(model, runner, xs[7])                  # kept: replayed
+        assert runner.stats["replayed"] == 1
+        _check(model, runner, xs[5])                  # dropped: planned again, not replayed
+        assert runner.stats["replayed"] == 1
+        assert all(len(list(pg.plans.all())) <= 2 for pg in runner.prepared_graphs())
+        runner.release()
+
+
 def test_replay_feeds_new_data_and_checks_what_the_trace_read(tmp_path):
     model, path = _ramp_model(tmp_path)
     ramp = np.arange(6, dtype=np.float32) * 0.5

@@ -23,8 +23,10 @@ flow) gets a graph of its own, in a small LRU cache. Every graph of a runner
 shares one workspace (segments never run at the same time), so memory is the
 largest segment's arena, not the sum. The workspace grows with headroom
 (`WORKSPACE_HEADROOM`): each growth makes every plan re-bind, and sentence
-lengths grow it a little at a time. A family is replaced after
-`FAMILY_PLANS` shapes, which bounds the computed constants it accumulates.
+lengths grow it a little at a time. A family keeps its `PLANS_KEPT` most
+recently used plans (a dropped one is planned again when its shapes return),
+and is replaced after `FAMILY_PLANS` shapes, which bounds the computed
+constants it accumulates.
 A runner is not thread-safe: use one per thread (its Session may be shared;
 Flare's PreparedGraph takes turns).
 """
@@ -49,7 +51,8 @@ ENTRY = "main"
 CACHE_SIZE = 16      # graphs of segments outside their family (data-dependent structure)
 FOLD_MEMO, FOLD_MEMO_BYTES = 65536, 4096  # folds of small computed constants remembered by value (cleared when full)
 WORKSPACE_HEADROOM = 1.5  # GraphWorkspace headroom of a runner's shared arena
-FAMILY_PLANS = 64    # input shapes (plans) per family graph: 10 sentences of Piper use ~10 per family
+FAMILY_PLANS = 64    # input shapes a family graph serves before it is replaced (its computed constants)
+PLANS_KEPT = 24      # plans a family graph keeps, least recently used dropped (a dropped one is re-planned)
 # ops never folded at import time even when their inputs are constant (a fresh draw each run)
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 
@@ -351,7 +354,7 @@ class OnnxRunner:
         shapes = {ENTRY: {n: a.shape for n, a in seg.feeds.items()}}
         fam.pg = self.session.prepare({ENTRY: fam.build}, shapes, workspace=self.workspace,
                                       name=f"onnx:{self.model.path}#{where[0]}")
-        fam.pg.max_plans = FAMILY_PLANS
+        fam.pg.max_plans = PLANS_KEPT
         self._families[where] = fam
         return fam
 
