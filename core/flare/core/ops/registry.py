@@ -211,7 +211,7 @@ def norm_axis(node: str, op: str, axis: int, rank: int) -> int:
 def broadcast(node: str, op: str, *shapes: Sequence[int]) -> tuple[int, ...]:
     """NumPy's broadcast of `shapes`, in plain Python: asked for every elementwise node a graph
     builds (an ONNX trace builds thousands), where np.broadcast_shapes costs ~25 us a call."""
-    rank = max((len(s) for s in shapes), default=0)
+    rank = max(map(len, shapes), default=0)
     out = [1] * rank
     for s in shapes:
         for i, d in enumerate(s, rank - len(s)):
