@@ -110,6 +110,7 @@ def test_same_shapes_other_structure_get_a_graph_of_their_own(tmp_path):
             _check(model, runner, x)
         assert len(runner._plans) == 1  # the second structure's graph, outside the family
         assert runner.stats["replayed"] == 2  # the condition read back picks the recording of its branch
+        assert runner.stats["resumed"] == 1   # -pos: the trace resumed at the If (its checkpoint)
         runner.release()
     assert LEDGER.snapshot().count() == before
 
