@@ -49,14 +49,13 @@ def test_waveform_equals_onnxruntime(backend):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-3)
 
 
-def test_a_new_sentence_of_a_seen_bucket_resumes_the_trace_and_equals_onnxruntime():
+def test_a_new_sentence_of_a_seen_bucket_resumes_the_trace_and_equals_onnxruntime(backend):
     """Hello (33 ids) is traced; Good night (41 ids, the same bucket of 48) replays the encoder
     and duration predictor, gives up where its durations differ, and resumes the trace there
     (only the decoder's nodes walked); both within 1e-3 of onnxruntime's unpadded run."""
-    from flare.core.session import Session
-
     ref = ort.InferenceSession(str(VOICE.model_path), providers=["CPUExecutionProvider"])
-    with Session(["cpu"]) as sess, Piper(sess, VOICE, noise_scale=0.0, noise_w=0.0) as piper:
+    with backend.session(*([] if backend.name == "cpu" else ["cpu"])) as sess, \
+            Piper(sess, VOICE, noise_scale=0.0, noise_w=0.0) as piper:
         for k, text in enumerate(["Hello, world.", "Good night, world."]):
             ids = piper.ids(text)
             got = piper.synthesize_ids(ids)
