@@ -159,6 +159,25 @@ def test_a_family_keeps_its_least_recently_used_plans_only(tmp_path, monkeypatch
         runner.release()
 
 
+def test_the_fold_memo_keeps_small_outputs_within_its_byte_bound(tmp_path, monkeypatch):
+    """Folds of computed constants are remembered by value only for small outputs, and the memo
+    is cleared past FOLD_MEMO_TOTAL bytes (it held ~6 MB per new Piper sentence: whole-length
+    ConstantOfShape outputs); results stay right either way."""
+    model, path = _ramp_model(tmp_path)
+    with Session(["cpu"]) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        _check(model, runner, np.linspace(-1, 3, 6).astype(np.float32))
+        ranges = [key for key in runner._folded_by_value if key[0] == ("Range", ("zero", "n", "one"), ("r",))]
+        assert ranges and runner._folded_by_value_bytes >= 48     # Range(0, 6) as int64 remembered
+        monkeypatch.setattr(runner_mod, "FOLD_MEMO_OUT_BYTES", 8)   # Range(0, 7) as int64: 56 bytes
+        monkeypatch.setattr(runner_mod, "FOLD_MEMO_TOTAL", 64)
+        for n in (7, 8, 9):
+            _check(model, runner, np.linspace(-1, 3, n).astype(np.float32))
+            assert 0 < runner._folded_by_value_bytes <= 64
+            assert all(sum(v.const.nbytes for v in outs) <= 8 for outs in runner._folded_by_value.values())
+        runner.release()
+
+
 def test_replay_feeds_new_data_and_checks_what_the_trace_read(tmp_path):
     model, path = _ramp_model(tmp_path)
     ramp = np.arange(6, dtype=np.float32) * 0.5

@@ -49,7 +49,10 @@ from .values import BOOL, Val, flare_dtype, flare_shape, from_flare_array, is_wi
 
 ENTRY = "main"
 CACHE_SIZE = 16      # graphs of segments outside their family (data-dependent structure)
-FOLD_MEMO, FOLD_MEMO_BYTES = 65536, 4096  # folds of small computed constants remembered by value (cleared when full)
+# folds of small computed constants remembered by value: inputs up to FOLD_MEMO_BYTES, outputs up to
+# FOLD_MEMO_OUT_BYTES (a ConstantOfShape of a whole audio length is cheap to fold again, and kept it
+# was ~6 MB a new Piper sentence), cleared when it holds FOLD_MEMO entries or FOLD_MEMO_TOTAL bytes
+FOLD_MEMO, FOLD_MEMO_BYTES, FOLD_MEMO_OUT_BYTES, FOLD_MEMO_TOTAL = 65536, 4096, 16384, 16 << 20
 WORKSPACE_HEADROOM = 1.5  # GraphWorkspace headroom of a runner's shared arena
 FAMILY_PLANS = 64    # input shapes a family graph serves before it is replaced (its computed constants)
 PLANS_KEPT = 24      # plans a family graph keeps, least recently used dropped (a dropped one is re-planned)
@@ -253,6 +256,7 @@ class OnnxRunner:
         self.workspace = session.workspace(f"onnx:{model.path}:workspace", headroom=WORKSPACE_HEADROOM)
         self._folded: dict[tuple, list[Val]] = {}  # (op, inputs, outputs) -> outputs, for nodes of file constants only
         self._folded_by_value: dict[tuple, list[Val]] = {}  # (node, small input values) -> outputs
+        self._folded_by_value_bytes = 0
         self._fold_ops: dict[tuple, Any] = {}  # (node bytes, opset) -> onnx.reference kernel (lowering.base.fold)
         self._walk: tuple[list[Any], dict[str, int]] | None = None
         self._attrs: dict[int, tuple[Any, dict[str, Any]]] = {}
@@ -681,9 +685,14 @@ class Tracer:
                 v.fixed = True
             cache[key] = [Val("", v.shape, v.dtype, const=v.const, fixed=True) for v in outs]
         elif by_value is not None:
-            if len(memo) >= FOLD_MEMO:
-                memo.clear()
-            memo[by_value] = [Val("", v.shape, v.dtype, const=v.const) for v in outs]
+            size = sum(getattr(v.const, "nbytes", 0) for v in outs)
+            if size <= FOLD_MEMO_OUT_BYTES:
+                runner = self.runner
+                if len(memo) >= FOLD_MEMO or runner._folded_by_value_bytes + size > FOLD_MEMO_TOTAL:
+                    memo.clear()
+                    runner._folded_by_value_bytes = 0
+                memo[by_value] = [Val("", v.shape, v.dtype, const=v.const) for v in outs]
+                runner._folded_by_value_bytes += size
         return outs
 
     def run_branch(self, graph: Any) -> list[Val]:
