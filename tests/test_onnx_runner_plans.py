@@ -178,6 +178,31 @@ def test_the_fold_memo_keeps_small_outputs_within_its_byte_bound(tmp_path, monke
         runner.release()
 
 
+@pytest.mark.parametrize("limit, resumed", [(1 << 20, 1), (8, 0)])
+def test_a_checkpoint_keeps_computed_constants_up_to_a_bound(tmp_path, monkeypatch, limit, resumed):
+    """The ramp (a constant computed from x's length) is read after NonZero too, so the NonZero
+    checkpoint keeps it; past CHECKPOINT_BYTES the checkpoint is not taken and a replay that
+    diverges there traces the call whole. Right either way."""
+    monkeypatch.setattr(runner_mod, "CHECKPOINT_BYTES", limit)
+    f = TensorProto.FLOAT
+    base, _ = _ramp_model(tmp_path)
+    nodes = list(base.graph.node) + [helper.make_node("Gather", ["ramp", "idx"], ["rz"], axis=0),
+                                     helper.make_node("Add", ["z", "rz"], ["w"])]
+    model, path = _save(tmp_path, "ramp2", nodes, list(base.graph.input),
+                        [helper.make_tensor_value_info("w", f, ["K"])], list(base.graph.initializer))
+    ramp = np.arange(6, dtype=np.float32) * 0.5
+    keep_odd = np.where(np.arange(6) % 2 == 1, 1.5, 0.0).astype(np.float32) - ramp + 0.25
+    keep_first = np.where(np.arange(6) < 2, 1.5, 0.0).astype(np.float32) - ramp + 0.25
+    with Session(["cpu"]) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        _check(model, runner, keep_odd)
+        _check(model, runner, keep_first)                     # diverges at NonZero's input
+        assert runner.stats.get("resumed", 0) == resumed
+        _check(model, runner, keep_first + 0.5)               # its recording replays either way
+        assert runner.stats["replayed"] == 1
+        runner.release()
+
+
 def test_replay_feeds_new_data_and_checks_what_the_trace_read(tmp_path):
     model, path = _ramp_model(tmp_path)
     ramp = np.arange(6, dtype=np.float32) * 0.5

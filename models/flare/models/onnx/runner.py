@@ -55,6 +55,7 @@ CACHE_SIZE = 16      # graphs of segments outside their family (data-dependent s
 FOLD_MEMO, FOLD_MEMO_BYTES, FOLD_MEMO_OUT_BYTES, FOLD_MEMO_TOTAL = 65536, 4096, 16384, 16 << 20
 WORKSPACE_HEADROOM = 1.5  # GraphWorkspace headroom of a runner's shared arena
 FAMILY_PLANS = 64    # input shapes a family graph serves before it is replaced (its computed constants)
+CHECKPOINT_BYTES = 1 << 20  # computed constants a checkpoint may keep (recordings are kept by the hundred)
 PLANS_KEPT = 24      # plans a family graph keeps, least recently used dropped (a dropped one is re-planned)
 # ops never folded at import time even when their inputs are constant (a fresh draw each run)
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -504,12 +505,17 @@ class Tracer:
         init = self.model.initializers
         last_use = self.last_use
         values = []
+        held = 0  # bytes of computed constants the checkpoint would keep alive (the file's are shared)
         for name, v in self.env.items():
             if last_use.get(name, -1) < pos or name in init:
                 continue
             src = self.rec.known_source(v)
             if src is None:
                 return None
+            if src[0] == "const" and not v.fixed:
+                held += getattr(src[1], "nbytes", 0)
+                if held > CHECKPOINT_BYTES:
+                    return None
             values.append((name, v.shape, v.dtype, src, v.fixed, v.runtime))
         return Checkpoint(pos, self.ordinal + 1, self._count_at_node, self._anon_at_node,
                           self.runner.stats["host_steps"] - self._host_steps0, tuple(values))
