@@ -9,10 +9,13 @@ threads and onnxruntime's intra/inter-op threads set to 1). Reported per runtime
 of `--repeat` passes over all 10 sentences, and the largest waveform difference.
 Two passes are shown apart: the first (cold: Flare folds the file's constants,
 uploads weights, traces every sentence and prepares a plan per segment family and
-length), and one over 10 NEW sentences on the warm runner (each new length is
-traced and gets plans: what synthesizing new text costs). Later passes replay each
+length bucket), and one over 10 NEW sentences on the warm runner (what synthesizing
+new text costs: a sentence whose padded length was seen replays that bucket's
+encoder and duration predictor and resumes the trace at its durations, walking and
+planning only the decoder; a new bucket is traced whole). Later passes replay each
 sentence's recorded trace (the same lengths and durations: see the importer's
-README, "Replay") and reuse the plans.
+README, "Replay") and reuse the plans. Flare gets the ids padded to its length
+bucket (piper.synth), onnxruntime the ids as they are.
 Run it on a quiet machine: it is a measurement, not a test.
 """
 from __future__ import annotations

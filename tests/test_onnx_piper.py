@@ -39,6 +39,7 @@ def test_waveform_equals_onnxruntime(backend):
     with backend.session(*([] if backend.name == "cpu" else ["cpu"])) as sess:
         with Piper(sess, VOICE, noise_scale=0.0, noise_w=0.0) as piper:
             ids = piper.ids("Hello, world.")
+            assert ids.shape[1] % piper.bucket != 0  # Flare runs it padded, onnxruntime as it is
             got = piper.synthesize_ids(ids)
             assert piper.runner.stats["host_steps"] > 0  # the durations decide the audio length: a host step
     ref = ort.InferenceSession(str(VOICE.model_path), providers=["CPUExecutionProvider"])
@@ -46,6 +47,32 @@ def test_waveform_equals_onnxruntime(backend):
                           "scales": np.array([0.0, 1.0, 0.0], np.float32)})[0].reshape(-1)
     assert got.shape == want.shape and want.size > 10000
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-3)
+
+
+def test_a_new_sentence_of_a_seen_bucket_resumes_the_trace_and_equals_onnxruntime(backend):
+    """Hello (33 ids) is traced; Good night (41 ids, the same bucket of 48) replays the encoder
+    and duration predictor, gives up where its durations differ, and resumes the trace there
+    (only the decoder's nodes walked); both within 1e-3 of onnxruntime's unpadded run."""
+    ref = ort.InferenceSession(str(VOICE.model_path), providers=["CPUExecutionProvider"])
+    with backend.session(*([] if backend.name == "cpu" else ["cpu"])) as sess, \
+            Piper(sess, VOICE, noise_scale=0.0, noise_w=0.0) as piper:
+        for k, text in enumerate(["Hello, world.", "Good night, world."]):
+            ids = piper.ids(text)
+            got = piper.synthesize_ids(ids)
+            assert piper.runner.stats.get("resumed", 0) == k
+            want = ref.run(None, {"input": ids, "input_lengths": np.array([ids.shape[1]], np.int64),
+                                  "scales": np.array([0.0, 1.0, 0.0], np.float32)})[0].reshape(-1)
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-3)
+
+
+def test_padded_ids_keep_the_real_length_apart():
+    from flare.models.onnx.piper.synth import padded
+
+    ids = np.array([[1, 0, 5, 0, 2]], np.int64)
+    got = padded(ids, 4)
+    assert got.shape == (1, 8) and (got[:, :5] == ids).all() and (got[:, 5:] == 0).all()
+    assert padded(ids, 5) is ids and padded(ids, 1) is ids
 
 
 def test_flare_run_piper_writes_a_wav(tmp_path, capsys):

@@ -110,6 +110,7 @@ def test_same_shapes_other_structure_get_a_graph_of_their_own(tmp_path):
             _check(model, runner, x)
         assert len(runner._plans) == 1  # the second structure's graph, outside the family
         assert runner.stats["replayed"] == 2  # the condition read back picks the recording of its branch
+        assert runner.stats["resumed"] == 1   # -pos: the trace resumed at the If (its checkpoint)
         runner.release()
     assert LEDGER.snapshot().count() == before
 
@@ -138,6 +139,70 @@ def test_a_full_family_is_replaced(tmp_path, monkeypatch):
     assert LEDGER.snapshot().count() == before
 
 
+def test_a_family_keeps_its_least_recently_used_plans_only(tmp_path, monkeypatch):
+    """PLANS_KEPT bounds the plans (host objects, compiled programs) of a family graph; a call
+    whose plan was dropped is planned again: traced (its recording has no tensors), and right."""
+    monkeypatch.setattr(runner_mod, "PLANS_KEPT", 2)
+    model, path = _ramp_model(tmp_path)
+    rng = np.random.default_rng(3)
+    xs = {n: rng.uniform(-1, 2, n).astype(np.float32) for n in (5, 6, 7)}
+    with Session(["cpu"]) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        for n in (5, 6, 7):
+            _check(model, runner, xs[n])
+        assert all(len(list(pg.plans.all())) <= 2 for pg in runner.prepared_graphs())
+        _check(model, runner, xs[7])                  # kept: replayed
+        assert runner.stats["replayed"] == 1
+        _check(model, runner, xs[5])                  # dropped: planned again, not replayed
+        assert runner.stats["replayed"] == 1
+        assert all(len(list(pg.plans.all())) <= 2 for pg in runner.prepared_graphs())
+        runner.release()
+
+
+def test_the_fold_memo_keeps_small_outputs_within_its_byte_bound(tmp_path, monkeypatch):
+    """Folds of computed constants are remembered by value only for small outputs, and the memo
+    is cleared past FOLD_MEMO_TOTAL bytes (it held ~6 MB per new Piper sentence: whole-length
+    ConstantOfShape outputs); results stay right either way."""
+    model, path = _ramp_model(tmp_path)
+    with Session(["cpu"]) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        _check(model, runner, np.linspace(-1, 3, 6).astype(np.float32))
+        ranges = [key for key in runner._folded_by_value if key[0] == ("Range", ("zero", "n", "one"), ("r",))]
+        assert ranges and runner._folded_by_value_bytes >= 48     # Range(0, 6) as int64 remembered
+        monkeypatch.setattr(runner_mod, "FOLD_MEMO_OUT_BYTES", 8)   # Range(0, 7) as int64: 56 bytes
+        monkeypatch.setattr(runner_mod, "FOLD_MEMO_TOTAL", 64)
+        for n in (7, 8, 9):
+            _check(model, runner, np.linspace(-1, 3, n).astype(np.float32))
+            assert 0 < runner._folded_by_value_bytes <= 64
+            assert all(sum(v.const.nbytes for v in outs) <= 8 for outs in runner._folded_by_value.values())
+        runner.release()
+
+
+@pytest.mark.parametrize("limit, resumed", [(1 << 20, 1), (8, 0)])
+def test_a_checkpoint_keeps_computed_constants_up_to_a_bound(tmp_path, monkeypatch, limit, resumed):
+    """The ramp (a constant computed from x's length) is read after NonZero too, so the NonZero
+    checkpoint keeps it; past CHECKPOINT_BYTES the checkpoint is not taken and a replay that
+    diverges there traces the call whole. Right either way."""
+    monkeypatch.setattr(runner_mod, "CHECKPOINT_BYTES", limit)
+    f = TensorProto.FLOAT
+    base, _ = _ramp_model(tmp_path)
+    nodes = list(base.graph.node) + [helper.make_node("Gather", ["ramp", "idx"], ["rz"], axis=0),
+                                     helper.make_node("Add", ["z", "rz"], ["w"])]
+    model, path = _save(tmp_path, "ramp2", nodes, list(base.graph.input),
+                        [helper.make_tensor_value_info("w", f, ["K"])], list(base.graph.initializer))
+    ramp = np.arange(6, dtype=np.float32) * 0.5
+    keep_odd = np.where(np.arange(6) % 2 == 1, 1.5, 0.0).astype(np.float32) - ramp + 0.25
+    keep_first = np.where(np.arange(6) < 2, 1.5, 0.0).astype(np.float32) - ramp + 0.25
+    with Session(["cpu"]) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        _check(model, runner, keep_odd)
+        _check(model, runner, keep_first)                     # diverges at NonZero's input
+        assert runner.stats.get("resumed", 0) == resumed
+        _check(model, runner, keep_first + 0.5)               # its recording replays either way
+        assert runner.stats["replayed"] == 1
+        runner.release()
+
+
 def test_replay_feeds_new_data_and_checks_what_the_trace_read(tmp_path):
     model, path = _ramp_model(tmp_path)
     ramp = np.arange(6, dtype=np.float32) * 0.5
@@ -150,16 +215,19 @@ def test_replay_feeds_new_data_and_checks_what_the_trace_read(tmp_path):
         _check(model, runner, keep_odd + 0.125)               # same places kept, other values: replayed
         assert runner.stats["replayed"] == 1
         assert runner.stats.get("reused", 0) == 0
-        _check(model, runner, keep_first)                     # NonZero reads other places: traced again
-        assert runner.stats["replayed"] == 1
-        assert runner.stats["reused"] == 1                    # ... taking the first segment the replay ran
-        assert runner.reuse == {}
+        segments = runner.stats["segments_run"]
+        _check(model, runner, keep_first)                     # NonZero reads other places: traced again,
+        assert runner.stats["replayed"] == 1                  # ... resumed at NonZero (the checkpoint of
+        assert runner.stats["resumed"] == 1                   # the segment it closed), after the first
+        assert runner.stats["segments_run"] == segments + 2   # segment the replay ran: not run again
+        assert runner.stats.get("reused", 0) == 0
+        assert runner.reuse == {} and runner.resume is None
         _check(model, runner, keep_odd - 0.0625)              # the first recording, found by what was read
         _check(model, runner, keep_first + 0.5)
         assert runner.stats["replayed"] == 3
         _check(model, runner, np.linspace(-1, 3, 7).astype(np.float32))  # another shape: traced
         assert runner.stats["replayed"] == 3
-        assert runner.stats["reused"] == 1
+        assert runner.stats["resumed"] == 1
         runner.release()
 
 

@@ -15,6 +15,14 @@ segment has no side effects, and the trace that follows takes their results (`ru
 where it closes a segment of the same structure and place on equal feeds (a new sentence of
 a length seen before: its encoder ran in the replay, up to the durations that differ).
 
+Giving up does not mean walking the nodes again from the start: a recording keeps a
+*checkpoint* at each segment it closed at the top level (`Checkpoint`: the node whose host
+step closed it, the live values with their sources, the op counters). A replay that
+diverges resumes the trace at the last checkpoint it reached (`Resume`): the live values
+are the replay's own arrays (segment outputs, inputs, draws), and the walk starts at that
+node. Piper: a new sentence whose padded length was seen before replays its encoder and
+duration predictor and walks only the nodes from the durations on (the decoder).
+
 A recording is only kept when every feed, read value and output had a known source (a value
 from anywhere else, e.g. a branch output copied by a lowering, makes the trace unreplayable;
 the runner then just traces). Not thread-safe: the runner's lock covers it.
@@ -22,7 +30,7 @@ the runner then just traces). Not thread-safe: the runner's lock covers it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -35,7 +43,29 @@ class NeedsTrace(Exception):
 
 DETERMINISTIC_HOST_STEPS = frozenset({"NonZero", "Unique", "Compress", "NonMaxSuppression"})
 RANDOM_HOST_STEPS = frozenset({"RandomNormalLike", "RandomUniformLike"})
-RECORDINGS_PER_SHAPE, SHAPES_KEPT = 4, 32  # a recording holds slim segments (Segment.slim) and read values: bounded
+RECORDINGS_PER_SHAPE, SHAPES_KEPT = 16, 32  # a recording holds slim segments (Segment.slim) and read values: bounded
+
+
+class Checkpoint(NamedTuple):
+    """The trace's state where a top-level node's host step closed a segment: what a resumed
+    trace needs to walk on from that node (`position`) as if the nodes before it had run."""
+
+    position: int                 # the node whose lowering closed the segment: walked again
+    ordinal: int                  # the next segment's ordinal
+    count: int                    # op and anonymous-constant counters at that node's start
+    anon: int
+    host_steps: int               # host steps before it
+    values: tuple                 # (name, shape, dtype, source, fixed, runtime) of each live value
+
+
+class Resume(NamedTuple):
+    """A replay that gave up at a checkpoint: the events before it and the values of this call."""
+
+    checkpoint: Checkpoint
+    events: list
+    sigs: list
+    value: Callable[[tuple], Any]  # a source -> this call's array (the replay's resolver)
+    summaries: list
 
 
 class Recording:
@@ -52,6 +82,7 @@ class Recording:
         self._src: dict[int, tuple] = {}      # id(const array) -> source
         self._keep: list[Any] = []           # keeps those arrays alive (ids stay unique)
         self.feeds: dict[str, tuple] = {}     # feed sources of the segment being traced
+        self.checkpoints: dict[int, Checkpoint] = {}  # event count when taken -> checkpoint
 
     # -- while tracing ------------------------------------------------------------------
     def mark(self, value: Any, src: tuple) -> None:
@@ -61,6 +92,21 @@ class Recording:
             self.valid = False               # one array for two sources (e.g. an input passed twice)
         self._src[id(value)] = src
         self._keep.append(value)
+
+    def known_source(self, v: Any) -> tuple | None:
+        """v's source without judging the recording (None: unknown, or no value yet)."""
+        if v.const is None:
+            return None
+        src = self._src.get(id(v.const))
+        return src if src is not None or v.runtime else ("const", v.const)
+
+    def checkpoint(self, cp: Checkpoint) -> None:
+        self.checkpoints[len(self.events)] = cp
+
+    def resumed(self, resume: Resume) -> None:
+        """Start this recording with the events a replay ran before `resume`'s checkpoint."""
+        self.events = list(resume.events)
+        self.sigs = list(resume.sigs)
 
     def source(self, v: Any) -> tuple | None:
         if v.const is None:
@@ -158,6 +204,15 @@ class Recordings:
 
         ran: dict[tuple, tuple] = {}      # (segment key, ordinal) -> (feeds, results): see `runner.reuse`
 
+        def give_up(at: int) -> None:
+            """Trace from the last checkpoint before event `at` (the segments so far are reused)."""
+            runner.reuse = ran
+            marks = [j for j in rec.checkpoints if j <= at]
+            if marks:
+                j = max(marks)
+                runner.resume = Resume(rec.checkpoints[j], rec.events[:j], rec.sigs[:j], value,
+                                       summaries[:sum(1 for ev in rec.events[:j] if ev[0] == "seg")])
+
         def value(src: tuple) -> Any:
             kind = src[0]
             if kind == "input":
@@ -181,13 +236,13 @@ class Recordings:
                 for name, want in seg.feeds.items():
                     arr = to_flare_array(value(feed_src[name]), f"value {name!r}")
                     if arr.shape != want.shape or arr.dtype != want.dtype:
-                        runner.reuse = ran
+                        give_up(i)
                         return None
                     feeds[name] = arr
                 try:
                     results[i] = runner.execute_segment(seg.with_feeds(feeds), ordinal)
                 except NeedsTrace:            # its plan was evicted: trace (the segments so far are reused)
-                    runner.reuse = ran
+                    give_up(i)
                     return None
                 ran[(seg.key, ordinal)] = (feeds, results[i])
                 summaries.append(summary)
@@ -200,7 +255,7 @@ class Recordings:
             other = next((r for r in cands if r is not rec and len(r.events) > i and r.sigs[:i] == rec.sigs[:i]
                           and r.events[i][0] == "obs" and _same(got, r.events[i][2])), None)
             if other is None:
-                runner.reuse = ran            # the trace that follows runs these segments again
+                give_up(i)                    # the trace resumes, or runs these segments again
                 return None
             rec = other
             i += 1

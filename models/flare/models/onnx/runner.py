@@ -23,8 +23,10 @@ flow) gets a graph of its own, in a small LRU cache. Every graph of a runner
 shares one workspace (segments never run at the same time), so memory is the
 largest segment's arena, not the sum. The workspace grows with headroom
 (`WORKSPACE_HEADROOM`): each growth makes every plan re-bind, and sentence
-lengths grow it a little at a time. A family is replaced after
-`FAMILY_PLANS` shapes, which bounds the computed constants it accumulates.
+lengths grow it a little at a time. A family keeps its `PLANS_KEPT` most
+recently used plans (a dropped one is planned again when its shapes return),
+and is replaced after `FAMILY_PLANS` shapes, which bounds the computed
+constants it accumulates.
 A runner is not thread-safe: use one per thread (its Session may be shared;
 Flare's PreparedGraph takes turns).
 """
@@ -42,14 +44,19 @@ from flare.core.graph import INPUT, WEIGHT, GraphBuilder, Tensor
 
 from .errors import OnnxError, UnsupportedOpError
 from .loader import DEFAULT_DOMAINS, OnnxModel
-from .replay import NeedsTrace, Recording, Recordings
+from .replay import Checkpoint, NeedsTrace, Recording, Recordings, Resume
 from .values import BOOL, Val, flare_dtype, flare_shape, from_flare_array, is_wide, to_flare_array
 
 ENTRY = "main"
 CACHE_SIZE = 16      # graphs of segments outside their family (data-dependent structure)
-FOLD_MEMO, FOLD_MEMO_BYTES = 65536, 4096  # folds of small computed constants remembered by value (cleared when full)
+# folds of small computed constants remembered by value: inputs up to FOLD_MEMO_BYTES, outputs up to
+# FOLD_MEMO_OUT_BYTES (a ConstantOfShape of a whole audio length is cheap to fold again, and kept it
+# was ~6 MB a new Piper sentence), cleared when it holds FOLD_MEMO entries or FOLD_MEMO_TOTAL bytes
+FOLD_MEMO, FOLD_MEMO_BYTES, FOLD_MEMO_OUT_BYTES, FOLD_MEMO_TOTAL = 65536, 4096, 16384, 16 << 20
 WORKSPACE_HEADROOM = 1.5  # GraphWorkspace headroom of a runner's shared arena
-FAMILY_PLANS = 64    # input shapes (plans) per family graph: 10 sentences of Piper use ~10 per family
+FAMILY_PLANS = 64    # input shapes a family graph serves before it is replaced (its computed constants)
+CHECKPOINT_BYTES = 1 << 20  # computed constants a checkpoint may keep (recordings are kept by the hundred)
+PLANS_KEPT = 24      # plans a family graph keeps, least recently used dropped (a dropped one is re-planned)
 # ops never folded at import time even when their inputs are constant (a fresh draw each run)
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 
@@ -250,6 +257,7 @@ class OnnxRunner:
         self.workspace = session.workspace(f"onnx:{model.path}:workspace", headroom=WORKSPACE_HEADROOM)
         self._folded: dict[tuple, list[Val]] = {}  # (op, inputs, outputs) -> outputs, for nodes of file constants only
         self._folded_by_value: dict[tuple, list[Val]] = {}  # (node, small input values) -> outputs
+        self._folded_by_value_bytes = 0
         self._fold_ops: dict[tuple, Any] = {}  # (node bytes, opset) -> onnx.reference kernel (lowering.base.fold)
         self._walk: tuple[list[Any], dict[str, int]] | None = None
         self._attrs: dict[int, tuple[Any, dict[str, Any]]] = {}
@@ -262,6 +270,7 @@ class OnnxRunner:
         self.recordings = Recordings()  # traces replayed for later calls of the same input shapes (replay.py)
         # segments a failed replay ran, for the trace that follows: (key, ordinal) -> (feeds, results)
         self.reuse: dict[tuple, tuple] = {}
+        self.resume: Resume | None = None  # where a failed replay lets the trace start (replay.py)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self._lock:
@@ -272,11 +281,12 @@ class OnnxRunner:
                 return out
             rec = Recording()
             host_steps = self.stats["host_steps"]
+            resume, self.resume = self.resume, None
             try:
-                out = Tracer(self, inputs, rec).run()
+                out = Tracer(self, inputs, rec, resume).run()
             finally:
                 self.reuse = {}
-            rec.host_steps = self.stats["host_steps"] - host_steps
+            rec.host_steps = self.stats["host_steps"] - host_steps + (resume.checkpoint.host_steps if resume else 0)
             self.recordings.add(key, rec)
             return out
 
@@ -349,7 +359,7 @@ class OnnxRunner:
         shapes = {ENTRY: {n: a.shape for n, a in seg.feeds.items()}}
         fam.pg = self.session.prepare({ENTRY: fam.build}, shapes, workspace=self.workspace,
                                       name=f"onnx:{self.model.path}#{where[0]}")
-        fam.pg.max_plans = FAMILY_PLANS
+        fam.pg.max_plans = PLANS_KEPT
         self._families[where] = fam
         return fam
 
@@ -444,7 +454,8 @@ class OnnxRunner:
 class Tracer:
     """One walk over the nodes for one call; see the module docstring."""
 
-    def __init__(self, runner: OnnxRunner, inputs: Mapping[str, np.ndarray], rec: Recording | None = None):
+    def __init__(self, runner: OnnxRunner, inputs: Mapping[str, np.ndarray], rec: Recording | None = None,
+                 resume: Resume | None = None):
         from . import lowering
 
         self.rec = rec or Recording()
@@ -461,7 +472,53 @@ class Tracer:
             self.env[name] = Val(name, tuple(arr.shape), arr.dtype, const=arr, runtime=True)
             self.rec.mark(arr, ("input", name))
         self.position = -1
+        self.start = 0              # the first node walked (a resumed trace starts later)
+        self._depth = 0             # inside If branches (run_branch): no checkpoints there
+        self._count = self._anon = self._count_at_node = self._anon_at_node = 0
+        self._host_steps0 = runner.stats["host_steps"]
+        self._prefix_summaries: list = []
         self._new_segment()
+        if resume is not None:
+            self._restore(resume)
+
+    def _restore(self, resume: Resume) -> None:
+        """Continue a replay that gave up: the live values of its checkpoint, bound to this
+        call's arrays, and the walk from the checkpoint's node."""
+        cp = resume.checkpoint
+        self.rec.resumed(resume)
+        for name, shape, dtype, src, fixed, runtime in cp.values:
+            arr = resume.value(src)
+            self.env[name] = Val(name, shape, dtype, const=arr, runtime=runtime, fixed=fixed)
+            if runtime:
+                self.rec.mark(arr, src)
+        self.start, self.ordinal, self._count, self._anon = cp.position, cp.ordinal, cp.count, cp.anon
+        self._host_steps0 -= cp.host_steps
+        self._prefix_summaries = list(resume.summaries)
+        self.runner.stats["resumed"] = self.runner.stats.get("resumed", 0) + 1
+
+    def _checkpoint(self) -> Checkpoint | None:
+        """The state a resumed trace needs to walk on from the node being stepped, or None
+        where a live value has no known source (or none yet)."""
+        pos = self.position
+        if self._depth or not 0 <= pos < len(self.nodes) or not self.rec.valid:
+            return None
+        init = self.model.initializers
+        last_use = self.last_use
+        values = []
+        held = 0  # bytes of computed constants the checkpoint would keep alive (the file's are shared)
+        for name, v in self.env.items():
+            if last_use.get(name, -1) < pos or name in init:
+                continue
+            src = self.rec.known_source(v)
+            if src is None:
+                return None
+            if src[0] == "const" and not v.fixed:
+                held += getattr(src[1], "nbytes", 0)
+                if held > CHECKPOINT_BYTES:
+                    return None
+            values.append((name, v.shape, v.dtype, src, v.fixed, v.runtime))
+        return Checkpoint(pos, self.ordinal + 1, self._count_at_node, self._anon_at_node,
+                          self.runner.stats["host_steps"] - self._host_steps0, tuple(values))
 
     # -- segments -------------------------------------------------------------
     def _new_segment(self) -> None:
@@ -493,6 +550,9 @@ class Tracer:
                 v.tensor = None
                 v.runtime = True
             self.rec.closed(index, [(f"out{i}", v) for i, v in enumerate(wanted.values())])
+            cp = self._checkpoint()
+            if cp is not None:
+                self.rec.checkpoint(cp)
         for v in self.live_tensors.values():
             v.tensor = None  # dead values of the closed segment are gone
         self._new_segment()
@@ -506,7 +566,7 @@ class Tracer:
             raise OnnxError(f"value {v.name!r} was used after its segment closed")
         anonymous = not v.name
         if anonymous:
-            self._anon = getattr(self, "_anon", 0) + 1
+            self._anon += 1
             v.name = f"const{self._anon}@{self.position}"
         leaf = self.leaves.get(v.name)
         if leaf is None:
@@ -540,7 +600,7 @@ class Tracer:
         return self.b.op(op, *srcs, name=self._name(op), **params)
 
     def _name(self, op: str) -> str:
-        self._count = getattr(self, "_count", 0) + 1
+        self._count += 1
         node = self.nodes[self.position] if 0 <= self.position < len(self.nodes) else None
         label = (node.name or node.op_type) if node is not None else "io"
         return f"{label}/{op}_{self._count}"
@@ -555,9 +615,11 @@ class Tracer:
 
     # -- the walk ----------------------------------------------------------------
     def run(self) -> dict[str, np.ndarray]:
-        self.runner.last_segments = []
-        for i, node in enumerate(self.nodes):
+        self.runner.last_segments = self._prefix_summaries
+        for i in range(self.start, len(self.nodes)):
+            node = self.nodes[i]
             self.position = i
+            self._count_at_node, self._anon_at_node = self._count, self._anon
             self.step(node, node.name or f"#{i} ({node.op_type})")
         self.position = len(self.nodes)
         final = [self.env[n] for n in self.model.output_names]
@@ -629,9 +691,14 @@ class Tracer:
                 v.fixed = True
             cache[key] = [Val("", v.shape, v.dtype, const=v.const, fixed=True) for v in outs]
         elif by_value is not None:
-            if len(memo) >= FOLD_MEMO:
-                memo.clear()
-            memo[by_value] = [Val("", v.shape, v.dtype, const=v.const) for v in outs]
+            size = sum(getattr(v.const, "nbytes", 0) for v in outs)
+            if size <= FOLD_MEMO_OUT_BYTES:
+                runner = self.runner
+                if len(memo) >= FOLD_MEMO or runner._folded_by_value_bytes + size > FOLD_MEMO_TOTAL:
+                    memo.clear()
+                    runner._folded_by_value_bytes = 0
+                memo[by_value] = [Val("", v.shape, v.dtype, const=v.const) for v in outs]
+                runner._folded_by_value_bytes += size
         return outs
 
     def run_branch(self, graph: Any) -> list[Val]:
@@ -641,8 +708,12 @@ class Tracer:
         for t in graph.initializer:
             arr = read_tensor(t, None, self.model.path)
             self.env[t.name] = Val(t.name, tuple(arr.shape), arr.dtype, const=arr, fixed=True)
-        for j, node in enumerate(graph.node):
-            self.step(node, f"{graph.name}/{node.name or j}")
+        self._depth += 1
+        try:
+            for j, node in enumerate(graph.node):
+                self.step(node, f"{graph.name}/{node.name or j}")
+        finally:
+            self._depth -= 1
         out = []
         for o in graph.output:
             v = self.env[o.name]
