@@ -318,6 +318,7 @@ class ServeLoop:
         decoding = sum(1 for s in running if not s.prefilling)
         logits, bucket = self.engine.run(kind, [c for _, c in plan])
         self.metrics.steps.labels(kind).inc()
+        read: list[_Seq] = []
         for (s, chunk), row in zip(plan, logits):
             s.served = turn
             if s.prefilling:
@@ -325,9 +326,11 @@ class ServeLoop:
                 if s.prefilling:
                     continue
                 if self.cache is not None and not s.stored:
-                    s.stored = True
-                    self.cache.store(s.slot, s.job.prompt, s.held)
+                    read.append(s)
             self._emit(s, s.chooser(np.asarray(row), len(s.job.tokens)))
+        for s in read:       # after the first token went out: copying blocks is no part of the time to it
+            s.stored = True
+            self.cache.store(s.slot, s.job.prompt, s.held)
         if self.observer is not None:
             self.observer(kind, bucket.program, plan, logits, decoding)
         return kind
