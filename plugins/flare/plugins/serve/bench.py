@@ -8,7 +8,8 @@ copy, or prompts sharing no prefix); the server is started once per run
 end. One benchmark request is a whole burst: `clients` concurrent greedy
 requests (streaming or not); its time is the burst's wall time, its speed
 generated tokens per second, and each burst also reports the clients' mean
-time to first token, the prompt tokens served from the prefix cache and the
+time to first token, their decode speed (tokens after the first over the time
+after it), the prompt tokens served from the prefix cache and the
 speculative acceptance (accepted / proposed draft tokens, from /metrics). The
 output compared is every generated token id: greedy answers must be identical
 across mixed prefill, prefix cache and speculative decoding on or off.
@@ -119,7 +120,13 @@ class HttpRunner:
         ids = [t for a in answers for t in a.token_ids]
         proposed, accepted = (_metric(after, k) - _metric(before, k) for k in
                               ("flare_speculative_proposed_tokens", "flare_speculative_accepted_tokens"))
+        # decode speed: tokens after each client's first over the time after it (prefill and the first
+        # token left out: what speculative decoding speeds up; a burst's wall time counts both)
+        after_first = [(len(a.token_ids) - 1, a.seconds - a.ttft_s) for a in answers if len(a.token_ids) > 1]
         extras = {"time to first token, mean (ms)": 1000.0 * float(np.mean([a.ttft_s for a in answers])),
+                  "decode tokens/s per client (after its first token)": (sum(n for n, _ in after_first)
+                                                              / max(1e-9, sum(t for _, t in after_first))
+                                                              if after_first else 0.0),
                   "prompt tokens from the prefix cache": float(sum(a.usage["prompt_tokens_details"]["cached_tokens"]
                                                                    for a in answers)),
                   "draft tokens proposed": proposed,

@@ -85,6 +85,8 @@ class _Seq:
     stored: bool = False
     draft_wait: int = 0          # prompt lookup backs off: rounds left without proposals (speculative.py)
     draft_backoff: int = 0       # the next wait after a round whose proposals all missed
+    draft_accepted: float = 0.0  # prompt lookup's acceptance so far, decayed (speculative.DraftLength)
+    draft_rejected: float = 0.0
 
     @property
     def tokens(self) -> list[int]:
