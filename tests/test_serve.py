@@ -8,7 +8,9 @@ loop thread, Starlette's test client for the HTTP layer. About 10 s.
 from __future__ import annotations
 
 import itertools
+import os
 import queue
+import time
 from pathlib import Path
 
 import numpy as np
@@ -211,6 +213,21 @@ def test_flare_bench_has_the_http_serving_workload() -> None:
     w = get_workload("serve-http")
     assert isinstance(w, ServeHttpWorkload)
     assert {"mixed_prefill", "prefix_cache", "speculative", "clients"} <= set(w.options)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads Linux /proc")
+def test_serve_http_reads_a_process_cpu_time() -> None:
+    """The `server CPU seconds per burst` extra: this process's CPU time grows with work it does;
+    a process that is gone gives None (the extra is left out), never an error."""
+    from flare.plugins.serve.bench import process_cpu_seconds
+
+    before = process_cpu_seconds(os.getpid())
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.1:
+        pass
+    after = process_cpu_seconds(os.getpid())
+    assert before is not None and after is not None and after - before >= 0.05
+    assert process_cpu_seconds(2**22 + 1) is None
 
 
 def test_a_full_device_only_stops_caching(core_path, reference) -> None:
