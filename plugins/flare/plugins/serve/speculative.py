@@ -128,11 +128,12 @@ class DraftLength:
     rounds ending in a rejection, `DECAY`, from a prior of 0.75), and costs what the measured step
     times say (`observe`: seconds per step by its token rows, a line fitted through the sizes seen,
     so an unseen bucket is estimated from the others). The length is the rung (the sizes that fill a
-    verify bucket for one sequence, up to K) from START_DRAFT up with the highest E(d) / seconds(1 + d);
-    START_DRAFT until two step sizes have been timed. (Whether to propose at all is the back-off's
-    call: a rate estimated from a few rounds is too noisy to pick drafts shorter than START_DRAFT.) So where a verify step costs about a decode step (a GPU) long
-    drafts win, and where its cost grows with its rows (the CPU's quantized products) drafts stay
-    short unless the text is being copied almost token for token."""
+    verify bucket for one sequence, up to K) from START_DRAFT up with the highest E(d) / seconds(1 + d),
+    or none when a plain decode step (1 / seconds(1)) is expected to be faster; START_DRAFT until two
+    step sizes have been timed. (Shorter drafts than START_DRAFT are not tried: a rate estimated from
+    a few rounds is too noisy to choose between 1 and 3 proposals.) So where a verify step costs about
+    a decode step (a GPU) long drafts win, and where its cost grows with its rows (the CPU's quantized
+    products) drafts stay short unless the text is being copied almost token for token."""
 
     def __init__(self, k: int, verify_tokens: Sequence[int]):
         self.rungs = sorted({t - 1 for t in verify_tokens if 1 <= t - 1 <= k} | {k})
