@@ -141,6 +141,12 @@ def test_write_rows_writes_whole_rows_and_refuses_the_rest(backend):
         want[3:5] = strided.reshape(2, 2, 3)
         np.testing.assert_array_equal(g.state("table"), want)
         np.testing.assert_array_equal(g.read_rows("table", 1, 2), want[1:3])
+        out = np.full((2, 6), -1, np.float32)                       # read_rows_into: into the caller's array
+        g.read_rows_into("table", 2, out)
+        np.testing.assert_array_equal(out, want[2:4].reshape(2, 6))
+        for row, arr in ((4, np.ones((2, 6), np.float32)), (0, np.ones(5, np.float32)), (0, np.ones(6, np.float64))):
+            with pytest.raises(InputError, match="does not fit"):
+                g.read_rows_into("table", row, arr)
         np.testing.assert_array_equal(g.execute("main", x=np.ones(30, np.float32))["out"], want.reshape(30) + 1)
         for row, arr in ((4, np.ones((2, 6), np.float32)), (-1, np.ones(6, np.float32)), (0, np.ones(5, np.float32))):
             with pytest.raises(InputError, match="does not fit"):

@@ -96,3 +96,30 @@ def test_flare_export_gguf_with_a_path_option(tiny, tmp_path, capsys):
     assert load_core(out).manifest.config["target"] == str(tiny)
     assert main(["export", "gguf", "--option", "colour=red", "-o", str(tmp_path / "x.core")]) == 2
     assert "unknown options ['colour']" in capsys.readouterr().err
+
+
+def test_flare_run_core_uses_the_files_tokenizer_for_text(core, tiny, tmp_path, capsys):
+    """`flare run NAME.core` of a GGUF model encodes text prompts with the file's BPE (not token-lm/1
+    bytes after <bos> 256) and reports each answer as text, as `flare serve NAME.core` does; explicit
+    ids above the byte range are in the vocabulary and allowed."""
+    from flare.core.cli import main
+    from flare.models.gguf.plugin import serving_tokenizer
+
+    tok = serving_tokenizer(core, load_core(core).manifest)
+    want = tok.encode("Hi there")
+    assert want != [256, *b"Hi there"]                # the byte encoding would be wrong ids here
+    lines = tmp_path / "requests.jsonl"
+    lines.write_text(json.dumps({"id": "text", "prompt": "Hi there", "max_new_tokens": 3}) + "\n"
+                     + json.dumps({"id": "ids", "prompt_ids": want, "max_new_tokens": 3}) + "\n")
+    assert main(["run", str(core), "--requests", str(lines), "--json"]) == 0, capsys.readouterr().err
+    report = json.loads(capsys.readouterr().out)
+    by_id = {r["id"]: r for r in report["per_request"]}
+    assert by_id["text"]["prompt_tokens"] == len(want)
+    assert by_id["text"]["tokens"] == by_id["ids"]["tokens"]          # the same ids, whichever way given
+    dec = tok.decoder()
+    assert by_id["text"]["text"] == "".join(dec.push(t) for t in by_id["text"]["tokens"]) + dec.flush()
+    assert main(["run", str(core), "--prompt", "Hi there", "--max-new-tokens", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["per_request"][0]["tokens"] == by_id["text"]["tokens"]
+    lines.write_text(json.dumps({"prompt_ids": [tok.vocab_size]}) + "\n")
+    assert main(["run", str(core), "--requests", str(lines)]) == 2
+    assert f"token ids in 0..{tok.vocab_size - 1}" in capsys.readouterr().err

@@ -8,7 +8,9 @@ loop thread, Starlette's test client for the HTTP layer. About 10 s.
 from __future__ import annotations
 
 import itertools
+import os
 import queue
+import time
 from pathlib import Path
 
 import numpy as np
@@ -213,6 +215,21 @@ def test_flare_bench_has_the_http_serving_workload() -> None:
     assert {"mixed_prefill", "prefix_cache", "speculative", "clients"} <= set(w.options)
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads Linux /proc")
+def test_serve_http_reads_a_process_cpu_time() -> None:
+    """The `server CPU seconds per burst` extra: this process's CPU time grows with work it does;
+    a process that is gone gives None (the extra is left out), never an error."""
+    from flare.plugins.serve.bench import process_cpu_seconds
+
+    before = process_cpu_seconds(os.getpid())
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.1:
+        pass
+    after = process_cpu_seconds(os.getpid())
+    assert before is not None and after is not None and after - before >= 0.05
+    assert process_cpu_seconds(2**22 + 1) is None
+
+
 def test_a_full_device_only_stops_caching(core_path, reference) -> None:
     """Fault injection: the prefix cache's first block allocation fails; the request is still served
     (uncached, same tokens) and nothing leaks."""
@@ -343,6 +360,41 @@ def test_ngram_proposals() -> None:
     assert ngram_proposals([5, 1, 2, 9, 7, 1, 2], 2) == [9, 7]
     assert ngram_proposals([1, 2, 3], 4) == [] and ngram_proposals([7], 2) == []
     assert ngram_proposals([3, 1, 3, 2, 3], 2) == [2, 3]                # the latest earlier occurrence
+    # resync: the model inserted 0 into a span it copies; what followed "5 6" comes next
+    assert ngram_proposals([5, 6, 7, 8, 9, 5, 6, 0], 3) == [7, 8, 9]
+    assert ngram_proposals([5, 6, 7, 8, 9, 5, 6, 0], 3, n_max=1) == []  # single tokens: no resync
+    assert ngram_proposals([4, 6, 7, 8, 9, 5, 6, 7], 2) == [8, 9]       # a 2-token match first
+
+
+def test_draft_length_follows_acceptance_and_measured_step_costs() -> None:
+    """The draft length maximises expected tokens per second: short where a verify step's cost grows
+    with its rows (the CPU), long where it does not (a GPU), none where plain decoding is faster;
+    a size's first step (a new plan) is not counted, unseen sizes are estimated from the others."""
+    from types import SimpleNamespace
+
+    from flare.plugins.serve.speculative import DraftLength
+
+    def seq(accepted: float, rejected: float) -> SimpleNamespace:
+        return SimpleNamespace(draft_accepted=accepted, draft_rejected=rejected)
+
+    dl = DraftLength(7, [2, 4, 8, 10])
+    assert dl.rungs == [1, 3, 7] and dl.start == 3
+    assert dl.current(seq(0, 0)) == 3                                       # no costs yet: the start
+    for rows, ms in ((1, 900.0), (1, 12.0), (4, 900.0), (4, 28.0)):        # first of each size ignored
+        dl.observe(rows, ms / 1000)
+    assert dl.cost(1) == pytest.approx(0.012) and dl.cost(8) == pytest.approx(0.028 + 4 * 0.016 / 3)
+    assert dl.current(seq(10, 1)) == 3                    # CPU-like costs at p ~0.87: 3 beats 7
+    assert dl.current(seq(40, 0.2)) == 7                  # ... at p ~0.97 (a copy): 7 beats 3
+    assert dl.current(seq(0.5, 3)) == 0                   # rarely accepted: a plain step is faster
+    gpu = DraftLength(7, [2, 4, 8, 10])
+    for rows in (1, 1, 4, 4, 8, 8):
+        gpu.observe(rows, 0.010 + 0.0001 * rows)
+    assert gpu.current(seq(3, 1)) == 7                    # verify ~ decode: the longest draft
+    s = seq(3, 0)
+    DraftLength.update(s, 3, 1)
+    assert (s.draft_accepted, s.draft_rejected) == (pytest.approx(3.4), 1)
+    DraftLength.update(s, 0, 0)                           # a round without proposals: counts fade
+    assert s.draft_accepted == pytest.approx(2.72) and s.draft_rejected == pytest.approx(0.8)
 
 
 def test_prompt_lookup_backs_off_and_fills_verify_buckets() -> None:
@@ -357,7 +409,8 @@ def test_prompt_lookup_backs_off_and_fills_verify_buckets() -> None:
     engine = SimpleNamespace(serving=SimpleNamespace(max_ctx=512),
                              buckets={"verify": [Bucket(f"v{t}", "verify", t, 2) for t in (2, 4, 8, 10)]})
     spec = Speculator(engine, 4)
-    s = SimpleNamespace(prompt=(5, 6, 7, 5, 6), tokens=[7], draft_wait=0, draft_backoff=0)
+    s = SimpleNamespace(prompt=(5, 6, 7, 5, 6), tokens=[7], draft_wait=0, draft_backoff=0, draft_accepted=0.0,
+                        draft_rejected=0.0)
     waits = []
     for _ in range(7):
         spec._back_off(s, hit=False)

@@ -214,6 +214,12 @@ class PreparedGraph:
             dev, binding = state_rows.rows(self.persistent, name, row, rows)
             return self.devices[dev].read(binding)
 
+    def read_rows_into(self, name: str, row: int, out: np.ndarray) -> None:
+        """Copy rows [row, row + len(out)) of a state/cache tensor into the host array `out` (a
+        prefix cache's KV blocks): no new array per call, one slice copy on a CPU device."""
+        with self._callback_guard():
+            state_rows.read_rows_into(self.persistent, self.devices, name, row, out)
+
     def write_rows(self, name: str, row: int, array: np.ndarray) -> None:
         """Write `array` into rows [row, row+len) of a state/cache tensor (host callbacks use it)."""
         with self._callback_guard():

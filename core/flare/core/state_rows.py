@@ -34,20 +34,49 @@ def rows(store: PersistentStore, name: str, row: int, count: int) -> tuple[str, 
                         (row_elems, *t.strides[1:]) if len(t.shape) > 1 else (1,), t.dtype)
 
 
+def _host_rows(store: PersistentStore, devices: Mapping[str, Device], name: str) -> tuple[np.ndarray, int] | None:
+    """(host view, elements per row) of `name` on a CPU device, resolved once (`store.state_views`);
+    None on a device whose memory the host does not address directly."""
+    cached = store.state_views.get(name)
+    if cached is None:
+        dev, buf, t = store.states[name]
+        if devices[dev].backend != "cpu":
+            return None
+        view = devices[dev].host_view(Binding(buf, 0, t.shape, t.strides, t.dtype))
+        cached = store.state_views[name] = (view, math.prod(t.shape[1:]))
+    return cached
+
+
+def read_rows_into(store: PersistentStore, devices: Mapping[str, Device], name: str, row: int,
+                   out: np.ndarray) -> None:
+    """Copy rows [row, row + len(out)) of `name` into the host array `out` (its shape: whole rows).
+
+    A prefix cache saves a few rows of every KV tensor per block: on a CPU device this is one
+    slice copy from the cached host view, not a binding, a new array and a copy per tensor."""
+    _, _, t = store.states[name]
+    count, rest = divmod(out.size, math.prod(t.shape[1:]))
+    if rest or row < 0 or row + count > t.shape[0] or out.dtype != to_numpy(t.dtype):
+        raise InputError(f"read_rows_into: {out.shape} {out.dtype} at row {row} does not fit {name!r} "
+                         f"{t.shape} {t.dtype}")
+    cached = _host_rows(store, devices, name)
+    if cached is None:
+        dev, binding = rows(store, name, row, count)
+        tmp = devices[dev].read(binding)
+        out[...] = tmp.reshape(out.shape)
+        return
+    np.copyto(out, cached[0][row: row + count].reshape(out.shape), casting="no")
+
+
 def write_rows(store: PersistentStore, devices: Mapping[str, Device], name: str, row: int, array: np.ndarray) -> None:
     """Write `array` (any shape holding whole rows) into `name` from `row` on.
 
     Expert staging writes a few rows per layer per step: on a CPU device the tensor's
     host view is resolved once (`store.state_views`) and a write is one slice assignment
     (of bytes, for block-quantized dtypes)."""
-    cached = store.state_views.get(name)
+    cached = _host_rows(store, devices, name)
     if cached is None:
-        dev, buf, t = store.states[name]
-        if devices[dev].backend != "cpu":
-            _write_rows_device(store, devices, name, row, array)
-            return
-        view = devices[dev].host_view(Binding(buf, 0, t.shape, t.strides, t.dtype))
-        cached = store.state_views[name] = (view, math.prod(t.shape[1:]))
+        _write_rows_device(store, devices, name, row, array)
+        return
     view, row_elems = cached
     a = array if type(array) is np.ndarray and array.dtype == view.dtype else np.asarray(array, view.dtype)
     count, rest = divmod(a.size, row_elems)

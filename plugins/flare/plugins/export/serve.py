@@ -5,12 +5,21 @@ Under mpirun: rank 0 parses the command line and broadcasts the options and
 the requests; every rank loads and selects on its own and the ranks agree on
 the selection digest (or all stop with the same error); experts are
 partitioned across ranks; rank 0 schedules and the others replay its steps.
+
+Text in and out (`CoreText`) is the core's model's own tokenizer, the one
+`flare serve NAME.core` uses: for a core of a GGUF model (`flare export smollm2
+-o s.core`) the file's BPE, read from the file the manifest names; for
+`token-lm/1` byte models <bos> and the UTF-8 bytes. A text prompt is encoded
+as a completion prompt (no chat template, as `/v1/completions` and `flare run
+FILE.gguf --no-chat`), and each request's output is decoded to text in the
+report.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any, Sequence, TextIO
 
 from flare.core.errors import FlareError, InputError
@@ -42,6 +51,49 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+class CoreText:
+    """Text in and out of a core's requests with its model's tokenizer (`tokenizer_for`: a GGUF model's
+    from the file the manifest names), loaded on first use: a run of explicit ids needs no file, and
+    its report then has text only where the tokenizer can be loaded."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._tok: Any = None
+
+    def tokenizer(self) -> Any:
+        if self._tok is None:
+            from .loader import read_manifest
+            from .serving.tokenizer import tokenizer_for
+
+            self._tok = tokenizer_for(self.path, read_manifest(self.path))
+        return self._tok
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer().encode(text))
+
+    @property
+    def vocab(self) -> int:
+        from .loader import read_manifest
+
+        return read_manifest(self.path).serving.vocab
+
+    @property
+    def bos(self) -> int | None:
+        """The tokenizer's <bos> (None when it cannot be loaded)."""
+        try:
+            return getattr(self.tokenizer(), "bos", None)
+        except FlareError:
+            return None
+
+    def decode(self, ids: Sequence[int]) -> str | None:
+        """The text of generated ids (None when the tokenizer cannot be loaded: the ids still stand)."""
+        try:
+            dec = self.tokenizer().decoder()
+        except FlareError:
+            return None
+        return "".join(dec.push(int(t)) for t in ids) + dec.flush()
+
+
 def _without_ranks(argv: Sequence[str]) -> list[str]:
     out, skip = [], False
     for a in argv:
@@ -65,8 +117,9 @@ def main(path: str, argv: list[str], stdin: TextIO | None = None, stdout: TextIO
     if args.check:
         _print({"load": core.summary(), "ranks": [_rank_info(core, 0)]}, args.json, stdout or sys.stdout)
         return 0
-    requests = _requests(args, stdin or sys.stdin)
-    report = _serve(core, requests, Partition(), None)
+    text = CoreText(path)
+    requests = _requests(args, stdin or sys.stdin, text)
+    report = _serve(core, requests, Partition(), None, text)
     report["ranks"] = [_rank_info(core, 0)]
     _print(report, args.json, stdout or sys.stdout)
     _all_rejected(report)
@@ -98,23 +151,25 @@ def _check(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-def _requests(args: argparse.Namespace, stdin: TextIO) -> list[dict[str, Any]]:
+def _requests(args: argparse.Namespace, stdin: TextIO, text: CoreText) -> list[dict[str, Any]]:
+    """The requests as dicts of prompt ids (text already encoded by the core's tokenizer)."""
     from flare.plugins.export.serving.requests import RequestError, parse_request, read_requests
 
+    how = {"encode": text.encode, "id_limit": text.vocab}
     if args.prompt is not None and args.requests is None:
         return [parse_request({"id": "prompt", "prompt": args.prompt}, "--prompt", "prompt",
-                              args.max_new_tokens).to_dict()]
+                              args.max_new_tokens, **how).to_dict()]
     if args.requests in (None, "-"):
         if args.requests is None and stdin.isatty():
             print("reading requests from standard input, one JSON object per line "
                   '(e.g. {"prompt": "Hello", "max_new_tokens": 8}); end with Ctrl-D', file=sys.stderr)
         what = "standard input"
-        reqs = read_requests(stdin, args.max_new_tokens, what)
+        reqs = read_requests(stdin, args.max_new_tokens, what, **how)
     else:
         what = args.requests
         try:
             with open(args.requests, "rb") as fh:
-                reqs = read_requests(fh, args.max_new_tokens, what)
+                reqs = read_requests(fh, args.max_new_tokens, what, **how)
         except OSError as exc:
             raise InputError(f"--requests: cannot read {args.requests!r}: {exc.strerror or exc}") from None
     if not reqs:
@@ -127,7 +182,8 @@ def _rank_info(core: LoadedCore, rank: int) -> dict[str, Any]:
             "programs": list(core.selection.programs)}
 
 
-def _serve(core: LoadedCore, requests: list[dict[str, Any]], part: Partition, comm: Any) -> dict[str, Any]:
+def _serve(core: LoadedCore, requests: list[dict[str, Any]], part: Partition, comm: Any,
+           text: CoreText | None = None) -> dict[str, Any]:
     from flare.core.ledger import LEDGER
     from flare.plugins.export.serving.requests import parse_request
     from flare.plugins.serve.engine import StepEngine
@@ -135,13 +191,16 @@ def _serve(core: LoadedCore, requests: list[dict[str, Any]], part: Partition, co
 
     from .runtime import CoreRuntime
 
-    reqs = [parse_request(r, f"request {i}", str(i)) for i, r in enumerate(requests)]
+    vocab = core.manifest.serving.vocab
+    reqs = [parse_request(r, f"request {i}", str(i), id_limit=vocab) for i, r in enumerate(requests)]
     LEDGER.reset_peak()
     runtime = CoreRuntime(core, partition=part, comm=comm)
     try:
         engine = StepEngine(runtime, comm)
         if part.rank == 0:
-            report = Batcher(engine).run(reqs)
+            report = Batcher(engine, bos=text.bos if text is not None else None).run(reqs)
+            for r in report.get("per_request", []) if text is not None else []:
+                r["text"] = text.decode(r["tokens"])
         else:
             engine.follow()
             report = {}
@@ -163,7 +222,7 @@ def _main_rank(path: str, argv: list[str], stdin: TextIO, stdout: TextIO) -> int
             args = _check(parser().parse_args(argv))
             msg = {"ok": True, "options": LoadOptions(args.mixed_prefill, args.backend).to_dict(),
                    "check": args.check, "json": args.json,
-                   "requests": None if args.check else _requests(args, stdin)}
+                   "requests": None if args.check else _requests(args, stdin, CoreText(path))}
         except SystemExit as exc:      # --help (0) or a usage error (2), already printed by argparse
             msg = {"ok": False, "exit": exc.code or 0, "error": f"bad command line (exit {exc.code})"}
         except FlareError as exc:
@@ -180,7 +239,7 @@ def _main_rank(path: str, argv: list[str], stdin: TextIO, stdout: TextIO) -> int
             _print({"load": core.summary(), "ranks": infos}, msg["json"], stdout)
         return 0
     try:
-        report = _serve(core, msg["requests"], Partition(rank, size), comm)
+        report = _serve(core, msg["requests"], Partition(rank, size), comm, CoreText(path) if rank == 0 else None)
         every = allgather_json(comm, {"memory": report["memory"], "local_experts": report["local_experts"],
                                       "launches": report["launches_by_program"]})
     except BaseException as exc:       # a rank failing mid-run would leave the others in a collective
@@ -219,7 +278,9 @@ def _print(report: dict[str, Any], as_json: bool, out: TextIO) -> None:
     for col in ("request", "prompt", "ttft ms", "launches", "output"):
         table.add_column(col)
     for r in report["per_request"]:
-        text = bytes(t for t in r["tokens"] if t < 256).decode("utf-8", "replace")
+        text = r.get("text")
+        if text is None:
+            text = bytes(t for t in r["tokens"] if t < 256).decode("utf-8", "replace")
         table.add_row(r["id"], str(r["prompt_tokens"]), f"{1000 * (r['ttft_s'] or 0):.1f}", str(r["launches"]),
                       repr(text)[:40])
     console.print(table)

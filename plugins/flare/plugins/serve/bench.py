@@ -8,7 +8,9 @@ copy, or prompts sharing no prefix); the server is started once per run
 end. One benchmark request is a whole burst: `clients` concurrent greedy
 requests (streaming or not); its time is the burst's wall time, its speed
 generated tokens per second, and each burst also reports the clients' mean
-time to first token, the prompt tokens served from the prefix cache and the
+time to first token, their decode speed (tokens after the first over the time
+after it), the server process's CPU seconds (Linux: steadier than wall time on a
+shared machine), the prompt tokens served from the prefix cache and the
 speculative acceptance (accepted / proposed draft tokens, from /metrics). The
 output compared is every generated token id: greedy answers must be identical
 across mixed prefill, prefix cache and speculative decoding on or off.
@@ -69,6 +71,19 @@ def default_core(size: str, model: str = "moe-lm") -> Path:
     return cached_core("moe-lm", f"moe-lm-{size}-draft.core", {"size": size})
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` so far (Linux /proc; None elsewhere): the server's own
+    work per burst, which other processes' load on a shared machine changes far less than wall time."""
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _metric(text: str, name: str) -> float:
     import re
 
@@ -111,19 +126,29 @@ class HttpRunner:
             payload = [(p, n, f"Call {self.calls}. {system}") for p, n, system in payload]
         self.calls += 1
         before = httpx.get(f"{self.server.url}/metrics").text
+        cpu0 = process_cpu_seconds(self.server.proc.pid)
         t0 = time.perf_counter()
         with ThreadPoolExecutor(len(payload)) as pool:
             answers = list(pool.map(one, payload))
         seconds = time.perf_counter() - t0
+        cpu1 = process_cpu_seconds(self.server.proc.pid)
         after = httpx.get(f"{self.server.url}/metrics").text
         ids = [t for a in answers for t in a.token_ids]
         proposed, accepted = (_metric(after, k) - _metric(before, k) for k in
                               ("flare_speculative_proposed_tokens", "flare_speculative_accepted_tokens"))
+        # decode speed: tokens after each client's first over the time after it (prefill and the first
+        # token left out: what speculative decoding speeds up; a burst's wall time counts both)
+        after_first = [(len(a.token_ids) - 1, a.seconds - a.ttft_s) for a in answers if len(a.token_ids) > 1]
         extras = {"time to first token, mean (ms)": 1000.0 * float(np.mean([a.ttft_s for a in answers])),
+                  "decode tokens/s per client (after its first token)": (sum(n for n, _ in after_first)
+                                                              / max(1e-9, sum(t for _, t in after_first))
+                                                              if after_first else 0.0),
                   "prompt tokens from the prefix cache": float(sum(a.usage["prompt_tokens_details"]["cached_tokens"]
                                                                    for a in answers)),
                   "draft tokens proposed": proposed,
                   "acceptance (accepted / proposed)": accepted / proposed if proposed else 0.0}
+        if cpu0 is not None and cpu1 is not None:
+            extras["server CPU seconds per burst"] = cpu1 - cpu0
         return Timed(np.asarray(ids, np.float32), seconds, extras)
 
     def memory_plan(self) -> dict[str, Any] | None:

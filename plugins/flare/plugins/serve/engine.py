@@ -43,6 +43,7 @@ class StepEngine(Engine):
         # the KV states: every state indexed by KV row (token-lm/1 writes row seq * max_ctx + pos)
         self.kv = {n: info for n, info in runtime.graph.states().items() if info[1][0] == self.serving.kv_rows}
         self.blocks: dict[int, list[tuple[Buffer, str, int]]] = {}    # block -> (buffer, device, tokens)
+        self._layouts: dict[int, dict[str, list[tuple[str, int, tuple[int, ...], str]]]] = {}
 
     def run(self, kind: str, chunks: Sequence[Chunk]) -> tuple[np.ndarray, Bucket]:
         """Logits: a row per chunk (`prefill`, `mixed`) or per token (`decode`, `draft`, `verify`)."""
@@ -64,8 +65,12 @@ class StepEngine(Engine):
     # an ALIGN-byte boundary): one allocation instead of one per state (60 on SmolLM2), so storing a
     # block costs a few copies, not dozens of trips through the ledger.
     def _layout(self, tokens: int) -> dict[str, list[tuple[str, int, tuple[int, ...], str]]]:
-        """Per device: (state, byte offset, shape of `tokens` rows, dtype) of each part of a block."""
-        out: dict[str, list[tuple[str, int, tuple[int, ...], str]]] = {}
+        """Per device: (state, byte offset, shape of `tokens` rows, dtype) of each part of a block
+        (computed once per block size: every save and load of a block walks it)."""
+        known = self._layouts.get(tokens)
+        if known is not None:
+            return known
+        out: dict[str, list[tuple[str, int, tuple[int, ...], str]]] = self._layouts.setdefault(tokens, {})
         ends: dict[str, int] = {}
         for name, (dev, shape, dtype) in self.kv.items():
             off = -(-ends.get(dev, 0) // ALIGN) * ALIGN
@@ -76,7 +81,7 @@ class StepEngine(Engine):
 
     def _part_bytes(self, parts: list[tuple[str, int, tuple[int, ...], str]]) -> int:
         _, off, rows, dtype = parts[-1]
-        return off + int(np.prod(rows)) * to_numpy(dtype).itemsize
+        return -(-(off + int(np.prod(rows)) * to_numpy(dtype).itemsize) // 4) * 4    # whole 4-byte words
 
     def block_bytes(self, tokens: int) -> int:
         return sum(self._part_bytes(parts) for parts in self._layout(tokens).values())
@@ -96,8 +101,14 @@ class StepEngine(Engine):
                 device = graph.devices[dev]
                 buf = device.alloc(self._part_bytes(parts), tag=BLOCK_TAG)
                 bufs.append((buf, dev, tokens))
+                raw = self._host_bytes(device, buf)
                 for name, off, rows, dtype in parts:
-                    device.write(self._binding(buf, rows, dtype, off), graph.read_rows(name, row, tokens))
+                    if raw is not None:       # host memory: each state's rows copied straight into the block
+                        np_dtype = to_numpy(dtype)
+                        out = raw[off: off + int(np.prod(rows)) * np_dtype.itemsize].view(np_dtype).reshape(rows)
+                        graph.read_rows_into(name, row, out)
+                    else:
+                        device.write(self._binding(buf, rows, dtype, off), graph.read_rows(name, row, tokens))
         except BaseException:
             for buf, _, _ in bufs:
                 buf.release()
@@ -122,6 +133,14 @@ class StepEngine(Engine):
     def _drop(self, bid: int) -> None:
         for buf, _, _ in self.blocks.pop(bid, []):
             buf.release()
+
+    @staticmethod
+    def _host_bytes(device: Any, buf: Buffer) -> np.ndarray | None:
+        """The block buffer's bytes as a host array (one view for all its parts), or None where the host
+        does not address the device's memory (the parts then go through `write`)."""
+        words = buf.nbytes // 4              # parts start on ALIGN-byte boundaries: whole 4-byte words
+        view = device.host_view(Binding(buf, 0, (words,), (1,), "f32")) if words else None
+        return None if view is None else view.view(np.uint8)
 
     @staticmethod
     def _binding(buf: Buffer, shape: tuple[int, ...], dtype: str, offset: int = 0) -> Binding:

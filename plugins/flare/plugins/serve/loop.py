@@ -85,6 +85,8 @@ class _Seq:
     stored: bool = False
     draft_wait: int = 0          # prompt lookup backs off: rounds left without proposals (speculative.py)
     draft_backoff: int = 0       # the next wait after a round whose proposals all missed
+    draft_accepted: float = 0.0  # prompt lookup's acceptance so far, decayed (speculative.DraftLength)
+    draft_rejected: float = 0.0
 
     @property
     def tokens(self) -> list[int]:
@@ -318,6 +320,7 @@ class ServeLoop:
         decoding = sum(1 for s in running if not s.prefilling)
         logits, bucket = self.engine.run(kind, [c for _, c in plan])
         self.metrics.steps.labels(kind).inc()
+        read: list[_Seq] = []
         for (s, chunk), row in zip(plan, logits):
             s.served = turn
             if s.prefilling:
@@ -325,9 +328,11 @@ class ServeLoop:
                 if s.prefilling:
                     continue
                 if self.cache is not None and not s.stored:
-                    s.stored = True
-                    self.cache.store(s.slot, s.job.prompt, s.held)
+                    read.append(s)
             self._emit(s, s.chooser(np.asarray(row), len(s.job.tokens)))
+        for s in read:       # after the first token went out: copying blocks is no part of the time to it
+            s.stored = True
+            self.cache.store(s.slot, s.job.prompt, s.held)
         if self.observer is not None:
             self.observer(kind, bucket.program, plan, logits, decoding)
         return kind

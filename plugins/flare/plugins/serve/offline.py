@@ -36,8 +36,10 @@ class Batcher:
     """Serve a list of requests to completion on `engine` (see the module docstring)."""
 
     def __init__(self, engine: Engine, *, use_mixed: bool | None = None, clock: Clock = time.perf_counter,
-                 sleep: Callable[[float], None] = time.sleep, on_token: Callable[[str, int], None] | None = None):
+                 sleep: Callable[[float], None] = time.sleep, on_token: Callable[[str, int], None] | None = None,
+                 bos: int | None = None):
         self.engine = engine
+        self.bos = bos              # the tokenizer's <bos>, the one special id a prompt may hold (None: 256)
         self.serving = engine.serving
         self.use_mixed = engine.has("mixed") if use_mixed is None else (use_mixed and engine.has("mixed"))
         self.clock = clock
@@ -100,4 +102,4 @@ class Batcher:
         sv = self.serving
         if len(r.prompt) + r.max_new_tokens - 1 > sv.max_ctx:
             return f"prompt of {len(r.prompt)} + {r.max_new_tokens} new tokens exceeds the context of {sv.max_ctx}"
-        return prompt_ids_problem(r.prompt, sv)
+        return prompt_ids_problem(r.prompt, sv) if self.bos is None else prompt_ids_problem(r.prompt, sv, self.bos)

@@ -3,8 +3,10 @@
     {"id": "r1", "prompt": "Hello", "max_new_tokens": 16, "arrival": 0.0}
     {"id": "r2", "prompt_ids": [256, 72, 105], "max_new_tokens": 8, "arrival": 0.05}
 
-`prompt` is text (byte tokens after <bos>, as moe-lm encodes it) and
-`prompt_ids` explicit token ids; `arrival` is seconds after the start of the
+`prompt` is text, encoded by the core's tokenizer (`encode`: for a core of a
+GGUF model the file's own BPE, as `flare serve NAME.core` encodes a completion
+prompt; by default <bos> then its UTF-8 bytes, as moe-lm encodes it) and
+`prompt_ids` explicit token ids (below `id_limit`: the vocabulary); `arrival` is seconds after the start of the
 run (default 0); `id` defaults to the line number. A malformed line is a
 `RequestError` naming the line and field; so is a line that is not UTF-8 (no
 replacement: a prompt's bytes are its tokens, so guessing would change them)
@@ -16,13 +18,20 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Iterable, TextIO
+from typing import Any, BinaryIO, Callable, Iterable, TextIO
 
 from flare.core.errors import FlareError
 
 BOS = 256  # token-lm/1 byte vocabulary: 0..255 bytes, then <bos>
 MAX_REQUEST_BYTES = 64 << 20  # a requests file larger than this is refused before parsing
 MAX_PROMPT_IDS = 1 << 20
+
+Encode = Callable[[str], "list[int] | tuple[int, ...]"]
+
+
+def byte_prompt(text: str) -> tuple[int, ...]:
+    """token-lm/1 bytes: <bos> then the text's UTF-8 bytes (UnicodeEncodeError for a lone surrogate)."""
+    return (BOS, *text.encode("utf-8"))
 
 
 class RequestError(FlareError):
@@ -83,7 +92,9 @@ def json_depth(data: bytes) -> int:
     return int(np.cumsum(step).max(initial=0))
 
 
-def parse_request(obj: Any, where: str, default_id: str, default_new: int = 16) -> Request:
+def parse_request(obj: Any, where: str, default_id: str, default_new: int = 16, *, encode: Encode = byte_prompt,
+                  id_limit: int = BOS + 1) -> Request:
+    """One request object; `encode` turns a text prompt into ids, `prompt_ids` must lie in [0, id_limit)."""
     if not isinstance(obj, dict):
         raise RequestError(f"{where}: must be a JSON object")
     rid = obj.get("id", default_id)
@@ -92,17 +103,19 @@ def parse_request(obj: Any, where: str, default_id: str, default_new: int = 16) 
     if "prompt_ids" in obj:
         ids = obj["prompt_ids"]
         if (not isinstance(ids, list) or not ids or len(ids) > MAX_PROMPT_IDS
-                or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= BOS for t in ids)):
+                or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < id_limit for t in ids)):
             raise RequestError(f"{where}.prompt_ids: must be a non-empty list of at most {MAX_PROMPT_IDS} "
-                               f"token ids in 0..{BOS}")
+                               f"token ids in 0..{id_limit - 1}")
         prompt = tuple(ids)
     elif isinstance(obj.get("prompt"), str) and obj["prompt"]:
         try:
-            prompt = (BOS, *obj["prompt"].encode("utf-8"))
+            prompt = tuple(encode(obj["prompt"]))
         except UnicodeEncodeError as exc:  # a lone surrogate from a JSON "\udc80" escape
             raise RequestError(f"{where}.prompt: not valid Unicode ({exc.reason} at character {exc.start})") from None
     else:
         raise RequestError(f"{where}: needs a non-empty 'prompt' (text) or 'prompt_ids'")
+    if not prompt:
+        raise RequestError(f"{where}.prompt: the tokenizer gives no tokens for it")
     new = obj.get("max_new_tokens", default_new)
     if not isinstance(new, int) or isinstance(new, bool) or new < 1:
         raise RequestError(f"{where}.max_new_tokens: must be a positive integer")
@@ -127,8 +140,10 @@ def read_request_bytes(stream: BinaryIO, what: str, limit: int = MAX_REQUEST_BYT
     return lines
 
 
-def read_requests(stream: TextIO | BinaryIO | Iterable[str], default_new: int = 16, what: str = "requests") -> list[Request]:
-    """Parse JSONL; blank lines and lines starting with # are skipped. Ids must be unique.
+def read_requests(stream: TextIO | BinaryIO | Iterable[str], default_new: int = 16, what: str = "requests", *,
+                  encode: Encode = byte_prompt, id_limit: int = BOS + 1) -> list[Request]:
+    """Parse JSONL; blank lines and lines starting with # are skipped. Ids must be unique. `encode` and
+    `id_limit`: as `parse_request`.
 
     A binary stream is read through `read_request_bytes` (size bound, strict UTF-8)."""
     out: list[Request] = []
@@ -144,7 +159,8 @@ def read_requests(stream: TextIO | BinaryIO | Iterable[str], default_new: int = 
         if not line or line.startswith("#"):
             continue
         obj = load_json_line(line, f"{what}: line {n}")
-        out.append(parse_request(obj, f"{what}: line {n}", str(len(out)), default_new))
+        out.append(parse_request(obj, f"{what}: line {n}", str(len(out)), default_new, encode=encode,
+                                 id_limit=id_limit))
     dup = sorted(i for i, c in Counter(r.id for r in out).items() if c > 1)   # linear, not ids.count()
     if dup:
         raise RequestError(f"{what}: request ids used twice: {dup}")
