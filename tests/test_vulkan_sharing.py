@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from flare.core.fusion import fuse
 from flare.core.graph import GraphBuilder
 
 from flare.backends.vulkan import VulkanBackend
@@ -81,3 +82,45 @@ def test_sharing_rules():
     assert [d.spec[1:] for d in out] == [d.spec[1:] for d in
                                          [_fake(0), _fake(0), _fake(0), _fake(0), big, _fake(0, epi=1)]]
     assert sharing.share_lane_variants([]) == []
+
+
+W1 = RNG.uniform(-1, 1, (40, 16)).astype(np.float32)
+W2 = RNG.uniform(-1, 1, (40, 40)).astype(np.float32)
+B1, B2 = RNG.uniform(-1, 1, 40).astype(np.float32), RNG.uniform(-1, 1, 40).astype(np.float32)
+XL = RNG.uniform(-1, 1, (36, 16)).astype(np.float32)
+
+
+def _linears(which: str):
+    """Fused `linear` layers, MiniLM-like: bias + gelu, then bias + residual ("both"), or one."""
+    b = GraphBuilder()
+    x = b.input("x", XL.shape)
+    h = b.gelu(b.add(b.matmul(x, b.weight("w1", W1), transpose_b=True), b.weight("b1", B1)))
+    if which == "both":
+        h = b.add(b.add(b.matmul(h, b.weight("w2", W2), transpose_b=True), b.weight("b2", B2)), h)
+    b.output("y", h)
+    graph = b.build()
+    fuse(graph, lambda node, chain: True)  # matmul + add (+ gelu, + add) -> linear, as a session does
+    return graph
+
+
+def _gelu(v):
+    from math import erf
+    return v * 0.5 * (1 + np.vectorize(erf)(v / np.sqrt(2)))
+
+
+@needs_vulkan
+def test_epilogues_of_a_split_share_one_runtime_variant(cpu_profile_device):
+    dev = cpu_profile_device
+    with HandBound(dev, _linears("one")) as one:
+        (d,) = [d for d in one.compile().dispatches if d.shader == "matmul_lanes"]
+        assert d.spec[-1] not in (0, sharing.EPI_RUNTIME)  # one code: it stays a constant
+        first = one.run({"x": XL})["y"]
+    with HandBound(dev, _linears("both")) as hb:
+        split = hb.compile()
+        lanes = [d for d in split.dispatches if d.shader == "matmul_lanes"]
+        assert len(lanes) == 2 and {d.spec[-1] for d in lanes} == {sharing.EPI_RUNTIME}
+        assert len({d.spec for d in lanes}) == 1 and len({d.params[-1] for d in lanes}) == 2
+        y = hb.run({"x": XL})["y"]
+    h = _gelu(XL.astype(np.float64) @ W1.T.astype(np.float64) + B1)
+    np.testing.assert_allclose(first, h, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(y, h @ W2.T.astype(np.float64) + B2 + h, rtol=0, atol=1e-4)

@@ -16,6 +16,13 @@ silero frontend's STFT conv (MODE 45, four taps per load) runs on the encoder co
 `MAX_SHARED_FMAS` multiply-adds give their bits up: there the slower loads cost milliseconds
 per execute against seconds of compile once (silero's biggest, the STFT at the 2048-window
 bucket, is 0.54 G); a big GEMM keeps its fastest layout whatever else the split holds.
+
+Then the epilogue: lane dispatches that differ only in EPI (the fused `linear`'s bias,
+residual, activation: constant 8) all take `EPI_RUNTIME` and pass their code as parameter 4,
+when the split has two or more codes: MiniLM's bias, bias + residual and bias + gelu layers run
+one variant instead of three (each 0.9-1.3 s of LLVM; the runtime one about as much as the
+gelu one). The code is then a uniform branch per stored output, next to the K loop's
+thousands of loads. A split with one code keeps it a constant (nothing more to compile).
 """
 from __future__ import annotations
 
@@ -27,6 +34,8 @@ from .lowering import Dispatch
 SHADER = "matmul_lanes"
 OPTIONAL_BITS = 1 | 2 | 8 | 16 | 32  # fast paths; everything else in MODE (CONV) is meaning
 MAX_SHARED_FMAS = 1 << 30
+EPI_RUNTIME = 255  # matmul_lanes.comp: the epilogue code is parameter 4
+N_CONV_PARAMS = 4  # conv1d's kernel size, stride, padding, dilation come first
 
 
 def fmas(d: Dispatch) -> int:
@@ -50,5 +59,21 @@ def share_lane_variants(dispatches: list[Dispatch], max_fmas: int = MAX_SHARED_F
             best = min(below, key=lambda m: (bin(m).count("1"), m))  # `mode` itself is among them
             if best != mode:
                 d = replace(d, spec=(best,) + d.spec[1:])
+        out.append(d)
+    return _share_epilogues(out)
+
+
+def _share_epilogues(dispatches: list[Dispatch]) -> list[Dispatch]:
+    """Lane dispatches alike but for their epilogue code (last constant) onto EPI_RUNTIME,
+    the code passed as parameter 4, where the split has more than one code for them."""
+    codes: dict[tuple[int, ...], set[int]] = {}
+    for d in dispatches:
+        if d.shader == SHADER:
+            codes.setdefault(d.spec[:-1], set()).add(d.spec[-1])
+    out = []
+    for d in dispatches:
+        if d.shader == SHADER and len(codes[d.spec[:-1]]) > 1:
+            params = list(d.params) + [0] * (N_CONV_PARAMS - len(d.params))
+            d = replace(d, spec=d.spec[:-1] + (EPI_RUNTIME,), params=params + [d.spec[-1]])
         out.append(d)
     return out
