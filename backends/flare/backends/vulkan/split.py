@@ -21,7 +21,7 @@ import numpy as np
 from flare.core.backend import PreparedSplit, SplitProgram
 from flare.core.errors import FlareError, ReleasedError
 
-from . import fusion, lowering
+from . import fusion, lowering, sharing
 from .lowering import Dispatch
 
 if TYPE_CHECKING:
@@ -82,6 +82,7 @@ class VulkanPreparedSplit(PreparedSplit):
                         raise ReleasedError(f"node {node.name!r}: a bound buffer was already released")
             out += dispatches
         out = fusion.chain_elementwise(out, self.device.info.max_storage_buffers_per_stage)
+        out = sharing.share_lane_variants(out)
         self.stats["dispatches"] = len(out)
         return out
 

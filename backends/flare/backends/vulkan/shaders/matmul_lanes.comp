@@ -26,7 +26,8 @@
 //   32 K_QUADS: K is a multiple of 4, so the K % 4 tail loop is not compiled (it is a second
 //              copy of the TM x TN FMA block: about a third of this kernel's LLVM time on lavapipe)
 // EPI (constant 8): the fused `linear` node's epilogue (common.glsl), bias in binding 4,
-// residual in binding 5. Sums: per column, four k at a time (a 4-term dot, then added), in k
+// residual in binding 5; EPI_RUNTIME: the code is parameter 4 instead (after conv's four), so
+// one variant serves a split's several epilogues (sharing.py: one LLVM compile, not one each). Sums: per column, four k at a time (a 4-term dot, then added), in k
 // order across the quads; f32.
 #define NT 5u
 layout(local_size_x_id = 5) in;
@@ -43,6 +44,7 @@ layout(constant_id = 5) const uint WG = 8;
 layout(constant_id = 6) const uint TM = 16;
 layout(constant_id = 7) const uint TN = 16;
 layout(constant_id = 8) const uint EPI = 0;
+#define EPI_RUNTIME 255u
 
 const bool A_VEC = (MODE & 1u) != 0u;
 const bool B_VEC = (MODE & 2u) != 0u;
@@ -120,6 +122,7 @@ void main() {
     cdil = CONV ? param_i(3u) : 1;
     Lout = to.ne[3];
     Lin = int(tb.ne[3]);
+    const uint epi = EPI == EPI_RUNTIME ? param_u(4u) : EPI;  // folded to EPI unless runtime
 
     const uint n0 = (gl_WorkGroupID.x * WG + gl_LocalInvocationID.x) * TN;
     const uint m0 = gl_WorkGroupID.y * TM;
@@ -175,7 +178,7 @@ void main() {
                 uint oe;
                 if (CONV) oe = offset_at(to, uvec4(0u, n / Lout, m, n % Lout));
                 else oe = offset_at(to, uvec4(b0, b1, m, n));
-                if (EPI != 0u) EPILOGUE(EPI, v, bias, tbias, res, tres, uvec4(b0, b1, m, n))
+                if (epi != 0u) EPILOGUE(epi, v, bias, tbias, res, tres, uvec4(b0, b1, m, n))
                 STOREF(o, DT2, oe, v)
             }
         }
