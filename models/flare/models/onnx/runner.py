@@ -42,6 +42,7 @@ import numpy as np
 from flare.core.errors import InputError
 from flare.core.graph import INPUT, WEIGHT, GraphBuilder, Tensor
 
+from .collector import FreezePolicy
 from .errors import OnnxError, UnsupportedOpError
 from .loader import DEFAULT_DOMAINS, OnnxModel
 from .replay import Checkpoint, NeedsTrace, Recording, Recordings, Resume
@@ -244,7 +245,7 @@ def _shape_key(seg: Segment) -> tuple:
 class OnnxRunner:
     """An imported model on a Session: `run(inputs) -> outputs` (ONNX names, shapes, dtypes)."""
 
-    def __init__(self, model: OnnxModel, session: Any, *, cache_size: int = CACHE_SIZE):
+    def __init__(self, model: OnnxModel, session: Any, *, cache_size: int = CACHE_SIZE, freeze_gc: bool = True):
         model = expand(model)
         check_supported(model)
         self.model = model
@@ -271,6 +272,8 @@ class OnnxRunner:
         # segments a failed replay ran, for the trace that follows: (key, ordinal) -> (feeds, results)
         self.reuse: dict[tuple, tuple] = {}
         self.resume: Resume | None = None  # where a failed replay lets the trace start (replay.py)
+        # a traced call's plans are frozen out of the collector's full passes (collector.py)
+        self.collector = FreezePolicy(freeze_gc)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self._lock:
@@ -288,6 +291,7 @@ class OnnxRunner:
                 self.reuse = {}
             rec.host_steps = self.stats["host_steps"] - host_steps + (resume.checkpoint.host_steps if resume else 0)
             self.recordings.add(key, rec)
+            self.collector.after_trace()
             return out
 
     def _check_inputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
