@@ -209,8 +209,13 @@ def _structure_key(tensors: list[Tensor], outputs: Mapping[str, Tensor], digests
 
 
 def array_digest(arr: np.ndarray) -> str:
+    """A content name for a computed constant (32 hex digits). SHA-256 over the array's own buffer:
+    twice blake2b's speed where the CPU has SHA instructions, and no copy of the bytes (a new
+    Piper sentence digests ~65 computed constants, ~10 MB)."""
     a = np.ascontiguousarray(arr)
-    return hashlib.blake2b(a.tobytes() + repr((a.shape, a.dtype.str)).encode(), digest_size=16).hexdigest()
+    h = hashlib.sha256(repr((a.shape, a.dtype.str)).encode())
+    h.update(a.reshape(-1).view(np.uint8).data if a.size else b"")
+    return h.hexdigest()[:32]
 
 
 class _Family:
