@@ -1,10 +1,11 @@
 """The runner keeps the collector's full passes off its plans (collector.py): a traced call
 freezes what it left alive, cycles among frozen objects are reclaimed once the frozen count
-has doubled, and `freeze_gc=False` leaves the collector alone. Runs on the CPU only: what is
-tested is Python's collector, not a backend."""
+(process-wide, over every runner) has doubled, and `freeze_gc=False` leaves the collector
+alone. Runs on the CPU only: what is tested is Python's collector, not a backend."""
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
 
 import numpy as np
@@ -20,7 +21,8 @@ from flare.models.onnx.runner import OnnxRunner  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _unfrozen():
+def _unfrozen(monkeypatch):
+    monkeypatch.setattr(collector, "COUNTS", collector.Counts())
     gc.unfreeze()
     yield
     gc.unfreeze()
@@ -63,19 +65,47 @@ def test_a_traced_call_freezes_its_plans_unless_told_not_to(tmp_path, freeze):
 
 def test_frozen_cycles_are_reclaimed_once_the_frozen_count_doubles(monkeypatch):
     monkeypatch.setattr(collector, "RECLAIM_AT", 0)
-    policy = collector.FreezePolicy()
-    policy.after_trace()                 # past RECLAIM_AT (0) and twice the base (0): a reclaim, then frozen
-    assert policy.reclaims == 1 and policy.base > 0 and gc.get_freeze_count() > 0
+    counts = collector.COUNTS
+    collector.FreezePolicy().after_trace()   # past RECLAIM_AT (0) and twice the base (0): a reclaim
+    assert counts.reclaims == 1 and counts.base > 0 and gc.get_freeze_count() > 0
     garbage = _Node()
     gone = weakref.ref(garbage)
-    gc.freeze()                          # a cycle alive at a freeze ...
+    gc.freeze()                              # a cycle alive at a freeze ...
     del garbage
     gc.collect()
-    assert gone() is not None            # ... is skipped by full collections while frozen
-    policy.base = policy.frozen + 10_000  # not doubled yet: no reclaim
-    policy.after_trace()
-    assert policy.reclaims == 1 and gone() is not None
-    policy.base = 0                       # doubled: unfrozen, collected, frozen again
-    policy.after_trace()
-    assert policy.reclaims == 2 and gone() is None
+    assert gone() is not None                # ... is skipped by full collections while frozen
+    counts.base = counts.frozen + 10_000     # not doubled yet: no reclaim
+    collector.FreezePolicy().after_trace()   # (another runner's policy: the counts are shared)
+    assert counts.reclaims == 1 and gone() is not None
+    counts.base = 0                          # doubled: unfrozen, collected, frozen again
+    collector.FreezePolicy().after_trace()
+    assert counts.reclaims == 2 and gone() is None
     assert gc.get_freeze_count() > 0
+
+
+def test_runners_on_threads_freeze_one_at_a_time(tmp_path):
+    """Two runners (one per thread, as runner.py says) tracing at once: both right, the counts
+    kept under the module's lock."""
+    path = _relu_model(tmp_path)
+    errors = []
+    with Session(["cpu"]) as sess:
+        runners = [OnnxRunner(load_model(path), sess) for _ in range(2)]
+
+        def work(runner, seed):
+            rng = np.random.default_rng(seed)
+            try:
+                for n in range(1, 13):  # a new length each call: a trace and a freeze each
+                    x = rng.standard_normal(n).astype(np.float32)
+                    np.testing.assert_array_equal(runner.run({"x": x})["y"], np.maximum(x, 0))
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(r, i)) for i, r in enumerate(runners)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r in runners:
+            r.release()
+    assert not errors
+    assert collector.COUNTS.frozen > 0 and gc.get_freeze_count() > 0

@@ -24,33 +24,49 @@ that manages `gc.freeze()` itself (a pre-fork server) passes
 from __future__ import annotations
 
 import gc
+import threading
+from dataclasses import dataclass
 
 RECLAIM_AT = 100_000  # frozen objects below which no reclaim runs (one full collection ~0.1 s past this)
 
 
+@dataclass
+class Counts:
+    """Process-wide, like the permanent generation itself: runners made and released one after
+    another (ONNX's backend suite makes ~1,900) each freeze a little, and the cycles their plans
+    leave must still be reclaimed once the total has doubled."""
+
+    base: int = 0      # objects frozen after the last reclaim
+    frozen: int = 0    # objects frozen since, plus base (an upper bound: some were freed since)
+    reclaims: int = 0
+
+
+COUNTS = Counts()
+_LOCK = threading.Lock()  # runners on different threads freeze and reclaim one at a time
+
+
 class FreezePolicy:
-    """What one runner does after a traced call; not thread-safe (the runner holds its lock)."""
+    """What one runner does after a traced call (`enabled`: its `freeze_gc`); thread-safe."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
-        self.base = 0    # objects frozen after the last reclaim
-        self.frozen = 0  # objects frozen since (an upper bound: some were freed since)
-        self.reclaims = 0
 
     def after_trace(self) -> None:
         if not self.enabled or not gc.isenabled():
             return
-        gc.collect(1)  # what the call left as cyclic garbage, before it is frozen
-        # counted here, not by gc.get_freeze_count(): that walks the whole permanent generation
-        # (~30 ms at Piper's 200k objects); the oldest generation after collect(1) is what is new
-        self.frozen += len(gc.get_objects(generation=2))
-        if self.frozen > max(RECLAIM_AT, 2 * self.base):
-            self.reclaim()
-        gc.freeze()
+        with _LOCK:
+            gc.collect(1)  # what the call left as cyclic garbage, before it is frozen
+            # counted here, not by gc.get_freeze_count(): that walks the whole permanent generation
+            # (~30 ms at Piper's 200k objects); the oldest generation after collect(1) is what is new
+            COUNTS.frozen += len(gc.get_objects(generation=2))
+            if COUNTS.frozen > max(RECLAIM_AT, 2 * COUNTS.base):
+                reclaim()
+            gc.freeze()
 
-    def reclaim(self) -> None:
-        """Unfreeze, collect everything once, and remember the size that survived."""
-        gc.unfreeze()
-        gc.collect()
-        self.reclaims += 1
-        self.base = self.frozen = len(gc.get_objects(generation=2))
+
+def reclaim() -> None:
+    """Unfreeze, collect everything once, and remember the size that survived (under _LOCK)."""
+    gc.unfreeze()
+    gc.collect()
+    COUNTS.reclaims += 1
+    COUNTS.base = COUNTS.frozen = len(gc.get_objects(generation=2))
