@@ -26,7 +26,9 @@ largest segment's arena, not the sum. The workspace grows with headroom
 lengths grow it a little at a time. A family keeps its `PLANS_KEPT` most
 recently used plans (a dropped one is planned again when its shapes return),
 and is replaced after `FAMILY_PLANS` shapes, which bounds the computed
-constants it accumulates.
+constants it accumulates. After a traced call the objects it left alive (its
+plans) are frozen out of the garbage collector's full passes (`collector.py`;
+`freeze_gc=False` opts out).
 A runner is not thread-safe: use one per thread (its Session may be shared;
 Flare's PreparedGraph takes turns).
 """
