@@ -52,6 +52,52 @@ def test_conv1d_many_column_blocks(threads, stride):
 
 
 @needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+def test_pointwise_conv1d_reads_x_in_place(threads):
+    """K 1, stride 1, no padding, over many column blocks: the product reads x's rows in place
+    (conv1d.h's direct case, no im2col scratch)."""
+    from flare.backends.cpu.lowering import conv1d_direct, conv1d_scratch
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 8, 40_000)).astype(np.float32)   # ck * Lout = 320k: several blocks
+    w = (rng.standard_normal((5, 8, 1)) / 3).astype(np.float32)
+    got, want = _run("conv1d", x, w, dict(stride=1, padding=0, dilation=1), threads)
+    np.testing.assert_allclose(got, want, **TOL)
+    assert conv1d_direct(1, 1, 0, 40_000, 40_000, 40_000, 1) and conv1d_scratch(2, 8, 1, 40_000, 5, 1) == 0
+    # not in place: a window, a stride, padding, an output longer than x, overlapping or strided rows,
+    # short outputs (the row layout)
+    for args in [(3, 1, 0, 99, 99, 99, 1), (1, 2, 0, 99, 50, 99, 1), (1, 1, 1, 99, 101, 99, 1),
+                 (1, 1, 0, 99, 100, 99, 1), (1, 1, 0, 99, 99, 50, 1), (1, 1, 0, 99, 99, 198, 2),
+                 (1, 1, 0, 64, 64, 64, 1)]:
+        assert not conv1d_direct(*args), args
+
+
+@needs_native
+@pytest.mark.parametrize("right_pad", [0, 3])
+def test_pointwise_conv2d_over_one_row_with_bias(right_pad):
+    """conv2d over H = 1 with K 1 and a bias: in place without right padding; with it (the output
+    longer than x) through the im2col rows, which read zeros past x's end."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 6, 1, 300)).astype(np.float32)
+    w = (rng.standard_normal((4, 6, 1, 1)) / 3).astype(np.float32)
+    bias = rng.standard_normal(4).astype(np.float32)
+    params = dict(strides=[1, 1], dilations=[1, 1], pads=[[0, 0], [0, right_pad]])
+
+    def entry(b, shapes):
+        b.output("y", b.op("conv2d", b.input("x", x.shape), b.weight("w", w), b.weight("b", bias), **params))
+
+    with Session(["cpu"]) as sess:
+        pg = sess.prepare({"full": entry}, {"full": {"x": x.shape}})
+        got = pg.execute("full", x=x)["y"].copy()
+        assert not [n for p in pg.current_plan("full").programs if p is not None
+                    for n in p.describe().get("numpy_nodes", [])]
+        pg.release()
+    want = OPS["conv2d"].reference([x, w, bias], {**OPS["conv2d"].defaults, **params})
+    assert got.shape == want.shape == (1, 4, 1, 300 + right_pad)
+    np.testing.assert_allclose(got, want, **TOL)
+
+
+@needs_native
 def test_conv2d_over_one_row_runs_native():
     rng = np.random.default_rng(4)
     x = rng.standard_normal((2, 6, 1, 41)).astype(np.float32)

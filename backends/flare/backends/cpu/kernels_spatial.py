@@ -17,7 +17,7 @@ import numpy as np
 from flare.core.ops.spatial import grid_sample_ref, pool_geometry, windows
 
 from .kernels import KERNELS
-from .lowering import cmd, conv1d_rows, conv1d_scratch, estrides, translator
+from .lowering import cmd, conv1d_direct, conv1d_rows, conv1d_scratch, estrides, translator
 
 
 def _conv2d(out, x, p):
@@ -96,6 +96,7 @@ def _conv2d_native(node, out, srcs):
     cout, _, _, k = w.shape
     lout = out.shape[3]
     xs = estrides(x)
+    direct = conv1d_direct(k, p["strides"][1], p["pads"][1][0], length, lout, xs[1], xs[3])
     return [cmd("conv1d", out, [x, w, bias], [1, b, cout, lout], [0, cout * lout, lout, 1], [[0, xs[0], xs[1], xs[3]]],
-                ip=(p["strides"][1], p["pads"][1][0], p["dilations"][1], cin, k, length, conv1d_rows(lout)),
-                scratch=conv1d_scratch(b, cin, k, lout, cout))]
+                ip=(p["strides"][1], p["pads"][1][0], p["dilations"][1], cin, k, length, conv1d_rows(lout), direct),
+                scratch=conv1d_scratch(b, cin, k, lout, cout, direct))]

@@ -472,13 +472,24 @@ def conv1d_rows(lout: int) -> int:
     return int(lout <= CONV1D_ROWS_LOUT)
 
 
-def conv1d_scratch(b: int, cin: int, k: int, lout: int, cout: int) -> int:
+def conv1d_direct(k: int, stride: int, pad: int, length: int, lout: int, x_row: int, x_step: int) -> int:
+    """ip[7] of the conv1d command: 1 where the column-block layout reads x in place (a pointwise
+    convolution, output as long as x, over rows of unit stride that do not overlap: x's rows are
+    the im2col rows; see native/conv1d.h). `x_row`/`x_step`: x's element strides over Cin and L."""
+    return int(k == 1 and stride == 1 and pad == 0 and lout == length and x_step == 1 and x_row >= length
+               and not conv1d_rows(lout))
+
+
+def conv1d_scratch(b: int, cin: int, k: int, lout: int, cout: int, direct: int = 0) -> int:
     """Bytes of the conv1d command's scratch, as native/conv1d.h uses it: for the row layout the
-    im2col rows and the product ([B*Lout, Cin*K] and [B*Lout, Cout] floats); otherwise one im2col
-    block (ck x n floats) per slot (one block when the whole im2col is under 1 MiB)."""
+    im2col rows and the product ([B*Lout, Cin*K] and [B*Lout, Cout] floats); none where x is read
+    in place (`conv1d_direct`); otherwise one im2col block (ck x n floats) per slot (one block
+    when the whole im2col is under 1 MiB)."""
     ck = cin * k
     if conv1d_rows(lout):
         return b * lout * (ck + cout) * 4
+    if direct:
+        return 0
     if ck * lout <= 4 * CONV1D_BLOCK:
         n = max(lout, 1)
     else:
@@ -496,9 +507,11 @@ def _conv1d(node, out, srcs):
     cout, _, k = w.shape
     lout = out.shape[2]
     p = node.params
-    return [cmd("conv1d", out, [x, w], [1, b, cout, lout], [0, *estrides(out)], [[0, *estrides(x)]],
-                ip=(p["stride"], p["padding"], p["dilation"], cin, k, length, conv1d_rows(lout)),
-                scratch=conv1d_scratch(b, cin, k, lout, cout))]
+    xs = estrides(x)
+    direct = conv1d_direct(k, p["stride"], p["padding"], length, lout, xs[1], xs[2])
+    return [cmd("conv1d", out, [x, w], [1, b, cout, lout], [0, *estrides(out)], [[0, *xs]],
+                ip=(p["stride"], p["padding"], p["dilation"], cin, k, length, conv1d_rows(lout), direct),
+                scratch=conv1d_scratch(b, cin, k, lout, cout, direct))]
 
 
 @translator("lstm")

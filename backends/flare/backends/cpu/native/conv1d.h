@@ -113,6 +113,10 @@ HOT static void conv1d_plain(int64_t Co, int64_t n, int64_t ck, const float *w, 
     }
 }
 
+/* the column-block layout's pointwise case (ip[7] = 1, lowering.conv1d_direct): K 1, stride 1,
+ * pad 0, x's rows of unit stride; the product then reads x in place */
+static int conv1d_direct(const flare_cmd *c) { return c->ip[7] != 0; }
+
 /* Phase 1, units [r0, r1) = slots (above): each of a slot's blocks (b, j) gets its im2col rows
  * into the slot's part of the scratch, then its product. */
 static int conv1d_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
@@ -123,21 +127,30 @@ static int conv1d_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
     const int64_t ck = Ci * K, n = conv1d_cols(ck, Lo), nb = (Lo + n - 1) / n, slots = conv1d_slots(B * nb);
     const float *x = (const float *)c->src[0], *w = (const float *)c->src[1], *bias = (const float *)c->src[2];
     float *o = (float *)c->out;
+    /* a pointwise convolution (K 1, stride 1, no padding) over rows of unit stride: x's rows ARE
+     * the im2col rows, so the product reads them in place (no copy; conv1d_scratch sizes none) */
+    const int direct = conv1d_direct(c);
     for (int64_t slot = r0; slot < r1; ++slot) {
-        float *cols = (float *)c->scratch + slot * ck * n;  /* [ck, m] */
+        float *scratch = direct ? 0 : (float *)c->scratch + slot * ck * n;  /* [ck, m] */
         for (int64_t u = slot; u < B * nb; u += slots) {
             const int64_t b = u / nb, la = (u % nb) * n, lb = la + n < Lo ? la + n : Lo, m = lb - la;
-            for (int64_t r = 0; r < ck; ++r) {
-                const int64_t ci = r / K, k = r % K;
-                conv1d_row(cols + r * m, x + b * c->ss[0][1] + ci * c->ss[0][2], c->ss[0][3], la, lb, L, s,
-                           k * dil - pad);
-            }
+            const float *cols = scratch;
+            int64_t ldc = m;
+            if (direct) {
+                cols = x + b * c->ss[0][1] + la;
+                ldc = c->ss[0][2];
+            } else
+                for (int64_t r = 0; r < ck; ++r) {
+                    const int64_t ci = r / K, k = r % K;
+                    conv1d_row(scratch + r * m, x + b * c->ss[0][1] + ci * c->ss[0][2], c->ss[0][3], la, lb, L, s,
+                               k * dil - pad);
+                }
             float *ob = o + b * Co * Lo + la;
             if (bias)  /* the bias first, the product added to it: no pass of its own over the output */
                 for (int64_t co = 0; co < Co; ++co)
                     for (int64_t l = 0; l < m; ++l) ob[co * Lo + l] = bias[co];
-            if (g_sgemm) gemm(NT, NT, Co, m, ck, w, ck, cols, m, bias ? 1.0f : 0.0f, ob, Lo);
-            else conv1d_plain(Co, m, ck, w, cols, m, ob, Lo, bias != 0);
+            if (g_sgemm) gemm(NT, NT, Co, m, ck, w, ck, cols, ldc, bias ? 1.0f : 0.0f, ob, Lo);
+            else conv1d_plain(Co, m, ck, w, cols, ldc, ob, Lo, bias != 0);
         }
     }
     return 0;
