@@ -28,7 +28,7 @@ for g in "$@"; do case $g in
  serve) pair $C/serve_smollm2_repeat_plain.toml $C/serve_smollm2_repeat_ngram.toml repeat; pair $C/serve_smollm2_nocopy_plain.toml $C/serve_smollm2_nocopy_ngram.toml nocopy
         pair $C/serve_smollm2_unique_cache_off.toml $C/serve_smollm2_unique_cache_on.toml cache0hit "--requests 8"
         echo "=== prefix smollm2" | tee -a $out; timeout 1200 python bench/serve_prefix.py --model smollm2 --rounds 2 --json ${out%.txt}-prefix.json 2>&1 | tail -30 | tee -a $out;;
- load) echo "=== serve_load 32 chat clients 60 s" | tee -a $out; timeout 1500 python bench/serve_load.py --model smollm2 --chat --clients 32 --seconds 60 2>&1 | tail -15 | tee -a $out;;
+ load) echo "=== serve_load 32 chat clients 60 s" | tee -a $out; timeout 1500 python bench/serve_load.py --model smollm2 --chat --clients 32 --seconds 60 --json ${out%.txt}-load.json > ${out%.txt}-load.log 2>&1; cat ${out%.txt}-load.json | tee -a $out;;
  piper) pair $C/piper_onnx_onnxruntime.toml $C/piper_onnx_flare.toml t1; echo "=== piper_onnx.py" | tee -a $out; timeout 900 python bench/piper_onnx.py 2>&1 | tail -6 | tee -a $out;;
  cold) bash bench/cold_start.sh 2>&1 | tee -a $out;;
 esac; done
