@@ -27,7 +27,6 @@ from flare.plugins.export.serving import Engine, Request  # noqa: E402
 from flare.plugins.serve.offline import Batcher  # noqa: E402
 from flare.plugins.serve.loop import Job, QueueFull  # noqa: E402
 from flare.plugins.export.serving.sampling import SamplingParams, TokenChooser  # noqa: E402
-from flare.plugins.serve.engine import StepEngine  # noqa: E402
 from flare.plugins.serve.server import Server  # noqa: E402
 from flare.plugins.serve.speculative import Speculator  # noqa: E402
 
@@ -232,11 +231,11 @@ def test_serve_http_reads_a_process_cpu_time() -> None:
 
 
 def test_a_full_device_only_stops_caching(core_path, reference) -> None:
-    """Fault injection: the prefix cache's first block allocation fails (a cache without reserved
-    blocks allocates per block); the request is still served (uncached, same tokens) and nothing leaks."""
+    """Fault injection: the prefix cache's first block allocation fails; the request is still served
+    (uncached, same tokens) and nothing leaks."""
     start = LEDGER.live_bytes()
     core = load_core(core_path)
-    server = Server(CoreRuntime(core), name="tiny.core", prefix_reserve=False)
+    server = Server(CoreRuntime(core), name="tiny.core")
     server.loop.start()
     try:
         events: queue.Queue = queue.Queue()
@@ -251,28 +250,6 @@ def test_a_full_device_only_stops_caching(core_path, reference) -> None:
                 pass
         assert inj.fired and ev == {"done": "length"} and job.tokens == reference["a"]
         assert server.cache.stats()["failed_saves"] == 1 and server.cache.blocks == 3
-    finally:
-        server.close()
-    assert LEDGER.live_bytes() == start
-
-
-def test_a_reservation_the_device_cannot_hold_is_cut_short(core_path, reference) -> None:
-    """Fault injection: the 3rd allocation of the cache's up-front reservation fails; the cache keeps
-    what it reserved, allocates per block past it, serves the same tokens, and nothing leaks."""
-    start = LEDGER.live_bytes()
-    core = load_core(core_path)
-    runtime = CoreRuntime(core)
-    with LEDGER.fail_at(3) as inj:
-        server = Server(runtime, name="tiny.core", prefix_cache_bytes=6 * StepEngine(runtime).block_bytes(16))
-    assert inj.fired and server.cache.reserved == 2
-    server.loop.start()
-    try:
-        events: queue.Queue = queue.Queue()
-        job = Job("a", _ids(BASE), 9, SamplingParams(0.0), (), events.put)
-        server.loop.submit(job)
-        while "token" in (ev := events.get(timeout=60)):
-            pass
-        assert ev == {"done": "length"} and job.tokens == reference["a"]
     finally:
         server.close()
     assert LEDGER.live_bytes() == start

@@ -23,7 +23,7 @@ import numpy as np
 
 from flare.core.backend import Binding, Buffer
 from flare.core.dtypes import to_numpy
-from flare.core.errors import AllocationError, InputError
+from flare.core.errors import InputError
 from flare.core.graph import contiguous_strides
 from flare.plugins.export.serving.batch import Chunk, token_lm_inputs
 from flare.plugins.export.ranks import bcast_json
@@ -43,10 +43,6 @@ class StepEngine(Engine):
         # the KV states: every state indexed by KV row (token-lm/1 writes row seq * max_ctx + pos)
         self.kv = {n: info for n, info in runtime.graph.states().items() if info[1][0] == self.serving.kv_rows}
         self.blocks: dict[int, list[tuple[Buffer, str, int]]] = {}    # block -> (buffer, device, tokens)
-        # buffers of dropped (or reserved) blocks, by (device, bytes), for the next block to reuse: fresh
-        # host memory costs a page fault per 4 KiB on first touch (~1.5 ms per SmolLM2 block here, most
-        # of what storing a block cost), memory already touched costs only the copy
-        self._spare: dict[tuple[str, int], list[Buffer]] = {}
         self._layouts: dict[int, dict[str, list[tuple[str, int, tuple[int, ...], str]]]] = {}
 
     def run(self, kind: str, chunks: Sequence[Chunk]) -> tuple[np.ndarray, Bucket]:
@@ -103,7 +99,7 @@ class StepEngine(Engine):
         try:
             for dev, parts in self._layout(tokens).items():
                 device = graph.devices[dev]
-                buf = self._take(device, dev, self._part_bytes(parts))
+                buf = device.alloc(self._part_bytes(parts), tag=BLOCK_TAG)
                 bufs.append((buf, dev, tokens))
                 raw = self._host_bytes(device, buf)
                 for name, off, rows, dtype in parts:
@@ -114,34 +110,10 @@ class StepEngine(Engine):
                     else:
                         device.write(self._binding(buf, rows, dtype, off), graph.read_rows(name, row, tokens))
         except BaseException:
-            for buf, dev, _ in bufs:
-                self._spare.setdefault((dev, buf.nbytes), []).append(buf)
+            for buf, _, _ in bufs:
+                buf.release()
             raise
         self.blocks[bid] = bufs
-
-    def _take(self, device: Any, dev: str, nbytes: int) -> Buffer:
-        """A block buffer of `nbytes` on `dev`: a spare one if any, else a new allocation (ledger)."""
-        spare = self._spare.get((dev, nbytes))
-        return spare.pop() if spare else device.alloc(nbytes, tag=BLOCK_TAG)
-
-    def reserve(self, blocks: int, tokens: int) -> int:
-        """Allocate and touch the buffers of `blocks` blocks of `tokens` tokens up front (they stay in the
-        ledger, tagged prefix-cache, until `close`), so storing a block never waits on fresh pages, as
-        servers reserve their KV blocks at start. Stops quietly where the device is full (the cache is an
-        optimisation). Returns how many blocks were reserved."""
-        graph = self.runtime.graph
-        for k in range(blocks):
-            for dev, parts in self._layout(tokens).items():
-                device = graph.devices[dev]
-                try:
-                    buf = device.alloc(self._part_bytes(parts), tag=BLOCK_TAG)
-                except AllocationError:
-                    return k
-                raw = self._host_bytes(device, buf)
-                if raw is not None:
-                    raw[...] = 0         # touch every page now (device memory is resident already)
-                self._spare.setdefault((dev, buf.nbytes), []).append(buf)
-        return blocks
 
     def load_block(self, bid: int, seq: int, start: int) -> None:
         """Copy block `bid` into the KV rows of slot `seq` from position `start`."""
@@ -159,8 +131,8 @@ class StepEngine(Engine):
         self._drop(bid)
 
     def _drop(self, bid: int) -> None:
-        for buf, dev, _ in self.blocks.pop(bid, []):
-            self._spare.setdefault((dev, buf.nbytes), []).append(buf)   # for the next block (`_take`)
+        for buf, _, _ in self.blocks.pop(bid, []):
+            buf.release()
 
     @staticmethod
     def _host_bytes(device: Any, buf: Buffer) -> np.ndarray | None:
@@ -178,10 +150,6 @@ class StepEngine(Engine):
         """Free every block (rank 0 tells the others with `stop`)."""
         for bid in list(self.blocks):
             self._drop(bid)
-        for bufs in self._spare.values():
-            for buf in bufs:
-                buf.release()
-        self._spare.clear()
 
     # ---------------------------------------------------------------- ranks
     def _tell(self, msg: dict[str, Any]) -> None:

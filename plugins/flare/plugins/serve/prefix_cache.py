@@ -5,10 +5,7 @@ block-aligned position, named by a hash chain (its tokens and its parent's
 name), so a block is reused only under exactly the same prefix. The KV rows
 themselves live in buffers the step engine allocates through the ledger on
 the KV state's device (`StepEngine.save_block`), so the cache's bytes show
-up in the ledger and in `/metrics` like any other allocation. The budget's
-buffers are reserved (allocated and touched) when the cache is made and a
-dropped block's buffer is kept for the next: a cache that never hits then
-costs the copies alone, not a page fault per 4 KiB of fresh memory.
+up in the ledger and in `/metrics` like any other allocation.
 
 Reference counts: a block is held by each running request that reused or
 wrote it and by each child block; only unheld blocks can be evicted, least
@@ -49,8 +46,7 @@ class Block:
 class PrefixCache:
     """The index (rank 0 only); KV bytes are moved by `engine` (every rank)."""
 
-    def __init__(self, engine: Any, budget_bytes: int, block_tokens: int = 16, align: int | None = None,
-                 reserve: bool = True):
+    def __init__(self, engine: Any, budget_bytes: int, block_tokens: int = 16, align: int | None = None):
         if block_tokens < 1:
             raise ValueError("block_tokens must be >= 1")
         # reuse ends on a multiple of the prefill chunk (default: the core's), so the prompt's remaining
@@ -65,8 +61,6 @@ class PrefixCache:
         self._free: OrderedDict[int, Block] = OrderedDict()   # unheld blocks, least recently used first
         self._ids = itertools.count(1)
         self.hits = self.lookups = self.reused_tokens = self.evictions = self.failed_saves = 0
-        # the budget's block buffers allocated and touched now, not on the request path (rank 0's)
-        self.reserved = engine.reserve(self.max_blocks, block_tokens) if reserve and self.max_blocks else 0
 
     @staticmethod
     def _key(parent: Block | None, tokens: Sequence[int]) -> bytes:
@@ -168,4 +162,4 @@ class PrefixCache:
     def stats(self) -> dict[str, int]:
         return {"blocks": self.blocks, "bytes": self.bytes, "budget_bytes": self.budget_bytes,
                 "lookups": self.lookups, "hits": self.hits, "reused_tokens": self.reused_tokens,
-                "evictions": self.evictions, "failed_saves": self.failed_saves, "reserved_blocks": self.reserved}
+                "evictions": self.evictions, "failed_saves": self.failed_saves}
