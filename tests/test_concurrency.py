@@ -15,6 +15,7 @@ import pytest
 
 from flare.core.errors import ReleasedError
 from flare.core.ledger import LEDGER
+from flare.plugins.testing.threads import run_threads
 
 RNG = np.random.default_rng(14)
 W = RNG.standard_normal((16, 8)).astype(np.float32)
@@ -33,24 +34,6 @@ def other(b, shapes):
     b.output("y", b.tanh(b.matmul(x, b.weight("w", W), transpose_b=True)))
 
 
-def _run_threads(target, n: int) -> list[BaseException]:
-    errors: list[BaseException] = []
-
-    def wrapped(i: int) -> None:
-        try:
-            target(i)
-        except BaseException as exc:  # collected and asserted on by the caller
-            errors.append(exc)
-
-    threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a thread hung"
-    return errors
-
-
 def test_threads_sharing_one_graph_get_sequential_outputs(backend):
     with backend.session() as sess:
         pg = sess.prepare({"full": mlp}, {"full": {"x": (4, 8)}})
@@ -63,7 +46,7 @@ def test_threads_sharing_one_graph_get_sequential_outputs(backend):
                 if not np.array_equal(pg.execute("full", x=XS[k])["y"], expected[k]):
                     wrong.append((t, i))
 
-        assert _run_threads(work, THREADS) == []
+        assert run_threads(work, THREADS) == []
         assert wrong == [], f"{len(wrong)} of {THREADS * EXECUTES} executes differ from the sequential output"
         assert pg.stats["executes"] == len(XS) + THREADS * EXECUTES
 
@@ -83,7 +66,7 @@ def test_graphs_on_one_workspace_take_turns(backend):
                 if not np.array_equal(pg.execute("full", x=XS[k])["y"], want[name][k]):
                     wrong.append((name, i))
 
-        assert _run_threads(work, THREADS) == []
+        assert run_threads(work, THREADS) == []
         assert wrong == []
 
 

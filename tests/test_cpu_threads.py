@@ -25,6 +25,7 @@ from flare.backends.cpu import native
 from flare.core.ledger import LEDGER
 from flare.core.session import Session
 from flare.plugins.testing.conformance.quant_cases import quant_blocks
+from flare.plugins.testing.threads import run_threads
 
 needs_native = pytest.mark.skipif(native.load() is None, reason=f"native executor unavailable: {native.REASON}")
 pytestmark = needs_native
@@ -150,26 +151,17 @@ def test_concurrent_executes_on_sessions_of_different_threads():
     try:
         graphs = [s.prepare({"full": block}, {"full": SHAPES}) for s in sessions]
         graphs.append(sessions[2].prepare({"full": block}, {"full": SHAPES}))  # a second workspace on cpu 3
-        errors: list[BaseException] = []
 
         def worker(k: int) -> None:
             rng = np.random.default_rng(k)
-            try:
-                for _ in range(6):
-                    pg = graphs[int(rng.integers(len(graphs)))]
-                    seed = int(rng.integers(len(seeds)))
-                    got = pg.execute("full", **inputs(seed))
-                    for name, want in ref[seed].items():
-                        assert_same(got[name], want, name)
-            except BaseException as exc:  # reported by the main thread
-                errors.append(exc)
+            for _ in range(6):
+                pg = graphs[int(rng.integers(len(graphs)))]
+                seed = int(rng.integers(len(seeds)))
+                got = pg.execute("full", **inputs(seed))
+                for name, want in ref[seed].items():
+                    assert_same(got[name], want, name)
 
-        threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        assert not any(t.is_alive() for t in threads), "an execute hung"
+        errors = run_threads(worker, 6)
         assert not errors, errors[0]
         for pg in graphs:
             pg.release()

@@ -10,6 +10,7 @@ import pytest
 from flare.core.errors import InputError
 from flare.plugins.export.schema import Serving
 from flare.plugins.export.serving.batch import MASK_NEG, Chunk, token_lm_inputs
+from flare.plugins.testing.threads import run_threads
 
 N = 6
 
@@ -162,24 +163,14 @@ def test_write_rows_writes_whole_rows_and_refuses_the_rest(backend):
 def test_threads_sharing_a_graph_with_a_host_node_get_their_own_outputs(graph):
     """Executes serialise on the graph's lock, so the views a plan keeps (inputs, outputs, the
     host node's) are used by one call at a time: every thread gets its own inputs' result."""
-    import threading
-
     g, kept = graph
     ids = np.arange(N, dtype=np.int32)
-    errors: list[BaseException] = []
 
     def worker(k: int) -> None:
-        try:
-            for j in range(15):
-                x = np.full(N, k * 100 + j, np.float32)
-                np.testing.assert_allclose(g.execute("main", x=x, ids=ids)["out"], 21 * x + ids, rtol=1e-6)
-        except BaseException as exc:   # reported by the main thread
-            errors.append(exc)
+        for j in range(15):
+            x = np.full(N, k * 100 + j, np.float32)
+            np.testing.assert_allclose(g.execute("main", x=x, ids=ids)["out"], 21 * x + ids, rtol=1e-6)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_threads(worker, 4)
     assert not errors, errors[0]
     assert len(kept) == 60

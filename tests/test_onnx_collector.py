@@ -5,7 +5,6 @@ alone. Runs on the CPU only: what is tested is Python's collector, not a backend
 from __future__ import annotations
 
 import gc
-import threading
 import weakref
 
 import numpy as np
@@ -18,6 +17,7 @@ from flare.core.session import Session  # noqa: E402
 from flare.models.onnx import collector  # noqa: E402
 from flare.models.onnx.loader import load_model  # noqa: E402
 from flare.models.onnx.runner import OnnxRunner  # noqa: E402
+from flare.plugins.testing.threads import run_threads  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -87,24 +87,16 @@ def test_runners_on_threads_freeze_one_at_a_time(tmp_path):
     """Two runners (one per thread, as runner.py says) tracing at once: both right, the counts
     kept under the module's lock."""
     path = _relu_model(tmp_path)
-    errors = []
     with Session(["cpu"]) as sess:
         runners = [OnnxRunner(load_model(path), sess) for _ in range(2)]
 
-        def work(runner, seed):
-            rng = np.random.default_rng(seed)
-            try:
-                for n in range(1, 13):  # a new length each call: a trace and a freeze each
-                    x = rng.standard_normal(n).astype(np.float32)
-                    np.testing.assert_array_equal(runner.run({"x": x})["y"], np.maximum(x, 0))
-            except Exception as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
+        def work(i):
+            rng = np.random.default_rng(i)
+            for n in range(1, 13):  # a new length each call: a trace and a freeze each
+                x = rng.standard_normal(n).astype(np.float32)
+                np.testing.assert_array_equal(runners[i].run({"x": x})["y"], np.maximum(x, 0))
 
-        threads = [threading.Thread(target=work, args=(r, i)) for i, r in enumerate(runners)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        errors = run_threads(work, len(runners))
         for r in runners:
             r.release()
     assert not errors

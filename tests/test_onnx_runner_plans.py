@@ -21,6 +21,7 @@ from flare.core.session import Session  # noqa: E402
 from flare.models.onnx import runner as runner_mod  # noqa: E402
 from flare.models.onnx.loader import load_model  # noqa: E402
 from flare.models.onnx.runner import OnnxRunner  # noqa: E402
+from flare.plugins.testing.threads import run_threads  # noqa: E402
 
 
 def _save(tmp_path, name, nodes, inputs, outputs, inits=()):
@@ -265,28 +266,18 @@ def test_random_draws_are_drawn_again_on_replay(tmp_path):
 def test_threads_sharing_a_runner_take_turns(tmp_path):
     """A runner is for one call at a time (its lock): traces, recordings, replays and family
     graphs stay consistent when threads share it anyway."""
-    import threading
-
     model, path = _ramp_model(tmp_path)
     ref = ReferenceEvaluator(model)
-    errors: list[BaseException] = []
     with Session(["cpu"]) as sess:
         runner = OnnxRunner(load_model(path), sess)
 
         def work(seed: int) -> None:
             rng = np.random.default_rng(seed)
-            try:
-                for _ in range(6):
-                    x = rng.uniform(-1, 2, int(rng.integers(4, 7))).astype(np.float32)
-                    np.testing.assert_allclose(runner.run({"x": x})["z"], ref.run(None, {"x": x})[0],
-                                               rtol=1e-6, atol=1e-6)
-            except BaseException as exc:  # reported by the main thread
-                errors.append(exc)
+            for _ in range(6):
+                x = rng.uniform(-1, 2, int(rng.integers(4, 7))).astype(np.float32)
+                np.testing.assert_allclose(runner.run({"x": x})["z"], ref.run(None, {"x": x})[0],
+                                           rtol=1e-6, atol=1e-6)
 
-        threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        errors = run_threads(work, 4)
         runner.release()
     assert not errors, errors[0]

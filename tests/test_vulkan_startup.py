@@ -6,7 +6,6 @@ object counters after release.
 """
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from flare.backends.vulkan import VulkanBackend
 from flare.backends.vulkan import pipeline_cache as pc
 from flare.backends.vulkan import prime as pr
 from flare.backends.vulkan.testing import HandBound
+from flare.plugins.testing.threads import run_threads
 
 PROBE = VulkanBackend.probe()
 RNG = np.random.default_rng(24)
@@ -253,22 +253,14 @@ def test_concurrent_prepares_on_one_device_match_serial(cache_dir):
         dev = sess.devices[0]
         assert dev.pipelines.workers == 4
         outs: list[np.ndarray] = []
-        errors: list[BaseException] = []
 
-        def worker():
-            try:
-                pg = sess.prepare({"f": build}, {"f": {"x": X.shape}})
-                outs.append(pg.execute("f", x=X)["y"])
-                assert pg.describe()["entries"]["f"]["prepare_s"] > 0
-                pg.release()
-            except BaseException as exc:
-                errors.append(exc)
+        def worker(_: int) -> None:
+            pg = sess.prepare({"f": build}, {"f": {"x": X.shape}})
+            outs.append(pg.execute("f", x=X)["y"])
+            assert pg.describe()["entries"]["f"]["prepare_s"] > 0
+            pg.release()
 
-        threads = [threading.Thread(target=worker) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        errors = run_threads(worker, 4)
         assert not errors, errors
         built = dev.pipeline_stats()["built"]
         assert built == dev.cache_objects()["pipelines"]  # no pipeline built twice
