@@ -54,6 +54,47 @@ def test_host_node_inputs_are_the_callbacks_own(graph):
     np.testing.assert_allclose(g.execute("main", x=x2, ids=ids)["out"], out2, rtol=1e-6)
 
 
+class _Borrower:
+    """A host callback that borrows its inputs (read-only views on a CPU device) and, when
+    `fill` is set, writes its result into `out` (returning `out`, or a new array when `fill` is
+    "return": the host step then writes that one as usual)."""
+
+    borrows_inputs = True
+
+    def __init__(self, fill: str = ""):
+        self.fills_output = bool(fill)
+        self.fill = fill
+        self.seen: list[tuple[bool, bool]] = []       # (input writeable, got out=)
+
+    def __call__(self, node, y, ids, *, ctx, out=None):
+        self.seen.append((y.flags.writeable, out is not None))
+        result = y * 10.0 + ids[: y.shape[0]]
+        if out is not None and self.fill == "out":
+            out[...] = result
+            return out
+        return result
+
+
+@pytest.mark.parametrize("fill", ["", "out", "return"])
+def test_borrowing_host_callbacks_get_views_and_may_fill_the_output(backend, fill):
+    """`borrows_inputs`: on a CPU device the callback reads the graph's memory through read-only
+    views (no copies); `fills_output`: it gets `out=` and may return it, written in place. Results
+    equal the copying path's on every backend (elsewhere the inputs are read back as usual)."""
+    cb = _Borrower(fill)
+    sess = backend.fallback_session()
+    g = sess.prepare({"main": _entry}, {"main": {"x": (N,), "ids": (N,)}}, name="borrow", callbacks={"keep": cb})
+    try:
+        ids = np.arange(N, dtype=np.int32)
+        for k in range(3):
+            x = np.arange(N, dtype=np.float32) - k
+            np.testing.assert_allclose(g.execute("main", x=x, ids=ids)["out"], 2 * x * 10 + ids + x, rtol=1e-6)
+        on_cpu = g.describe()["entries"]["main"]["split_list"][0]["device"].startswith("cpu")
+        assert cb.seen == [(not on_cpu, on_cpu and bool(fill))] * 3
+    finally:
+        g.release()
+        sess.close()
+
+
 def test_inputs_that_differ_from_the_plan_take_the_typed_checks(graph):
     g, _ = graph
     x = np.ones(N, np.float32)
@@ -158,6 +199,37 @@ def test_write_rows_writes_whole_rows_and_refuses_the_rest(backend):
     finally:
         g.release()
         sess.close()
+
+
+def test_row_byte_writer_copies_bytes_of_whole_rows_and_refuses_the_rest(backend):
+    """The stager's copy path: rows given as their bytes land like write_rows' typed rows; wrong
+    widths, dtypes and rows outside the tensor are InputErrors that write nothing; a writer kept
+    past release() refuses instead of writing freed memory; off the CPU there is none."""
+    sess = backend.fallback_session()
+    g = sess.prepare({"main": _cache_entry}, {"main": {"x": (30,)}}, name="bytes")
+    try:
+        if backend.name != "cpu":
+            with pytest.raises(InputError, match="not in host memory"):
+                g.row_byte_writer("table")
+            return
+        rows = np.arange(12, dtype=np.float32).reshape(2, 2, 3)
+        with pytest.raises(InputError, match="are not 'table'"):
+            g.row_byte_writer("table", like=rows.astype(np.float64))
+        write = g.row_byte_writer("table", like=rows)
+        write(2, rows.reshape(2, -1).view(np.uint8))
+        want = np.zeros((5, 2, 3), np.float32)
+        want[2:4] = rows
+        for row, data in ((4, rows.reshape(2, -1).view(np.uint8)), (-1, rows[:1].reshape(1, -1).view(np.uint8)),
+                          (0, np.zeros((1, 23), np.uint8)), (0, rows.reshape(2, -1))):
+            with pytest.raises(InputError, match="do not fit"):
+                write(row, data)
+        np.testing.assert_array_equal(g.state("table"), want)
+    finally:
+        g.release()
+        sess.close()
+    if backend.name == "cpu":
+        with pytest.raises(InputError, match="released"):
+            write(0, rows[:1].reshape(1, -1).view(np.uint8))
 
 
 def test_threads_sharing_a_graph_with_a_host_node_get_their_own_outputs(graph):

@@ -250,7 +250,7 @@ class ExpertStager:
         self._stop_helper: weakref.finalize | None = None
         self._job: _PrefetchJob | None = None
         self._writer_ctx: Any = None
-        self._writers: list[tuple[Callable[[int, np.ndarray], None], ...]] = []
+        self._writers: list[tuple[tuple[Callable[[int, np.ndarray], None], np.ndarray], ...]] = []
         # False: settling waits for the whole job instead of taking unstarted copies back (the
         # counters then do not depend on thread timing: tests use it to check the guesses)
         self.take_back = True
@@ -307,34 +307,41 @@ class ExpertStager:
         return dict(self._layers[layer].slot_of)
 
     # -- the host callback --------------------------------------------------------
+    # the host step may hand this callback views of the graph's memory instead of copies
+    # (`flare.core.host_calls`): it keeps none of its inputs (a prefetch job gets a copy of `hidden`)
+    borrows_inputs = True
+    fills_output = True                       # the slots are written into `out` when given
+
     def __call__(self, node: Any, ids: np.ndarray, rows: np.ndarray | None = None, hidden: np.ndarray | None = None,
-                 *, ctx: Any) -> np.ndarray:
+                 *, ctx: Any, out: np.ndarray | None = None) -> np.ndarray:
         layer = int(node.params["args"]["layer"])
         ids = np.asarray(ids)
         valid = None
         # padding rows stage nothing; a decode step has none (a list test, no NumPy temporaries)
-        if rows is not None and self.scratch_row in np.asarray(rows).ravel().tolist():
-            valid = np.asarray(rows).reshape(-1) != self.scratch_row
-        out = self.stage(layer, ids, valid, ctx)
+        if rows is not None:
+            rows = np.asarray(rows)
+            if self.scratch_row in rows.ravel().tolist():
+                valid = rows.reshape(-1) != self.scratch_row
+        out = self.stage(layer, ids, valid, ctx, out)
         if self.prefetch and hidden is not None and layer + 1 < self.n_layers:
-            h = np.asarray(hidden)
-            self._start_prefetch(layer + 1, h if valid is None else h[valid], ctx, queued_by_stage=True)
+            h = np.asarray(hidden)   # copied: the helper reads it after this call returns
+            self._start_prefetch(layer + 1, h.copy() if valid is None else h[valid], ctx, queued_by_stage=True)
         return out
 
-    def stage(self, layer: int, ids: np.ndarray, valid: np.ndarray | None, ctx: Any) -> np.ndarray:
-        """Make the experts in `ids` (rows of tokens where `valid`) resident; return their slots."""
+    def stage(self, layer: int, ids: np.ndarray, valid: np.ndarray | None, ctx: Any,
+              out: np.ndarray | None = None) -> np.ndarray:
+        """Make the experts in `ids` (rows of tokens where `valid`) resident; return their slots
+        (written into `out`, of ids' shape, when given).
+
+        The common case, every selected expert already resident (most decode steps), is a set
+        of the ids, a membership test per expert, the use counts and one lookup in the layer's
+        slot table: no eviction work, no copies."""
         t0 = time.perf_counter()
         chosen = ids if valid is None else ids[valid]
         needed = sorted(set(chosen.ravel().tolist()))
         taken_back = 0
         if self._job is not None:
             taken_back = self._settle(needed if self._job.layer == layer else (), ctx)
-        if len(needed) > self.slots:
-            raise ExpertCacheError(
-                f"{self.label}: layer {layer}: a step selects {len(needed)} distinct experts for "
-                f"{chosen.shape[0]} token(s), but the expert cache has {self.slots} slot(s) per layer")
-        if needed and (needed[0] < 0 or needed[-1] >= self.n_experts):
-            raise ExpertCacheError(f"{self.label}: layer {layer}: expert id out of range 0..{self.n_experts - 1}")
         cache = self._layers[layer]
         slot_of = cache.slot_of
         missing = [e for e in needed if e not in slot_of]
@@ -344,7 +351,13 @@ class ExpertStager:
             cache.unused_prefetch.difference_update(needed)
         evicted: list[int] = []
         runs: list[Run] = []
-        if missing:
+        if missing:                          # (resident experts are in range and fit: checked when staged)
+            if len(needed) > self.slots:
+                raise ExpertCacheError(
+                    f"{self.label}: layer {layer}: a step selects {len(needed)} distinct experts for "
+                    f"{chosen.shape[0]} token(s), but the expert cache has {self.slots} slot(s) per layer")
+            if missing[0] < 0 or missing[-1] >= self.n_experts:
+                raise ExpertCacheError(f"{self.label}: layer {layer}: expert id out of range 0..{self.n_experts - 1}")
             victims = cache.victims(len(missing), set(needed))
             if len(victims) < len(missing):  # guarded by the slot check above; kept as a last line
                 raise ExpertCacheError(f"{self.label}: layer {layer}: no slot to evict ({self.slots} slots)")
@@ -353,7 +366,7 @@ class ExpertStager:
             cache.place(runs)
             self._copy(layer, runs, ctx)
         cache.use(needed)
-        out = cache.table[ids]
+        out = cache.table.take(ids, out=out)
         st = self.stats
         st.calls += 1
         st.selected += len(needed)
@@ -371,7 +384,7 @@ class ExpertStager:
         execute: the graph's lock is held, so its lock-free row writers are safe here too)."""
         writers = self._layer_writers(layer, ctx)
         for first, slot, count in runs:
-            for write, src in zip(writers, self._sources[layer]):
+            for write, src in writers:
                 write(slot, src[first: first + count])
             self.stats.bytes_staged += self._expert_bytes[layer] * count
         self.stats.copies += len(runs)
@@ -391,23 +404,27 @@ class ExpertStager:
         self.drain()
         self._start_prefetch(layer, hidden, ctx)
 
-    def _layer_writers(self, layer: int, ctx: Any) -> tuple[Callable[[int, np.ndarray], None], ...]:
-        """How `layer`'s caches are written: the graph's lock-free `row_writer` where the cache is
-        in host memory (the helper's copies may outlive the execute that queued them; demand
-        copies skip write_rows' guard), else `ctx.write_rows` (caches on another device, whose
-        writes prefetch never makes; tests and the reference ctx, which have no row_writer)."""
+    def _layer_writers(self, layer: int, ctx: Any) -> tuple[tuple[Callable[[int, np.ndarray], None], np.ndarray], ...]:
+        """How `layer`'s caches are written, as (writer, source) per tensor: the graph's
+        lock-free `row_byte_writer` fed the source's bytes where the cache is in host memory
+        (the helper's copies may outlive the execute that queued them; demand copies skip
+        write_rows' guard and conversions: a staged expert is three plain copies), else
+        `ctx.write_rows` fed the source as stored (caches on another device, whose writes
+        prefetch never makes; tests and the reference ctx, which have no row writers)."""
         if ctx is not self._writer_ctx:
             self._writer_ctx, self._writers = ctx, []
         while len(self._writers) <= layer:
             i = len(self._writers)
-            make = getattr(ctx, "row_writer", None)
+            make = getattr(ctx, "row_byte_writer", None)
+            byte_sources = [_bytes_of(src) for src in self._sources[i]]
             try:
-                if make is None:
-                    raise InputError("no row_writer")
-                writers = tuple(make(name) for name in self._names[i])
+                if make is None or any(b is None for b in byte_sources):
+                    raise InputError("no row_byte_writer")
+                writers = tuple((make(name, like), src) for name, like, src
+                                in zip(self._names[i], self._sources[i], byte_sources))
             except InputError:                # not in host memory: the guarded write
-                writers = tuple((lambda n: lambda row, a: ctx.write_rows(n, row, a))(name)
-                                for name in self._names[i])
+                writers = tuple(((lambda n: lambda row, a: ctx.write_rows(n, row, a))(name), src)
+                                for name, src in zip(self._names[i], self._sources[i]))
             self._writers.append(writers)
         return self._writers[layer]
 
@@ -444,7 +461,6 @@ class ExpertStager:
         with job.cond:
             job.state = COPYING
             job.cond.notify_all()
-        sources = self._sources[job.layer]
         while job.error is None:
             with job.cond:
                 if job.next >= len(job.runs):
@@ -454,7 +470,7 @@ class ExpertStager:
                 job.busy = True
             try:
                 first, slot, count = run
-                for write, src in zip(job.writers, sources):
+                for write, src in job.writers:
                     write(slot, src[first: first + count])
                 job.copied.append(run)
             except BaseException as exc:
@@ -574,6 +590,14 @@ def _helper_loop(jobs: queue.SimpleQueue) -> None:
         if stager is not None:
             stager._run_job(job)
         job = stager = None                    # hold nothing while waiting
+
+
+def _bytes_of(source: np.ndarray) -> np.ndarray | None:
+    """The experts of `source` [E, ...] as their bytes, uint8 [E, bytes per expert] (a view; None
+    where the rows are not contiguous)."""
+    if not source.flags.c_contiguous or source.ndim == 0 or source.shape[0] == 0:
+        return None
+    return source.reshape(source.shape[0], -1).view(np.uint8)
 
 
 def _runs(experts: list[int], slots: list[int]) -> list[Run]:

@@ -249,6 +249,19 @@ class PreparedGraph:
         store, devices = self.persistent, self.devices
         return lambda row, array: state_rows.write_rows(store, devices, name, row, array)
 
+    def row_byte_writer(self, name: str, like: np.ndarray | None = None) -> Callable[[int, np.ndarray], None]:
+        """`row_writer`'s contract, but the rows come as their bytes (uint8 [count, bytes per row]):
+        for copying rows stored exactly as the tensor holds them (quantized experts of a mapped
+        file) with no per-call conversion (`state_rows.byte_row_writer`). `like`: rows the caller
+        will take the bytes of; InputError unless their dtype and row shape are the tensor's."""
+        self.row_writer(name)                 # the same checks: a state tensor in host memory
+        if like is not None:
+            t = self.persistent.states[name][2]
+            if like.dtype != np.dtype(to_numpy(t.dtype)) or tuple(like.shape[1:]) != tuple(t.shape[1:]):
+                raise InputError(f"{self.name}: rows {like.dtype} {like.shape[1:]} are not {name!r}'s "
+                                 f"{t.dtype} {t.shape[1:]}")
+        return state_rows.byte_row_writer(self.persistent, self.devices, name)
+
     def __enter__(self) -> "PreparedGraph":
         return self
 

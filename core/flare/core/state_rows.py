@@ -7,7 +7,7 @@ KV-cache reuse (a served prefix copied into a new sequence's rows), host callbac
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -89,6 +89,38 @@ def write_rows(store: PersistentStore, devices: Mapping[str, Device], name: str,
         dst.view(np.uint8)[...] = src.view(np.uint8)
     else:
         dst[...] = src
+
+
+def byte_row_writer(store: PersistentStore, devices: Mapping[str, Device], name: str) -> Callable[[int, np.ndarray], None]:
+    """A writer of whole rows of `name` (on a CPU device) given as their bytes: `write(row, data)`
+    with `data` uint8 [count, bytes per row]. Expert staging copies rows of a mapped file that are
+    already the tensor's bytes: this skips `write_rows`' per-call resolving, dtype and reshaping
+    work (~3 us per write, three writes per expert). The host view is looked up in the store on
+    every call, so a writer used after the graph is released fails instead of writing freed memory."""
+    memo: list[Any] = [None, None]    # (host view, its byte view [rows, bytes per row])
+
+    def write(row: int, data: np.ndarray) -> None:
+        cached = store.state_views.get(name)
+        if cached is None:
+            if name not in store.states:
+                raise InputError(f"write_rows: no state or cache tensor {name!r} (released?)")
+            cached = _host_rows(store, devices, name)
+            if cached is None:
+                raise InputError(f"write_rows: {name!r} is not in host memory")
+        view = cached[0]
+        if memo[0] is not view:
+            memo[0], memo[1] = view, np.ascontiguousarray(view).reshape(view.shape[0], -1).view(np.uint8)
+            if not np.shares_memory(memo[1], view):
+                raise InputError(f"write_rows: {name!r} is not contiguous in host memory")
+        dst = memo[1]
+        count = data.shape[0]
+        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != dst.shape[1] or row < 0 \
+                or row + count > dst.shape[0]:
+            raise InputError(f"write_rows: bytes {data.shape} {data.dtype} at row {row} do not fit {name!r} "
+                             f"({dst.shape[0]} rows of {dst.shape[1]} bytes)")
+        dst[row: row + count] = data
+
+    return write
 
 
 def _write_rows_device(store: PersistentStore, devices: Mapping[str, Device], name: str, row: int,
