@@ -82,7 +82,6 @@ import queue
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -146,14 +145,19 @@ class StageRecord:
 
 
 class _LayerCache:
-    """Which expert each slot of one layer holds, with use counts and recency for eviction."""
+    """Which expert each slot of one layer holds, with use counts and recency for eviction.
+
+    Recency is a tick per expert (the staging call that last used it; an expert placed without
+    a use, by a prefetch, sits half a tick after the call before it), ties by expert id: the order
+    an LRU list moved to its end in ascending ids per call would keep, at a list store per use
+    instead of a linked-list move (the all-hit step's bookkeeping is this and the counts)."""
 
     def __init__(self, slots: int, n_experts: int):
         self.expert_in: list[int | None] = [None] * slots
         self.slot_of: dict[int, int] = {}
         self.table = np.zeros(n_experts, np.int32)        # expert -> slot (valid where resident)
         self.uses = [0.0] * n_experts
-        self.lru: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self.last = [0.0] * n_experts                     # recency tick of each expert
         self.unused_prefetch: set[int] = set()
         self.calls = 0
 
@@ -161,36 +165,37 @@ class _LayerCache:
         """Empty `slot`; returns the expert it held."""
         old = self.expert_in[slot]
         if old is not None:
-            del self.slot_of[old], self.lru[old]
+            del self.slot_of[old]
             self.unused_prefetch.discard(old)
             self.expert_in[slot] = None
         return old
 
     def place(self, runs: list[Run]) -> None:
+        tick = self.calls + 0.5                           # newer than the last call's uses, older than the next's
         for first, slot, count in runs:
             for j in range(count):
                 self.expert_in[slot + j] = first + j
                 self.slot_of[first + j] = slot + j
                 self.table[first + j] = slot + j
-                self.lru[first + j] = None
+                self.last[first + j] = tick
 
     def use(self, needed: list[int]) -> None:
         """Count a step's selections (halving all counts every AGE_EVERY calls); most recent last."""
-        self.calls += 1
-        if self.calls % AGE_EVERY == 0:
+        self.calls = calls = self.calls + 1
+        if calls % AGE_EVERY == 0:
             self.uses = [u * 0.5 for u in self.uses]
-        uses, lru = self.uses, self.lru
+        uses, last = self.uses, self.last
         for e in needed:
             uses[e] += 1.0
-            lru.move_to_end(e)
+            last[e] = calls
 
     def victims(self, count: int, keep: set[int]) -> list[int]:
         """Up to `count` slots: free ones first, then the least used experts not in `keep`
         (ties: least recently used first)."""
         out = [s for s, e in enumerate(self.expert_in) if e is None][:count]
         if len(out) < count:
-            order = [e for e in self.lru if e not in keep]          # oldest first
-            order.sort(key=self.uses.__getitem__)                   # stable: ties stay oldest first
+            uses, last = self.uses, self.last
+            order = sorted((e for e in self.slot_of if e not in keep), key=lambda e: (uses[e], last[e], e))
             out += [self.slot_of[e] for e in order[: count - len(out)]]
         return out
 
