@@ -131,6 +131,41 @@ def test_prefetch_copies_the_next_layers_guess_with_its_own_norm():
     assert st._helper is None
 
 
+def _read_only(a):
+    a = np.array(a)
+    a.flags.writeable = False
+    return a
+
+
+def test_borrowed_inputs_are_not_kept_and_slots_fill_out():
+    """The stager borrows its inputs (`borrows_inputs`: the host step hands it read-only views of
+    the graph's memory, reused after the call) and fills the node's output (`fills_output`):
+    the slots land in `out`, which it returns; its prefetch job works on its own copy of the
+    residual stream, so the graph overwriting the view after the call changes no guess."""
+    assert ExpertStager.borrows_inputs and ExpertStager.fills_output
+    st, src, routers = _stager(slots=6, prefetch=2)
+    st.take_back = False
+    ctx = ArrayCtx(6)
+    hidden = np.random.default_rng(6).standard_normal((2, D)).astype(np.float32)
+    view = hidden.copy()                              # the graph's memory, as the host step lends it
+    lent = view.view()
+    lent.flags.writeable = False
+    ids = _read_only([[0, 1], [2, 3]])
+    out = np.full((2, 2), -7, np.int32)
+    overwritten = threading.Event()
+    plan = st._plan
+    st._plan = lambda layer, h: (overwritten.wait(5), plan(layer, h))[1]   # the helper guesses late
+    got = st(_node(0), ids, _read_only(np.array([0, 1], np.int32)), lent, ctx=ctx, out=out)
+    view[...] = 1e3                                   # the execute reuses the memory after the call
+    overwritten.set()
+    assert got is out
+    resident = st.resident(0)
+    assert out.tolist() == [[resident[0], resident[1]], [resident[2], resident[3]]]
+    assert set(st.records[-1].prefetched) == _guess(routers, 1, hidden, 2)   # guessed from the copy
+    _check_cache(st, src, ctx)
+    st.close()
+
+
 def test_unfinished_prefetch_is_dropped_whole_by_drain():
     st, src, _ = _stager(slots=6, prefetch=2)
     ctx = ArrayCtx(6)

@@ -49,12 +49,24 @@ from another thread, which only host-memory (CPU) caches allow; models refuse
 prefetch where an expert cache lives on another device. It is meant for a
 session computing on one thread, the helper taking the machine's second core.
 
-What it costs, measured on the 2-vCPU machine (AMD EPYC VM), 1 compute thread:
-a staged GGUF decode step (bench-moe, 4 layers) is ~300 us resident; staging
-adds ~46 us of host-node round trips (4 per step, ~11 us each: this callback's
-bookkeeping ~5 us, the host step's input/output copies and the extra device
-split) and ~21 us of copies (~1.5 missing Q4_0 experts per step, 221 KB each,
-~14 us). Prefetch saves little of that: it avoids ~0.1 (GGUF, hit rate 0.85 ->
+What it costs, measured on the 2-vCPU machine (AMD EPYC VM), 1 compute thread
+(`bench/staging_breakdown.py` on bench/configs/gguf_moe_*.toml): a GGUF decode
+step (bench-moe, 4 layers) is ~280-300 us resident. Staging adds, per step, 4
+host-node round trips of ~5 us with every expert resident (this callback ~3 us:
+a set of the ids, the use counts, one lookup in the layer's slot table written
+straight into the node's output, the host step lending its inputs as views,
+`flare.core.host_calls`; the rest the extra device splits; ~11 us each before
+these), and per missing expert three byte copies, ~15 us with the file's pages
+in cache, ~30 us from memory (221 KB of Q4_0). The bench's requests (8 prompt
+tokens as two 4-token prefill chunks, 31 decode steps) copy 46 experts each, 36
+of them in the prefill: a 4-token chunk needs up to 8 distinct experts of a
+layer's 8 slots, and the decode steps have evicted the prompt's experts by the
+next request (Belady's optimum on that routing would copy 42, plain LRU 50), so
+a `count = "decode"` ratio carries the prompt's staging too. What is left is
+mostly those copies and the round trips; a guard that skipped the callback in
+the native CPU walk when every selected expert is resident (a slot table as a
+cache tensor the graph gathers from) would remove most of the round trips.
+Prefetch saves little of that: it avoids ~0.1 (GGUF, hit rate 0.85 ->
 0.89) to ~0.6 (moe-lm `mid` prefill, 0.66 -> 0.78) demand copies per staging
 call, but each job costs the staging thread the hand-over (waking the helper:
 tens of microseconds on these VMs, more when the machine is busy), the GIL
