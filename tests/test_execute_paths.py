@@ -220,7 +220,7 @@ def test_row_byte_writer_copies_bytes_of_whole_rows_and_refuses_the_rest(backend
         want = np.zeros((5, 2, 3), np.float32)
         want[2:4] = rows
         for row, data in ((4, rows.reshape(2, -1).view(np.uint8)), (-1, rows[:1].reshape(1, -1).view(np.uint8)),
-                          (0, np.zeros((1, 23), np.uint8)), (0, rows.reshape(2, -1))):
+                          (0, np.zeros((1, 23), np.uint8)), (0, rows.reshape(2, -1)), (0, np.uint8(1))):
             with pytest.raises(InputError, match="do not fit"):
                 write(row, data)
         np.testing.assert_array_equal(g.state("table"), want)

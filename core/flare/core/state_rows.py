@@ -97,7 +97,9 @@ def byte_row_writer(store: PersistentStore, devices: Mapping[str, Device], name:
     already the tensor's bytes: this skips `write_rows`' per-call resolving, dtype and reshaping
     work (~3 us per write, three writes per expert). The host view is looked up in the store on
     every call, so a writer used after the graph is released fails instead of writing freed memory."""
-    memo: list[Any] = [None, None]    # (host view, its byte view [rows, bytes per row])
+    # (host view, its byte view [rows, bytes per row]), swapped as one tuple: a writer may be
+    # called from the stager's helper thread and then from the staging thread (never both at once)
+    memo: list[Any] = [(None, None)]
 
     def write(row: int, data: np.ndarray) -> None:
         cached = store.state_views.get(name)
@@ -108,17 +110,17 @@ def byte_row_writer(store: PersistentStore, devices: Mapping[str, Device], name:
             if cached is None:
                 raise InputError(f"write_rows: {name!r} is not in host memory")
         view = cached[0]
-        if memo[0] is not view:
-            memo[0], memo[1] = view, np.ascontiguousarray(view).reshape(view.shape[0], -1).view(np.uint8)
-            if not np.shares_memory(memo[1], view):
+        seen, dst = memo[0]
+        if seen is not view:
+            dst = np.ascontiguousarray(view).reshape(view.shape[0], -1).view(np.uint8)
+            if not np.shares_memory(dst, view):
                 raise InputError(f"write_rows: {name!r} is not contiguous in host memory")
-        dst = memo[1]
-        count = data.shape[0]
+            memo[0] = (view, dst)
         if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != dst.shape[1] or row < 0 \
-                or row + count > dst.shape[0]:
+                or row + data.shape[0] > dst.shape[0]:
             raise InputError(f"write_rows: bytes {data.shape} {data.dtype} at row {row} do not fit {name!r} "
                              f"({dst.shape[0]} rows of {dst.shape[1]} bytes)")
-        dst[row: row + count] = data
+        dst[row: row + data.shape[0]] = data
 
     return write
 
