@@ -163,6 +163,9 @@ def test_borrowed_inputs_are_not_kept_and_slots_fill_out():
     assert out.tolist() == [[resident[0], resident[1]], [resident[2], resident[3]]]
     assert set(st.records[-1].prefetched) == _guess(routers, 1, hidden, 2)   # guessed from the copy
     _check_cache(st, src, ctx)
+    wide = np.zeros((2, 2), np.int64)                # an output of another dtype: a new array instead
+    again = st(_node(0), ids, None, None, ctx=ctx, out=wide)
+    assert again is not wide and again.tolist() == out.tolist() and not wide.any()
     st.close()
 
 

@@ -383,6 +383,8 @@ class ExpertStager:
             cache.place(runs)
             self._copy(layer, runs, ctx)
         cache.use(needed)
+        if out is not None and (out.dtype != cache.table.dtype or out.shape != ids.shape):
+            out = None                         # a node declared otherwise: the host step casts and checks
         out = cache.table.take(ids, out=out)
         st = self.stats
         st.calls += 1
