@@ -4,7 +4,7 @@
 two configurations (a workload whose model has expert staging: gguf, moe-lm) on the bench's own
 requests, alternated run by run in one process, and splits each request's time by entry point
 (prefill, decode, mixed: the graph's executes), with the offload side's host-step time (the
-`stage_experts` calls and their round trips), the stager's own time and its copies per entry.
+`stage_experts` calls), the stager's own time and the experts it copied per entry.
 Times are thread CPU seconds (the work runs on the calling thread with one compute thread), p10
 over the runs, so a shared machine's load disturbs them less than wall time; ratios only mean
 something side by side.
@@ -92,8 +92,9 @@ def main() -> None:
         a, b = p10.get(("resident", entry), 0.0), p10.get(("offload", entry), 0.0)
         extra = f", {staged[entry] / args.requests:.1f} experts staged" if entry in staged else ""
         print(f"  {entry:8s} resident {a:7.3f}  offload {b:7.3f}  (+{b - a:6.3f}{extra})")
-    print(f"  offload: host steps {p10[('offload', 'host steps')]:.3f}, of which the stager "
-          f"{p10[('offload', 'stager')]:.3f} (its copies included)")
+    print(f"  offload: host steps {p10[('offload', 'host steps')]:.3f} (thread CPU); the stager's own "
+          f"StagingStats.seconds {p10[('offload', 'stager')]:.3f} (wall time, copies included: above the "
+          f"CPU time when the machine is busy)")
     print(f"  offload / resident time: {p10[('offload', 'total')] / p10[('resident', 'total')]:.3f} "
           f"(tokens/s ratio {p10[('resident', 'total')] / p10[('offload', 'total')]:.3f})")
     for runner in runners.values():
