@@ -52,12 +52,13 @@ session computing on one thread, the helper taking the machine's second core.
 What it costs, measured on the 2-vCPU machine (AMD EPYC VM), 1 compute thread
 (`bench/staging_breakdown.py` on bench/configs/gguf_moe_*.toml): a GGUF decode
 step (bench-moe, 4 layers) is ~280-300 us resident. Staging adds, per step, 4
-host-node round trips of ~5 us with every expert resident (this callback ~3 us:
-a set of the ids, the use counts, one lookup in the layer's slot table written
-straight into the node's output, the host step lending its inputs as views,
-`flare.core.host_calls`; the rest the extra device splits; ~11 us each before
-these), and per missing expert three byte copies, ~15 us with the file's pages
-in cache, ~30 us from memory (221 KB of Q4_0). The bench's requests (8 prompt
+host-node round trips, ~26 us together with every expert resident (36 before
+the lean path below): each a host step of ~3.5 us, of which this callback ~3
+us (a set of the ids, the use counts, one lookup in the layer's slot table
+written straight into the node's output; the host step lends its inputs as
+views, `flare.core.host_calls`), and ~1.5 us for the extra device split; and
+per missing expert three byte copies, ~15 us with the file's pages in cache,
+~30 us from memory (221 KB of Q4_0). The bench's requests (8 prompt
 tokens as two 4-token prefill chunks, 31 decode steps) copy 46 experts each, 36
 of them in the prefill: a 4-token chunk needs up to 8 distinct experts of a
 layer's 8 slots, and the decode steps have evicted the prompt's experts by the
