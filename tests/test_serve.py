@@ -116,6 +116,49 @@ def test_prefix_cache_evicts_least_recently_used_unheld_blocks(core_path) -> Non
     assert LEDGER.live_bytes() == start
 
 
+def test_prefix_blocks_round_trip_and_a_dropped_blocks_memory_is_reused(core_path) -> None:
+    """The step engine's block copies on the real runtime: a saved block loads back into another slot
+    as the same KV rows, bit for bit; a block stored after an eviction reuses the evicted block's
+    memory (no new allocation); blocks past the last reuse boundary (`align`) are not stored; the
+    ledger is back where it was after close."""
+    from flare.plugins.serve.engine import StepEngine
+    from flare.plugins.serve.prefix_cache import PrefixCache
+
+    start = LEDGER.live_bytes()
+    runtime = CoreRuntime(load_core(core_path))
+    engine = StepEngine(runtime)
+    try:
+        ctx, rng = engine.serving.max_ctx, np.random.default_rng(0)
+        states = list(engine.kv)
+        for name in states:                 # slot 0 holds known rows, slot 1 something else
+            shape = runtime.graph.states()[name][1]
+            runtime.graph.write_rows(name, 0, rng.standard_normal((2 * ctx, *shape[1:])).astype(np.float32))
+        want = {n: runtime.graph.read_rows(n, 16, 32) for n in states}
+        cache = PrefixCache(engine, 2 * engine.block_bytes(16), block_tokens=16, align=32)
+        assert cache.storable(47) == 32 and cache.storable(64) == 64 and cache.storable(31) == 0
+        held: list = []
+        prompt = tuple(range(1, 48))                 # 47 tokens: 2 blocks worth storing, not the third
+        cache.store(0, prompt, held)
+        assert cache.blocks == 2 and len(held) == 2
+        got, blocks = cache.reuse(1, prompt[:33] + (999,))      # 32 tokens from the cache into slot 1
+        assert got == 32
+        for name in states:
+            np.testing.assert_array_equal(runtime.graph.read_rows(name, ctx, 32), runtime.graph.read_rows(name, 0, 32))
+        cache.release(held + blocks)
+        with LEDGER.count_allocations() as counted:  # a full cache: each new block follows an eviction
+            cache.store(0, tuple(range(100, 132)), [])
+        assert cache.evictions == 2 and cache.blocks == 2 and counted.seen == 0
+        cache.clear()
+        engine._save(99, 0, 16, 32)                  # the engine on its own: a 32-token block
+        engine._load(99, 1, 0)
+        for name in states:
+            np.testing.assert_array_equal(runtime.graph.read_rows(name, ctx, 32), want[name])
+    finally:
+        engine.close()
+        runtime.release()
+    assert LEDGER.live_bytes() == start
+
+
 def test_speculative_acceptance_keeps_the_target_distribution() -> None:
     """Sampled verification takes the token plain sampling takes at that output index (a function of the
     seed and the index), so over seeds the first emitted token is distributed as p whatever the draft,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -114,11 +115,11 @@ class PrefixCache:
         return len(held) * n, held
 
     def store(self, slot: int, prompt: Sequence[int], held: list[Block]) -> None:
-        """After `slot` has read all of `prompt`: save its whole blocks not cached yet (evicting
-        unheld blocks past the budget) and hold them for the request. `held` grows in place."""
+        """After `slot` has read all of `prompt`: save its blocks not cached yet up to `storable`
+        (evicting unheld blocks past the budget) and hold them for the request. `held` grows in place."""
         n = self.block_tokens
         parent = held[-1] if held else None
-        for start in range(len(held) * n, len(prompt) - n + 1, n):
+        for start in range(len(held) * n, self.storable(len(prompt)), n):
             key = self._key(parent, prompt[start: start + n])
             b = self._index.get(key)
             if b is None:
@@ -136,6 +137,16 @@ class PrefixCache:
             self._hold(b)
             held.append(b)
             parent = b
+
+    def storable(self, prompt_tokens: int) -> int:
+        """Where the blocks worth storing of a prompt of `prompt_tokens` end: its whole blocks, down to
+        a multiple of `align`. A block past the last such boundary can never be copied back on its
+        own (a reuse ends on one); a later prompt that extends this one prefills it anyway (its reuse
+        stops at the boundary too) and stores it then, so storing it now is work a 0% hit rate pays
+        for nothing."""
+        n = self.block_tokens
+        step = math.lcm(n, self.align) if self.align else n
+        return prompt_tokens // step * step
 
     def _make_room(self) -> bool:
         while len(self._index) >= self.max_blocks:
