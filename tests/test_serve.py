@@ -273,9 +273,12 @@ def test_serve_http_reads_a_process_cpu_time() -> None:
     assert process_cpu_seconds(2**22 + 1) is None
 
 
-def test_a_full_device_only_stops_caching(core_path, reference) -> None:
+def test_a_full_device_only_stops_caching(core_path, reference, monkeypatch) -> None:
     """Fault injection: the prefix cache's first block allocation fails; the request is still served
-    (uncached, same tokens) and nothing leaks."""
+    (uncached, same tokens) and nothing leaks. Slabs of one block, so that each new block allocates."""
+    from flare.plugins.serve import block_memory
+
+    monkeypatch.setattr(block_memory, "SLAB_BYTES", 1)
     start = LEDGER.live_bytes()
     core = load_core(core_path)
     server = Server(CoreRuntime(core), name="tiny.core")

@@ -3,9 +3,14 @@
 Block-granular: a block is `block_tokens` consecutive prompt tokens at a
 block-aligned position, named by a hash chain (its tokens and its parent's
 name), so a block is reused only under exactly the same prefix. The KV rows
-themselves live in buffers the step engine allocates through the ledger on
-the KV state's device (`StepEngine.save_block`), so the cache's bytes show
-up in the ledger and in `/metrics` like any other allocation.
+themselves live in memory the step engine carves from slabs it allocates
+through the ledger on the KV state's device (`StepEngine.save_block`,
+`block_memory`), so the cache's bytes show up in the ledger and in `/metrics`
+like any other allocation; an evicted block's memory is the next block's.
+A prompt stores its blocks up to the last multiple of `align` in it
+(`storable`): reuse ends on such a boundary, so a block past it could never be
+copied back on its own, and a later prompt that extends this one prefills it
+anyway and stores it then.
 
 Reference counts: a block is held by each running request that reused or
 wrote it and by each child block; only unheld blocks can be evicted, least
@@ -57,6 +62,7 @@ class PrefixCache:
         self.block_tokens = block_tokens
         self.block_bytes = engine.block_bytes(block_tokens)
         self.max_blocks = budget_bytes // self.block_bytes if self.block_bytes else 0
+        engine.arena.limit = self.max_blocks       # its slabs never hold more blocks than the budget
         self.budget_bytes = budget_bytes
         self._index: dict[bytes, Block] = {}
         self._free: OrderedDict[int, Block] = OrderedDict()   # unheld blocks, least recently used first
