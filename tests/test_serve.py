@@ -112,6 +112,7 @@ def test_prefix_cache_evicts_least_recently_used_unheld_blocks(core_path) -> Non
                           prefix_cache_bytes=7 * block)
     pc = status["prefix_cache"]
     assert pc["blocks"] <= 7 and pc["bytes"] <= 7 * block and pc["evictions"] >= 2
+    assert pc["memory_bytes"] == 7 * block       # one slab of the budget's 7 blocks, reused after evictions
     assert jobs["again"].cached_tokens == 48         # the most recent prompt survived eviction
     assert LEDGER.live_bytes() == start
 

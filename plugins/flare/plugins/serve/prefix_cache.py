@@ -177,6 +177,7 @@ class PrefixCache:
         self._free.clear()
 
     def stats(self) -> dict[str, int]:
-        return {"blocks": self.blocks, "bytes": self.bytes, "budget_bytes": self.budget_bytes,
+        return {"blocks": self.blocks, "bytes": self.bytes, "memory_bytes": self.engine.arena.nbytes,
+                "budget_bytes": self.budget_bytes,
                 "lookups": self.lookups, "hits": self.hits, "reused_tokens": self.reused_tokens,
                 "evictions": self.evictions, "failed_saves": self.failed_saves}
