@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("prometheus_client")
 
-from flare.core.errors import CoreFormatError  # noqa: E402
+from flare.core.errors import CoreFormatError, InputError  # noqa: E402
 from flare.core.ledger import LEDGER  # noqa: E402
 from flare.plugins.export import LoadOptions, SelectionError, export_core, load_core  # noqa: E402
 from flare.plugins.export.runtime import CoreRuntime  # noqa: E402
@@ -152,6 +152,8 @@ def test_prefix_blocks_round_trip_and_a_dropped_blocks_memory_is_reused(core_pat
         cache.clear()
         engine._save(99, 0, 16, 32)                  # the engine on its own: a 32-token block
         engine._load(99, 1, 0)
+        with pytest.raises(InputError, match="outside the KV cache"):
+            engine._load(99, engine.serving.max_seqs - 1, ctx - 16)   # past the last row: refused
         for name in states:
             np.testing.assert_array_equal(runtime.graph.read_rows(name, ctx, 32), want[name])
     finally:

@@ -65,8 +65,8 @@ class StepEngine(Engine):
 
     # ------------------------------------------------------------ KV blocks
     # A block holds every KV state's rows back to back (each part on an ALIGN-byte boundary), in one
-    # slab buffer per device (`block_memory`: slabs carved as first needed, huge pages on a CPU device,
-    # a dropped block's memory reused). Where the host addresses both the states and the block (a CPU
+    # slab buffer per device (`block_memory`: slabs carved as first needed, a dropped block's memory
+    # reused). Where the host addresses both the states and the block (a CPU
     # device), storing or loading a block is one slice copy per state between views made once (the
     # states' `host_rows`, the block's parts when it is carved): ~0.1-0.3 ms a SmolLM2 block, where
     # `read_rows_into` / `write_rows` spent ~2 ms on a lock, checks and new views per state.
@@ -104,7 +104,7 @@ class StepEngine(Engine):
         if bid in self.blocks:
             raise InputError(f"prefix-cache block {bid} exists already")
         graph, row = self.runtime.graph, seq * self.serving.max_ctx + start
-        end = row + tokens
+        end = self._rows(row, tokens)
         mem = self.arena.take(tokens, self._layout(tokens))
         try:
             for state_rows, part in mem.host:
@@ -116,6 +116,13 @@ class StepEngine(Engine):
             raise
         self.blocks[bid] = mem
 
+    def _rows(self, row: int, tokens: int) -> int:
+        """The end of KV rows [row, row + tokens), checked once (the slice copies check nothing)."""
+        if row < 0 or tokens < 1 or row + tokens > self.serving.kv_rows:
+            raise InputError(f"prefix-cache block rows [{row}, {row + tokens}) are outside the KV "
+                             f"cache's {self.serving.kv_rows} rows")
+        return row + tokens
+
     def load_block(self, bid: int, seq: int, start: int) -> None:
         """Copy block `bid` into the KV rows of slot `seq` from position `start`."""
         self._tell({"op": "load", "bid": bid, "seq": seq, "start": start})
@@ -124,7 +131,7 @@ class StepEngine(Engine):
     def _load(self, bid: int, seq: int, start: int) -> None:
         graph, row = self.runtime.graph, seq * self.serving.max_ctx + start
         mem = self.blocks[bid]
-        end = row + mem.tokens
+        end = self._rows(row, mem.tokens)
         for state_rows, part in mem.host:
             np.copyto(state_rows[row: end], part)
         for buf, dev, name, off, rows, dtype in mem.device:
