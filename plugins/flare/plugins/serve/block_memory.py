@@ -17,7 +17,9 @@ with no allocation and no fault (~0.15 ms a block, all of it copies). Slabs are
 released by `close()` only (their blocks are the cache's budget, which a serving
 process keeps).
 
-Only the serving loop's thread uses an arena (like everything of the step engine).
+Only the serving loop's thread uses an arena (like everything of the step engine);
+`nbytes` may be read from any thread (/metrics): a sum over a list that thread
+only appends to or replaces, so a reader sees some recent total.
 """
 from __future__ import annotations
 
