@@ -189,6 +189,14 @@ def test_write_rows_writes_whole_rows_and_refuses_the_rest(backend):
         for row, arr in ((4, np.ones((2, 6), np.float32)), (0, np.ones(5, np.float32)), (0, np.ones(6, np.float64))):
             with pytest.raises(InputError, match="does not fit"):
                 g.read_rows_into("table", row, arr)
+        host = g.host_rows("table")      # a prefix cache's copies: (rows, bytes per row) in host memory, or None
+        if backend.name == "cpu":
+            assert host is not None and host.dtype == np.uint8 and host.shape == (5, 24)
+            np.testing.assert_array_equal(host.view(np.float32).reshape(5, 2, 3), want)
+        else:
+            assert host is None
+        with pytest.raises(InputError, match="no state or cache tensor"):
+            g.host_rows("nope")
         np.testing.assert_array_equal(g.execute("main", x=np.ones(30, np.float32))["out"], want.reshape(30) + 1)
         for row, arr in ((4, np.ones((2, 6), np.float32)), (-1, np.ones(6, np.float32)), (0, np.ones(5, np.float32))):
             with pytest.raises(InputError, match="does not fit"):

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("prometheus_client")
 
-from flare.core.errors import CoreFormatError  # noqa: E402
+from flare.core.errors import CoreFormatError, InputError  # noqa: E402
 from flare.core.ledger import LEDGER  # noqa: E402
 from flare.plugins.export import LoadOptions, SelectionError, export_core, load_core  # noqa: E402
 from flare.plugins.export.runtime import CoreRuntime  # noqa: E402
@@ -112,7 +112,53 @@ def test_prefix_cache_evicts_least_recently_used_unheld_blocks(core_path) -> Non
                           prefix_cache_bytes=7 * block)
     pc = status["prefix_cache"]
     assert pc["blocks"] <= 7 and pc["bytes"] <= 7 * block and pc["evictions"] >= 2
+    assert pc["memory_bytes"] == 7 * block       # one slab of the budget's 7 blocks, reused after evictions
     assert jobs["again"].cached_tokens == 48         # the most recent prompt survived eviction
+    assert LEDGER.live_bytes() == start
+
+
+def test_prefix_blocks_round_trip_and_a_dropped_blocks_memory_is_reused(core_path) -> None:
+    """The step engine's block copies on the real runtime: a saved block loads back into another slot
+    as the same KV rows, bit for bit; a block stored after an eviction reuses the evicted block's
+    memory (no new allocation); blocks past the last reuse boundary (`align`) are not stored; the
+    ledger is back where it was after close."""
+    from flare.plugins.serve.engine import StepEngine
+    from flare.plugins.serve.prefix_cache import PrefixCache
+
+    start = LEDGER.live_bytes()
+    runtime = CoreRuntime(load_core(core_path))
+    engine = StepEngine(runtime)
+    try:
+        ctx, rng = engine.serving.max_ctx, np.random.default_rng(0)
+        states = list(engine.kv)
+        for name in states:                 # slot 0 holds known rows, slot 1 something else
+            shape = runtime.graph.states()[name][1]
+            runtime.graph.write_rows(name, 0, rng.standard_normal((2 * ctx, *shape[1:])).astype(np.float32))
+        want = {n: runtime.graph.read_rows(n, 16, 32) for n in states}
+        cache = PrefixCache(engine, 2 * engine.block_bytes(16), block_tokens=16, align=32)
+        assert cache.storable(47) == 32 and cache.storable(64) == 64 and cache.storable(31) == 0
+        held: list = []
+        prompt = tuple(range(1, 48))                 # 47 tokens: 2 blocks worth storing, not the third
+        cache.store(0, prompt, held)
+        assert cache.blocks == 2 and len(held) == 2
+        got, blocks = cache.reuse(1, prompt[:33] + (999,))      # 32 tokens from the cache into slot 1
+        assert got == 32
+        for name in states:
+            np.testing.assert_array_equal(runtime.graph.read_rows(name, ctx, 32), runtime.graph.read_rows(name, 0, 32))
+        cache.release(held + blocks)
+        with LEDGER.count_allocations() as counted:  # a full cache: each new block follows an eviction
+            cache.store(0, tuple(range(100, 132)), [])
+        assert cache.evictions == 2 and cache.blocks == 2 and counted.seen == 0
+        cache.clear()
+        engine._save(99, 0, 16, 32)                  # the engine on its own: a 32-token block
+        engine._load(99, 1, 0)
+        with pytest.raises(InputError, match="outside the KV cache"):
+            engine._load(99, engine.serving.max_seqs - 1, ctx - 16)   # past the last row: refused
+        for name in states:
+            np.testing.assert_array_equal(runtime.graph.read_rows(name, ctx, 32), want[name])
+    finally:
+        engine.close()
+        runtime.release()
     assert LEDGER.live_bytes() == start
 
 
@@ -230,9 +276,12 @@ def test_serve_http_reads_a_process_cpu_time() -> None:
     assert process_cpu_seconds(2**22 + 1) is None
 
 
-def test_a_full_device_only_stops_caching(core_path, reference) -> None:
+def test_a_full_device_only_stops_caching(core_path, reference, monkeypatch) -> None:
     """Fault injection: the prefix cache's first block allocation fails; the request is still served
-    (uncached, same tokens) and nothing leaks."""
+    (uncached, same tokens) and nothing leaks. Slabs of one block, so that each new block allocates."""
+    from flare.plugins.serve import block_memory
+
+    monkeypatch.setattr(block_memory, "SLAB_BYTES", 1)
     start = LEDGER.live_bytes()
     core = load_core(core_path)
     server = Server(CoreRuntime(core), name="tiny.core")

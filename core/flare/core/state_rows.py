@@ -47,6 +47,16 @@ def _host_rows(store: PersistentStore, devices: Mapping[str, Device], name: str)
     return cached
 
 
+def host_row_bytes(store: PersistentStore, devices: Mapping[str, Device], name: str) -> np.ndarray | None:
+    """`name`'s host memory as a (rows, bytes per row) uint8 view, or None where the host does not
+    address it or the view is not C-contiguous (then rows are not byte ranges of it)."""
+    cached = _host_rows(store, devices, name)
+    if cached is None or not cached[0].flags.c_contiguous:
+        return None
+    view = cached[0]
+    return view.reshape(view.shape[0], -1).view(np.uint8) if view.ndim else None
+
+
 def read_rows_into(store: PersistentStore, devices: Mapping[str, Device], name: str, row: int,
                    out: np.ndarray) -> None:
     """Copy rows [row, row + len(out)) of `name` into the host array `out` (its shape: whole rows).

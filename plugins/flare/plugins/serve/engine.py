@@ -6,17 +6,18 @@ returns logits. Kinds `prefill` and `mixed` give one logit row per chunk (its
 last token, through `out_rows`); `decode`, `draft` and `verify` give a row for
 every token, which speculative verification needs.
 
-The prefix cache keeps KV blocks in buffers of its own, allocated on the KV
-state's device through the ledger (one buffer per device per block, every
-state's rows in it): `save_block` copies a sequence's rows into
-a new block, `load_block` copies a block into a sequence's rows, `drop_block`
-frees it. Under MPI every rank holds the same KV (attention is replicated;
+The prefix cache keeps KV blocks in memory of its own on the KV state's
+device, through the ledger (`block_memory.BlockArena`: slabs, each block every
+state's rows back to back): `save_block` copies a sequence's rows into a new
+block, `load_block` copies a block into a sequence's rows, `drop_block` gives
+its memory back for the next block. Under MPI every rank holds the same KV (attention is replicated;
 only experts are split), so rank 0 broadcasts each operation as JSON before
 doing it and the other ranks replay it (`follow`) on their own buffers; between
 steps they sleep-poll a non-blocking broadcast rather than spin in MPI.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -29,9 +30,9 @@ from flare.plugins.export.serving.batch import Chunk, token_lm_inputs
 from flare.plugins.export.ranks import bcast_json
 from flare.plugins.export.serving.engine import Bucket, Engine
 
+from .block_memory import ALIGN, BlockArena, BlockMemory, Part, part_bytes
+
 EVERY_ROW = frozenset({"decode", "draft", "verify"})   # kinds without out_rows: logits of every token
-BLOCK_TAG = "prefix-cache"
-ALIGN = 256          # byte alignment of each state's rows inside a block's buffer
 
 
 class StepEngine(Engine):
@@ -42,8 +43,10 @@ class StepEngine(Engine):
         super().__init__(runtime, comm if comm is not None and comm.Get_size() > 1 else None)
         # the KV states: every state indexed by KV row (token-lm/1 writes row seq * max_ctx + pos)
         self.kv = {n: info for n, info in runtime.graph.states().items() if info[1][0] == self.serving.kv_rows}
-        self.blocks: dict[int, list[tuple[Buffer, str, int]]] = {}    # block -> (buffer, device, tokens)
-        self._layouts: dict[int, dict[str, list[tuple[str, int, tuple[int, ...], str]]]] = {}
+        self.blocks: dict[int, BlockMemory] = {}
+        self._src: dict[str, np.ndarray | None] | None = None   # KV state -> its host rows (`_sources`)
+        self.arena = BlockArena(runtime.graph.devices, self._sources)   # the blocks' memory
+        self._layouts: dict[int, dict[str, list[Part]]] = {}
 
     def run(self, kind: str, chunks: Sequence[Chunk]) -> tuple[np.ndarray, Bucket]:
         """Logits: a row per chunk (`prefill`, `mixed`) or per token (`decode`, `draft`, `verify`)."""
@@ -61,59 +64,64 @@ class StepEngine(Engine):
         return logits[: n if every else len(chunks)], b
 
     # ------------------------------------------------------------ KV blocks
-    # A block is one buffer per device holding every KV state's rows back to back (each part starting on
-    # an ALIGN-byte boundary): one allocation instead of one per state (60 on SmolLM2), so storing a
-    # block costs a few copies, not dozens of trips through the ledger.
-    def _layout(self, tokens: int) -> dict[str, list[tuple[str, int, tuple[int, ...], str]]]:
+    # A block holds every KV state's rows back to back (each part on an ALIGN-byte boundary), in one
+    # slab buffer per device (`block_memory`: slabs carved as first needed, a dropped block's memory
+    # reused). Where the host addresses both the states and the block (a CPU
+    # device), storing or loading a block is one slice copy per state between views made once (the
+    # states' `host_rows`, the block's parts when it is carved): ~0.1-0.3 ms a SmolLM2 block, where
+    # `read_rows_into` / `write_rows` spent ~2 ms on a lock, checks and new views per state.
+    def _layout(self, tokens: int) -> dict[str, list[Part]]:
         """Per device: (state, byte offset, shape of `tokens` rows, dtype) of each part of a block
         (computed once per block size: every save and load of a block walks it)."""
         known = self._layouts.get(tokens)
         if known is not None:
             return known
-        out: dict[str, list[tuple[str, int, tuple[int, ...], str]]] = self._layouts.setdefault(tokens, {})
+        out: dict[str, list[Part]] = self._layouts.setdefault(tokens, {})
         ends: dict[str, int] = {}
         for name, (dev, shape, dtype) in self.kv.items():
             off = -(-ends.get(dev, 0) // ALIGN) * ALIGN
             rows = (tokens, *shape[1:])
             out.setdefault(dev, []).append((name, off, rows, dtype))
-            ends[dev] = off + int(np.prod(rows)) * to_numpy(dtype).itemsize
+            ends[dev] = off + math.prod(rows) * to_numpy(dtype).itemsize
         return out
 
-    def _part_bytes(self, parts: list[tuple[str, int, tuple[int, ...], str]]) -> int:
-        _, off, rows, dtype = parts[-1]
-        return -(-(off + int(np.prod(rows)) * to_numpy(dtype).itemsize) // 4) * 4    # whole 4-byte words
-
     def block_bytes(self, tokens: int) -> int:
-        return sum(self._part_bytes(parts) for parts in self._layout(tokens).values())
+        return sum(part_bytes(parts) for parts in self._layout(tokens).values())
+
+    def _sources(self) -> dict[str, np.ndarray | None]:
+        """Each KV state's host rows (`PreparedGraph.host_rows`; None: not in host memory), resolved once."""
+        if self._src is None:
+            self._src = {name: self.runtime.graph.host_rows(name) for name in self.kv}
+        return self._src
 
     def save_block(self, bid: int, seq: int, start: int, tokens: int) -> None:
         """Copy KV rows of positions [start, start+tokens) of slot `seq` into a new block `bid`."""
-        self._tell({"op": "save", "bid": bid, "seq": seq, "start": start, "tokens": tokens})
+        self._tell({"op": "save", "bid": bid, "seq": seq, "start": start, "tokens": tokens,
+                    "limit": self.arena.limit})
         self._save(bid, seq, start, tokens)
 
     def _save(self, bid: int, seq: int, start: int, tokens: int) -> None:
         if bid in self.blocks:
             raise InputError(f"prefix-cache block {bid} exists already")
         graph, row = self.runtime.graph, seq * self.serving.max_ctx + start
-        bufs: list[tuple[Buffer, str, int]] = []
+        end = self._rows(row, tokens)
+        mem = self.arena.take(tokens, self._layout(tokens))
         try:
-            for dev, parts in self._layout(tokens).items():
-                device = graph.devices[dev]
-                buf = device.alloc(self._part_bytes(parts), tag=BLOCK_TAG)
-                bufs.append((buf, dev, tokens))
-                raw = self._host_bytes(device, buf)
-                for name, off, rows, dtype in parts:
-                    if raw is not None:       # host memory: each state's rows copied straight into the block
-                        np_dtype = to_numpy(dtype)
-                        out = raw[off: off + int(np.prod(rows)) * np_dtype.itemsize].view(np_dtype).reshape(rows)
-                        graph.read_rows_into(name, row, out)
-                    else:
-                        device.write(self._binding(buf, rows, dtype, off), graph.read_rows(name, row, tokens))
+            for state_rows, part in mem.host:
+                np.copyto(part, state_rows[row: end])
+            for buf, dev, name, off, rows, dtype in mem.device:
+                graph.devices[dev].write(self._binding(buf, rows, dtype, off), graph.read_rows(name, row, tokens))
         except BaseException:
-            for buf, _, _ in bufs:
-                buf.release()
+            self.arena.give_back(mem)
             raise
-        self.blocks[bid] = bufs
+        self.blocks[bid] = mem
+
+    def _rows(self, row: int, tokens: int) -> int:
+        """The end of KV rows [row, row + tokens), checked once (the slice copies check nothing)."""
+        if row < 0 or tokens < 1 or row + tokens > self.serving.kv_rows:
+            raise InputError(f"prefix-cache block rows [{row}, {row + tokens}) are outside the KV "
+                             f"cache's {self.serving.kv_rows} rows")
+        return row + tokens
 
     def load_block(self, bid: int, seq: int, start: int) -> None:
         """Copy block `bid` into the KV rows of slot `seq` from position `start`."""
@@ -122,34 +130,32 @@ class StepEngine(Engine):
 
     def _load(self, bid: int, seq: int, start: int) -> None:
         graph, row = self.runtime.graph, seq * self.serving.max_ctx + start
-        for buf, dev, tokens in self.blocks[bid]:
-            for name, off, rows, dtype in self._layout(tokens)[dev]:
-                graph.write_rows(name, row, graph.devices[dev].read(self._binding(buf, rows, dtype, off)))
+        mem = self.blocks[bid]
+        end = self._rows(row, mem.tokens)
+        for state_rows, part in mem.host:
+            np.copyto(state_rows[row: end], part)
+        for buf, dev, name, off, rows, dtype in mem.device:
+            graph.write_rows(name, row, graph.devices[dev].read(self._binding(buf, rows, dtype, off)))
 
     def drop_block(self, bid: int) -> None:
         self._tell({"op": "drop", "bid": bid})
         self._drop(bid)
 
     def _drop(self, bid: int) -> None:
-        for buf, _, _ in self.blocks.pop(bid, []):
-            buf.release()
-
-    @staticmethod
-    def _host_bytes(device: Any, buf: Buffer) -> np.ndarray | None:
-        """The block buffer's bytes as a host array (one view for all its parts), or None where the host
-        does not address the device's memory (the parts then go through `write`)."""
-        words = buf.nbytes // 4              # parts start on ALIGN-byte boundaries: whole 4-byte words
-        view = device.host_view(Binding(buf, 0, (words,), (1,), "f32")) if words else None
-        return None if view is None else view.view(np.uint8)
+        mem = self.blocks.pop(bid, None)
+        if mem is not None:
+            self.arena.give_back(mem)
 
     @staticmethod
     def _binding(buf: Buffer, shape: tuple[int, ...], dtype: str, offset: int = 0) -> Binding:
         return Binding(buf, offset, tuple(shape), contiguous_strides(shape), dtype)
 
     def close(self) -> None:
-        """Free every block (rank 0 tells the others with `stop`)."""
-        for bid in list(self.blocks):
-            self._drop(bid)
+        """Free every block's memory (the arena's slabs), forget the states' host views (rank 0 tells
+        the others with `stop`); before the runtime is released."""
+        self.blocks.clear()
+        self.arena.close()
+        self._src = None
 
     # ---------------------------------------------------------------- ranks
     def _tell(self, msg: dict[str, Any]) -> None:
@@ -176,6 +182,7 @@ class StepEngine(Engine):
                 if op == "run":
                     self._run(msg["kind"], [Chunk.from_list(c) for c in msg["chunks"]])
                 elif op == "save":
+                    self.arena.limit = msg["limit"]
                     self._save(msg["bid"], msg["seq"], msg["start"], msg["tokens"])
                 elif op == "load":
                     self._load(msg["bid"], msg["seq"], msg["start"])

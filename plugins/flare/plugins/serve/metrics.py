@@ -27,6 +27,7 @@ class _Live(Collector):
         yield mem
         pc = s.get("prefix_cache") or {}
         for key, doc in (("blocks", "Prefix-cache blocks held"), ("bytes", "Prefix-cache bytes"),
+                         ("memory_bytes", "Prefix-cache memory allocated (slabs, in the ledger)"),
                          ("hits", "Requests that reused cached KV blocks"),
                          ("reused_tokens", "Prompt tokens taken from the prefix cache"),
                          ("evictions", "Prefix-cache blocks evicted")):

@@ -3,9 +3,14 @@
 Block-granular: a block is `block_tokens` consecutive prompt tokens at a
 block-aligned position, named by a hash chain (its tokens and its parent's
 name), so a block is reused only under exactly the same prefix. The KV rows
-themselves live in buffers the step engine allocates through the ledger on
-the KV state's device (`StepEngine.save_block`), so the cache's bytes show
-up in the ledger and in `/metrics` like any other allocation.
+themselves live in memory the step engine carves from slabs it allocates
+through the ledger on the KV state's device (`StepEngine.save_block`,
+`block_memory`), so the cache's bytes show up in the ledger and in `/metrics`
+like any other allocation; an evicted block's memory is the next block's.
+A prompt stores its blocks up to the last multiple of `align` in it
+(`storable`): reuse ends on such a boundary, so a block past it could never be
+copied back on its own, and a later prompt that extends this one prefills it
+anyway and stores it then.
 
 Reference counts: a block is held by each running request that reused or
 wrote it and by each child block; only unheld blocks can be evicted, least
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -56,6 +62,7 @@ class PrefixCache:
         self.block_tokens = block_tokens
         self.block_bytes = engine.block_bytes(block_tokens)
         self.max_blocks = budget_bytes // self.block_bytes if self.block_bytes else 0
+        engine.arena.limit = self.max_blocks       # its slabs never hold more blocks than the budget
         self.budget_bytes = budget_bytes
         self._index: dict[bytes, Block] = {}
         self._free: OrderedDict[int, Block] = OrderedDict()   # unheld blocks, least recently used first
@@ -114,11 +121,11 @@ class PrefixCache:
         return len(held) * n, held
 
     def store(self, slot: int, prompt: Sequence[int], held: list[Block]) -> None:
-        """After `slot` has read all of `prompt`: save its whole blocks not cached yet (evicting
-        unheld blocks past the budget) and hold them for the request. `held` grows in place."""
+        """After `slot` has read all of `prompt`: save its blocks not cached yet up to `storable`
+        (evicting unheld blocks past the budget) and hold them for the request. `held` grows in place."""
         n = self.block_tokens
         parent = held[-1] if held else None
-        for start in range(len(held) * n, len(prompt) - n + 1, n):
+        for start in range(len(held) * n, self.storable(len(prompt)), n):
             key = self._key(parent, prompt[start: start + n])
             b = self._index.get(key)
             if b is None:
@@ -136,6 +143,16 @@ class PrefixCache:
             self._hold(b)
             held.append(b)
             parent = b
+
+    def storable(self, prompt_tokens: int) -> int:
+        """Where the blocks worth storing of a prompt of `prompt_tokens` end: its whole blocks, down to
+        a multiple of `align`. A block past the last such boundary can never be copied back on its
+        own (a reuse ends on one); a later prompt that extends this one prefills it anyway (its reuse
+        stops at the boundary too) and stores it then, so storing it now is work a 0% hit rate pays
+        for nothing."""
+        n = self.block_tokens
+        step = math.lcm(n, self.align) if self.align else n
+        return prompt_tokens // step * step
 
     def _make_room(self) -> bool:
         while len(self._index) >= self.max_blocks:
@@ -160,6 +177,7 @@ class PrefixCache:
         self._free.clear()
 
     def stats(self) -> dict[str, int]:
-        return {"blocks": self.blocks, "bytes": self.bytes, "budget_bytes": self.budget_bytes,
+        return {"blocks": self.blocks, "bytes": self.bytes, "memory_bytes": self.engine.arena.nbytes,
+                "budget_bytes": self.budget_bytes,
                 "lookups": self.lookups, "hits": self.hits, "reused_tokens": self.reused_tokens,
                 "evictions": self.evictions, "failed_saves": self.failed_saves}
