@@ -7,12 +7,7 @@ import pytest
 from flare.models.gguf.testing import TinySpec, write_tiny
 from flare.plugins.bench import parse_config, run_bench
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _registered():
-    from flare.models.gguf.testing import ensure_registered
-
-    ensure_registered()
+pytestmark = pytest.mark.usefixtures("gguf_plugin")
 
 
 @pytest.mark.parametrize("count, work", [("prefill", 12), ("decode", 3), ("all", 15)])

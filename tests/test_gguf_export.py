@@ -18,12 +18,7 @@ from flare.plugins.export.files import BLOCK_DTYPES_KEY, safetensors_header
 from flare.plugins.export.runtime import CoreRuntime
 from flare.plugins.export.serving.batch import Chunk, token_lm_inputs
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _registered():
-    from flare.models.gguf.testing import ensure_registered
-
-    ensure_registered()
+pytestmark = pytest.mark.usefixtures("gguf_plugin")
 
 
 @pytest.fixture(scope="module")

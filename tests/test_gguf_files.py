@@ -14,17 +14,7 @@ from flare.models.gguf.model import GgufLM, Sampling
 from flare.models.gguf.reader import GGUFError, GGUFFile
 from flare.models.gguf.testing import TinySpec, tensor_offset_field, write_tiny
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _registered():
-    from flare.models.gguf.testing import ensure_registered
-
-    ensure_registered()
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return write_tiny(tmp_path_factory.mktemp("gguf") / "tiny.gguf", TinySpec())
+pytestmark = pytest.mark.usefixtures("gguf_plugin")
 
 
 def _cli(argv, capsys):
@@ -36,16 +26,16 @@ def _cli(argv, capsys):
 
 
 # ------------------------------------------------------------------------------- bad input
-def _bad_files(tmp_path, tiny):
+def _bad_files(tmp_path, tiny_gguf):
     out = {}
     p = tmp_path / "truncated.gguf"
-    p.write_bytes(tiny.read_bytes()[: tiny.stat().st_size // 2])
+    p.write_bytes(tiny_gguf.read_bytes()[: tiny_gguf.stat().st_size // 2])
     out["truncated"] = (p, "past the end of the file")
     p = tmp_path / "header.gguf"
-    p.write_bytes(tiny.read_bytes()[:200])
+    p.write_bytes(tiny_gguf.read_bytes()[:200])
     out["truncated header"] = (p, "truncated or malformed")
     p = tmp_path / "magic.gguf"
-    p.write_bytes(b"GGML" + tiny.read_bytes()[4:])
+    p.write_bytes(b"GGML" + tiny_gguf.read_bytes()[4:])
     out["magic"] = (p, "not a GGUF file")
     out["arch"] = (write_tiny(tmp_path / "arch.gguf", TinySpec(arch="mamba")), "general.architecture 'mamba'")
     out["qtype"] = (write_tiny(tmp_path / "q5.gguf", TinySpec(), types={"blk.1.attn_v.weight": "q5_0"}),
@@ -53,7 +43,7 @@ def _bad_files(tmp_path, tiny):
     out["shape"] = (write_tiny(tmp_path / "shape.gguf", TinySpec(), shapes={"blk.0.attn_k.weight": (64, 64)}),
                     "tensor blk.0.attn_k.weight holds [64, 64]")
     p = tmp_path / "offset.gguf"
-    shutil.copyfile(tiny, p)
+    shutil.copyfile(tiny_gguf, p)
     at = tensor_offset_field(p, "blk.1.ffn_up.weight")
     data = bytearray(p.read_bytes())
     data[at: at + 8] = (1 << 40).to_bytes(8, "little")
@@ -63,8 +53,8 @@ def _bad_files(tmp_path, tiny):
 
 
 @pytest.mark.parametrize("case", ["truncated", "truncated header", "magic", "arch", "qtype", "shape", "offset"])
-def test_bad_gguf_exits_2_with_one_line_naming_it(case, tiny, tmp_path, capsys):
-    path, needle = _bad_files(tmp_path, tiny)[case]
+def test_bad_gguf_exits_2_with_one_line_naming_it(case, tiny_gguf, tmp_path, capsys):
+    path, needle = _bad_files(tmp_path, tiny_gguf)[case]
     code, err = _cli(["run", str(path), "--prompt", "hi", "--max-new-tokens", "1"], capsys)
     assert code == 2, err
     assert len(err) == 1 and err[0].startswith("error: GGUFError: "), err
@@ -76,8 +66,8 @@ def test_missing_file_exits_2(tmp_path, capsys):
     assert code == 2 and len(err) == 1 and "no such file" in err[0]
 
 
-def test_reader_gives_block_tensors_as_views_of_the_mapping(tiny):
-    f = GGUFFile(tiny)
+def test_reader_gives_block_tensors_as_views_of_the_mapping(tiny_gguf):
+    f = GGUFFile(tiny_gguf)
     q = f.tensor("blk.0.attn_q.weight")
     assert q.shape == (64, 2) and q.dtype.names == ("d", "qs")            # q8_0: [N, K / 32] blocks
     assert f.tensor_info("token_embd.weight") == ((259, 2), "q8_0")
@@ -116,9 +106,9 @@ def test_graph_matches_the_numpy_reference(qtype, backend, tmp_path):
         lm.release()
 
 
-def test_decode_with_the_kv_cache_equals_prefill(tiny):
+def test_decode_with_the_kv_cache_equals_prefill(tiny_gguf):
     """GQA attention over cached rows: decoding token by token gives the logits of one prefill."""
-    with GgufLM.load(str(tiny), max_ctx=32, max_seqs=2, prefill_chunk=4) as lm:
+    with GgufLM.load(str(tiny_gguf), max_ctx=32, max_seqs=2, prefill_chunk=4) as lm:
         ids = lm.model.tokenizer().encode("cache me")
         whole = lm.prefill(1, ids, all_logits=True)
         steps = [lm.decode([0], [t], [i])[0] for i, t in enumerate(ids)]
@@ -127,8 +117,8 @@ def test_decode_with_the_kv_cache_equals_prefill(tiny):
         np.testing.assert_allclose(np.stack(steps), whole, rtol=1e-3, atol=1e-2)
 
 
-def test_tokenizer_and_chat_template_from_metadata(tiny):
-    with GgufLM.load(str(tiny), max_ctx=16) as lm:
+def test_tokenizer_and_chat_template_from_metadata(tiny_gguf):
+    with GgufLM.load(str(tiny_gguf), max_ctx=16) as lm:
         tok = lm.model.tokenizer()
         ids = tok.chat_ids("Hé")
         assert ids[0] == 1 and ids.count(2) == 1                     # <|im_start|>, <|im_end|> matched whole
@@ -186,11 +176,11 @@ def test_moe_experts_staged_on_every_backend_give_the_resident_tokens(backend, t
     assert staging["experts_staged"] > 0 and staging["evictions"] > 0 and staging["hits"] > 0
 
 
-def test_offload_needs_an_moe_file_and_a_cache_that_fits(tiny, tmp_path):
+def test_offload_needs_an_moe_file_and_a_cache_that_fits(tiny_gguf, tmp_path):
     from flare.core.errors import ModelError
 
     with pytest.raises(ModelError, match="mixture-of-experts"):
-        GgufLM.load(str(tiny), experts="offload")
+        GgufLM.load(str(tiny_gguf), experts="offload")
     path = write_tiny(tmp_path / "moe.gguf", MOE)
     with pytest.raises(ModelError, match="may need 8"):
         GgufLM.load(str(path), experts="offload", cache_mb=0.01, prefill_chunk=4, max_ctx=32)
@@ -214,22 +204,22 @@ def test_prefetching_the_next_layers_experts_keeps_logits_identical(tmp_path):
     assert staging["prefetched"] > 0 and staging["prefetch_hits"] > 0, staging
 
 
-def test_prefetch_is_refused_where_it_would_race(tmp_path, tiny):
+def test_prefetch_is_refused_where_it_would_race(tmp_path, tiny_gguf):
     from flare.core.errors import ModelError
 
     with pytest.raises(ModelError, match="prefetch needs experts=offload"):
-        GgufLM.load(str(tiny), prefetch=2)
+        GgufLM.load(str(tiny_gguf), prefetch=2)
 
 
-def test_describe_and_run_by_model_name(tiny, capsys):
+def test_describe_and_run_by_model_name(tiny_gguf, capsys):
     import json
 
     from flare.core.cli import main
 
-    assert main(["describe", "gguf", "--option", f"path={tiny}", "--option", "max_ctx=32", "--json"]) == 0
+    assert main(["describe", "gguf", "--option", f"path={tiny_gguf}", "--option", "max_ctx=32", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert set(info["entries"]) >= {"prefill", "decode"}
-    code, err = _cli(["run", "gguf", str(tiny), "--prompt", "hi", "--greedy", "--max-new-tokens", "2"], capsys)
+    code, err = _cli(["run", "gguf", str(tiny_gguf), "--prompt", "hi", "--greedy", "--max-new-tokens", "2"], capsys)
     assert code == 0, err
 
 
@@ -247,7 +237,7 @@ def test_release_gives_back_every_byte(tmp_path):
     assert LEDGER.live_bytes("cpu:0") == before
 
 
-def test_a_file_and_its_tokenizer_are_shared_between_threads(tiny):
+def test_a_file_and_its_tokenizer_are_shared_between_threads(tiny_gguf):
     """open_gguf parses a file once per process and hands every thread the same read-only object;
     the tokenizer is built once and encodes from several threads at a time."""
     from concurrent.futures import ThreadPoolExecutor
@@ -255,10 +245,10 @@ def test_a_file_and_its_tokenizer_are_shared_between_threads(tiny):
     from flare.models.gguf.weights import GGUFModel, open_gguf
 
     with ThreadPoolExecutor(4) as pool:
-        files = list(pool.map(lambda _: open_gguf(tiny), range(8)))
+        files = list(pool.map(lambda _: open_gguf(tiny_gguf), range(8)))
         assert all(f is files[0] for f in files)
-        model = GGUFModel.open(str(tiny), max_ctx=16)
+        model = GGUFModel.open(str(tiny_gguf), max_ctx=16)
         texts = [f"thread {i}: héllo" for i in range(16)]
         got = list(pool.map(lambda t: model.tokenizer().encode(t), texts))
     assert got == [model.tokenizer().encode(t) for t in texts]
-    assert model.tokenizer() is GGUFModel.open(str(tiny), max_ctx=32).tokenizer()
+    assert model.tokenizer() is GGUFModel.open(str(tiny_gguf), max_ctx=32).tokenizer()

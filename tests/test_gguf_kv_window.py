@@ -9,23 +9,12 @@ import pytest
 
 from flare.core.errors import InputError
 from flare.models.gguf.model import GgufLM, serving_contract
-from flare.models.gguf.testing import TinySpec, write_tiny
 from flare.plugins.export.schema import Serving
 from flare.plugins.export.serving.batch import MASK_NEG, MIN_WINDOW, Chunk, kv_window, token_lm_inputs
 
+pytestmark = pytest.mark.usefixtures("gguf_plugin")
+
 SERVING = Serving("token-lm/1", 4, 128, 8, 300, 2, 2, ())      # 4 slots x 128 positions: 513 KV rows
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _registered():
-    from flare.models.gguf.testing import ensure_registered
-
-    ensure_registered()
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return write_tiny(tmp_path_factory.mktemp("gguf") / "tiny.gguf", TinySpec())
 
 
 @pytest.mark.parametrize("chunks, window", [
@@ -78,13 +67,13 @@ STEPS = [   # (chunks, entry): slots 0 and 2 hold 20 and 7 tokens of context
 ]
 
 
-def test_windowed_attention_gives_the_logits_of_attention_over_every_row(backend, tiny):
+def test_windowed_attention_gives_the_logits_of_attention_over_every_row(backend, tiny_gguf):
     """The GGUF graph with a mask of W columns slices keys and values to W rows; the rows it
     drops are masked (weight exactly 0) in the full step, so logits agree. Tolerance: the
     kernels sum over W instead of 513 keys; exact on every backend here (measured), but a
     backend may order a longer reduction differently (OpenBLAS's sgemv does at SmolLM2's
     sizes), so float32 rounding of logits ~50 in size is allowed: atol 1e-4."""
-    with backend.session("cpu") as sess, GgufLM.load(str(tiny), session=sess, max_seqs=4, max_ctx=128,
+    with backend.session("cpu") as sess, GgufLM.load(str(tiny_gguf), session=sess, max_seqs=4, max_ctx=128,
                                                      prefill_chunk=8) as lm:
         rng = np.random.default_rng(0)
         lm.prefill(0, rng.integers(0, lm.cfg.vocab, 20).tolist())
@@ -101,10 +90,10 @@ def test_windowed_attention_gives_the_logits_of_attention_over_every_row(backend
             np.testing.assert_allclose(win, full, rtol=0, atol=1e-4, err_msg=f"{entry} window {window}")
 
 
-def test_steps_run_the_window_and_keep_a_plan_per_bucket(tiny):
+def test_steps_run_the_window_and_keep_a_plan_per_bucket(tiny_gguf):
     """GgufLM.step picks the window itself; a longer context moves to the next bucket's plan
     and a shorter one reuses the cached plan."""
-    with GgufLM.load(str(tiny), max_seqs=4, max_ctx=128, prefill_chunk=8) as lm:
+    with GgufLM.load(str(tiny_gguf), max_seqs=4, max_ctx=128, prefill_chunk=8) as lm:
         lm.prefill(0, list(range(10, 70)))                 # positions 0..59
         lm.decode([0], [5], [60])
         assert lm.graph.current_plan("decode").shapes["mask"] == (1, MIN_WINDOW)
@@ -116,7 +105,7 @@ def test_steps_run_the_window_and_keep_a_plan_per_bucket(tiny):
         assert lm.graph.current_plan("decode") is plan
 
 
-def test_an_exported_core_runs_its_programs_over_the_window(tiny, tmp_path):
+def test_an_exported_core_runs_its_programs_over_the_window(tiny_gguf, tmp_path):
     """The exported programs declare the mask at every KV row with the dim `window`; the serving
     engine sends the step's window and the core's loader replays the program at that width.
     Same logits as the program run over every row (see the tolerance above)."""
@@ -125,7 +114,7 @@ def test_an_exported_core_runs_its_programs_over_the_window(tiny, tmp_path):
     from flare.plugins.export.runtime import CoreRuntime
     from flare.plugins.export.serving.engine import Engine, windowed_programs
 
-    adapter = GgufAdapter(path=str(tiny), max_ctx=64, max_seqs=4, prefill_chunk=4)
+    adapter = GgufAdapter(path=str(tiny_gguf), max_ctx=64, max_seqs=4, prefill_chunk=4)
     core = load_core(export_core(adapter, tmp_path / "tiny.core", progress=False, draft_layers=0))
     assert windowed_programs(core) == frozenset(core.programs)
     with CoreRuntime(core) as rt:

@@ -16,6 +16,8 @@ from flare.models.gguf import numpy_reference as ref
 from flare.models.gguf.model import GgufLM
 from flare.models.gguf.weights import GGUFModel
 
+pytestmark = pytest.mark.usefixtures("gguf_plugin")
+
 try:
     from flare.models.gguf.weights import resolve
 
@@ -29,13 +31,6 @@ LLAMA_CPP_TOKENS = Path(os.environ.get("FLARE_LLAMACPP_TOKENS", Path(__file__).p
                                        "smollm2_llamacpp_tokens.json"))
 TEXT = ("The history of the city begins in the early Middle Ages, when a small settlement grew up around a "
         "crossing of the river. Merchants came to trade wool and salt, and within two centuries the town had a market.")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _registered():
-    from flare.models.gguf.testing import ensure_registered
-
-    ensure_registered()
 
 
 @pytest.fixture(scope="module")

@@ -13,22 +13,14 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 pytest.importorskip("gguf")
 
-from flare.models.gguf.testing import write_tiny  # noqa: E402
 from flare.plugins.serve.process import ServerProcess, ledger_after_stop  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("serve-gguf") / "tiny.gguf"
-    write_tiny(path)
-    return path
-
-
-def test_serving_tokenizer_decodes_characters_split_over_tokens(tiny) -> None:
+def test_serving_tokenizer_decodes_characters_split_over_tokens(tiny_gguf) -> None:
     from flare.models.gguf.tokenizer import ServingTokenizer
     from flare.models.gguf.weights import GGUFModel
 
-    tok = GGUFModel.open(tiny, max_ctx=2, prefill_chunk=1).tokenizer()
+    tok = GGUFModel.open(tiny_gguf, max_ctx=2, prefill_chunk=1).tokenizer()
     serving = ServingTokenizer(tok)
     text = "héllo ✓ <|im_end|> 日本"
     ids = serving.encode(text)
@@ -41,14 +33,14 @@ def test_serving_tokenizer_decodes_characters_split_over_tokens(tiny) -> None:
     assert serving.chat_prompt([{"role": "user", "content": "hi"}]) == tok.chat_ids("hi")
 
 
-def test_flare_serve_a_gguf_file(tiny, tmp_path) -> None:
+def test_flare_serve_a_gguf_file(tiny_gguf, tmp_path) -> None:
     from flare.models.gguf.model import GgufLM, Sampling
 
     env = {"FLARE_CACHE_DIR": str(tmp_path / "cache")}
-    with GgufLM.load(str(tiny), devices=["cpu"], max_ctx=64) as lm:
+    with GgufLM.load(str(tiny_gguf), devices=["cpu"], max_ctx=64) as lm:
         tok = lm.model.tokenizer()
         expected, _ = lm.generate(tok.chat_ids("hello"), 6, Sampling(greedy=True))
-    s = ServerProcess(str(tiny), env=env, timeout=300)
+    s = ServerProcess(str(tiny_gguf), env=env, timeout=300)
     try:
         models = httpx.get(f"{s.url}/v1/models").json()["data"]
         assert models[0]["id"].startswith("tiny-") and models[0]["id"].endswith(".core")
@@ -64,7 +56,7 @@ def test_flare_serve_a_gguf_file(tiny, tmp_path) -> None:
     assert "exporting" in err and s.proc.returncode == 0, err
     after = ledger_after_stop(err)
     assert after is not None and after[0] == after[1], err
-    again = ServerProcess(str(tiny), env=env, timeout=300)     # the exported core is reused
+    again = ServerProcess(str(tiny_gguf), env=env, timeout=300)     # the exported core is reused
     err = again.stop()
     assert "exporting" not in err and again.proc.returncode == 0, err
     assert len(os.listdir(tmp_path / "cache" / "serve" / "cores")) == 1
