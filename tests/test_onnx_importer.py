@@ -101,6 +101,44 @@ def test_mlp_matches_onnxruntime_and_reuses_its_plan(backend, tmp_path):
         runner.release()
 
 
+def pad_conv_model(shared: bool):
+    """Pow(x, 2) -> a zero Pad of the length axis -> 1-D Conv (VITS's FFN); `shared`: the padded
+    value is also an output, so the Pad must still run."""
+    w = RNG.standard_normal((4, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(4).astype(np.float32)
+    nodes = [helper.make_node("Pow", ["x", "two"], ["sq"]),
+             helper.make_node("Pad", ["sq", "pads"], ["padded"]),
+             helper.make_node("Conv", ["padded", "w", "b"], ["y"], kernel_shape=[3], pads=[1, 0])]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array([0, 0, 2, 0, 0, 1], np.int64), "pads")]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "m"])]
+    if shared:
+        outs.append(helper.make_tensor_value_info("padded", TensorProto.FLOAT, [1, 3, "p"]))
+    g = helper.make_graph(nodes, "padconv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "n"])],
+                          outs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)])
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["pad-folded", "pad-also-read"])
+def test_zero_pad_joins_its_conv_and_square_is_a_multiply(backend, tmp_path, shared):
+    model = pad_conv_model(shared)
+    path = save(model, tmp_path / "padconv.onnx")
+    x = RNG.standard_normal((1, 3, 11)).astype(np.float32)
+    with backend.session(*([] if backend.name == "cpu" else ["cpu"])) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        got = runner.run({"x": x})
+        want = ort_run(model, {"x": x})
+        # a 9-term f32 dot product per output: a few ulp (x ** 2 is x * x exactly on both)
+        np.testing.assert_allclose(got["y"], want[0], rtol=1e-5, atol=1e-5)
+        if shared:
+            np.testing.assert_array_equal(got["padded"], want[1])
+        ops = [t.op for pg in runner.prepared_graphs() for t in pg.plans.current["main"].graph.nodes]
+        assert "pow" not in ops and "mul" in ops
+        assert ("pad" in ops) == shared  # the conv pads as it reads; a Pad nothing else reads is not run
+        runner.release()
+
+
 def test_data_dependent_shape_splits_the_graph_at_a_host_step(backend, tmp_path):
     model = nonzero_model()
     path = save(model, tmp_path / "nz.onnx")

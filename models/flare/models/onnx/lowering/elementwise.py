@@ -35,8 +35,21 @@ def _pow(tr, node, ins, attrs):
     if a.dtype in INTS:
         return [_int_pow(tr, a, b)]
     _need(a, "base")
+    if _is_constant_two(b) and _bshape(a, b) == a.shape:
+        # x ** 2 (LayerNorm's variance, as exported): one native multiply, exactly x * x as
+        # powf(x, 2) rounds it, instead of a pow (a NumPy step on the CPU backend)
+        x = tr.t(a)
+        return [tr.val(tr.op("mul", x, x), a.shape, F32)]
     e = tr.t(b) if b.dtype == F32 else tr.op("cast", tr.t(b), dtype="f32")
     return [tr.val(tr.op("pow", tr.t(a), e), _bshape(a, b), F32)]
+
+
+def _is_constant_two(v) -> bool:
+    """A constant exponent of one element equal to 2 (any numeric dtype)."""
+    if v.const is None or v.runtime:
+        return False
+    arr = np.asarray(v.const)
+    return arr.size == 1 and arr.dtype.kind in "fiu" and float(arr.reshape(-1)[0]) == 2.0
 
 
 def _int_pow(tr, a, b):

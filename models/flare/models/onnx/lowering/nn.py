@@ -17,7 +17,9 @@ def _conv(tr, node, ins, attrs):
     strides = list(attrs.get("strides", [1] * nd))
     dil = list(attrs.get("dilations", [1] * nd))
     pads = _spatial_pads(attrs, x.shape[2:], kernel, strides, dil)
-    t = _as_2d(tr, x)
+    t = _unpadded(tr, x, nd, pads)
+    if t is None:
+        t = _as_2d(tr, x)
     tw = tr.t(w)
     if nd == 1:
         tw = tr.op("reshape", tw, shape=[w.shape[0], w.shape[1], 1, w.shape[2]])
@@ -29,6 +31,31 @@ def _conv(tr, node, ins, attrs):
                 groups=int(attrs.get("group", 1)))
     shape = tuple(out.shape) if nd == 2 else (out.shape[0], out.shape[1], out.shape[3])
     return [tr.val(out, shape, F32)]
+
+
+def _unpadded(tr, x: Val, nd: int, pads: list[int]):
+    """x's source as [N, C, H, W] when x is a zero constant Pad of its spatial axes only (VITS's
+    FFN pads before each convolution), `pads` grown by that padding in place: the convolution
+    pads as it reads (a zero pad is the same arithmetic), and the Pad's copy is not run when
+    nothing else reads it (the runner keeps only what a segment's outputs read). None otherwise."""
+    t = x.tensor
+    if t is None or t.op != "pad" or t.params.get("mode", "constant") != "constant" \
+            or float(t.params.get("value", 0.0)) != 0.0:
+        return None
+    pairs = [list(p) for p in t.params["pads"]]
+    rank = len(pairs)
+    if rank != nd + 2 or any(lo or hi for lo, hi in pairs[:2]) or any(v < 0 for p in pairs for v in p):
+        return None
+    src = t.srcs[0]
+    if nd == 1:
+        pads[0] += pairs[2][0]
+        pads[1] += pairs[2][1]
+        return tr.op("reshape", src, shape=[src.shape[0], src.shape[1], 1, src.shape[2]])
+    pads[0] += pairs[2][0]
+    pads[2] += pairs[2][1]
+    pads[1] += pairs[3][0]
+    pads[3] += pairs[3][1]
+    return src
 
 
 @lowers("MaxPool", "AveragePool")
