@@ -139,6 +139,38 @@ def test_zero_pad_joins_its_conv_and_square_is_a_multiply(backend, tmp_path, sha
         runner.release()
 
 
+def uniform_constants_model():
+    """VITS's flow without a speaker: x + zeros(shape(x)), that times exp(zeros) (ones), and
+    x * (zeros + 3) (a uniform constant that is no neutral element)."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("ConstantOfShape", ["s"], ["zeros"],
+                              value=numpy_helper.from_array(np.array([0.0], np.float32))),
+             helper.make_node("Add", ["x", "zeros"], ["a"]),
+             helper.make_node("Exp", ["zeros"], ["ones"]),
+             helper.make_node("Mul", ["ones", "a"], ["m"]),
+             helper.make_node("Add", ["zeros", "three"], ["threes"]),
+             helper.make_node("Mul", ["m", "threes"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(3.0, np.float32), "three")]
+    g = helper.make_graph(nodes, "uniform", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, "n"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "n"])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)])
+
+
+def test_uniform_constants_are_neither_uploaded_nor_added(backend, tmp_path):
+    model = uniform_constants_model()
+    path = save(model, tmp_path / "uniform.onnx")
+    with backend.session(*([] if backend.name == "cpu" else ["cpu"])) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        for n in (50, 70):
+            x = RNG.standard_normal((1, 4, n)).astype(np.float32)
+            np.testing.assert_array_equal(runner.run({"x": x})["y"], ort_run(model, {"x": x})[0])  # x * 3 exactly
+        for pg in runner.prepared_graphs():
+            g = pg.plans.current["main"].graph
+            assert [t.op for t in g.nodes] == ["mul"]  # + 0 and * 1 are gone, * 3 broadcasts one element
+            assert all(t.data.size == 1 for t in g.tensors if t.role == "weight")
+        runner.release()
+
+
 def test_data_dependent_shape_splits_the_graph_at_a_host_step(backend, tmp_path):
     model = nonzero_model()
     path = save(model, tmp_path / "nz.onnx")
