@@ -283,7 +283,7 @@ class OnnxRunner:
         self._attrs: dict[int, tuple[Any, dict[str, Any]]] = {}
         self._node_ids = {id(n) for n in self.walk_plan()[0]}
         # arrays lowerings derive from file constants (a re-laid-out kernel), made once per runner
-        self.derived: dict[tuple, np.ndarray] = {}
+        self.derived: dict[tuple, Any] = {}
         self._lock = threading.Lock()
         self.stats = {"segments_run": 0, "prepared": 0, "host_steps": 0, "folded": 0, "replayed": 0}
         self.last_segments: list[dict[str, Any]] = []

@@ -20,9 +20,7 @@ def _conv(tr, node, ins, attrs):
     t = _unpadded(tr, x, nd, pads)
     if t is None:
         t = _as_2d(tr, x)
-    tw = tr.t(w)
-    if nd == 1:
-        tw = tr.op("reshape", tw, shape=[w.shape[0], w.shape[1], 1, w.shape[2]])
+    tw = _kernel_2d(tr, w) if nd == 1 else tr.t(w)
     pp = [[0, 0], [pads[0], pads[1]]] if nd == 1 else [[pads[0], pads[2]], [pads[1], pads[3]]]
     srcs = [t, tw]
     if len(ins) > 2 and ins[2] is not None:  # the bias as conv2d's third source (added as it writes)
@@ -31,6 +29,20 @@ def _conv(tr, node, ins, attrs):
                 groups=int(attrs.get("group", 1)))
     shape = tuple(out.shape) if nd == 2 else (out.shape[0], out.shape[1], out.shape[3])
     return [tr.val(out, shape, F32)]
+
+
+def _kernel_2d(tr, w: Val):
+    """A 1-D kernel [O, I, K] as the [O, I, 1, K] conv2d takes: for a kernel of the file, a
+    constant of that shape made once per runner (a traced call makes no reshape node for each
+    of the model's convolutions: Piper walks ~95 per new sentence), else a reshape."""
+    if not w.fixed or w.const is None or not w.name:
+        return tr.op("reshape", tr.t(w), shape=[w.shape[0], w.shape[1], 1, w.shape[2]])
+    key = ("conv_kernel_2d", w.name)
+    hit = tr.runner.derived.get(key)
+    if hit is None or hit[0] is not w.const:  # the file's value (or its fold, made once per runner)
+        hit = tr.runner.derived[key] = (w.const, np.asarray(w.const).reshape(w.shape[0], w.shape[1], 1, w.shape[2]))
+    k4 = hit[1]
+    return tr.t(Val("", k4.shape, k4.dtype, const=k4, fixed=True))
 
 
 def _unpadded(tr, x: Val, nd: int, pads: list[int]):
