@@ -135,7 +135,25 @@ def test_zero_pad_joins_its_conv_and_square_is_a_multiply(backend, tmp_path, sha
             np.testing.assert_array_equal(got["padded"], want[1])
         ops = [t.op for pg in runner.prepared_graphs() for t in pg.plans.current["main"].graph.nodes]
         assert "pow" not in ops and "mul" in ops
-        assert ("pad" in ops) == shared  # the conv pads as it reads; a Pad nothing else reads is not run
+        # the conv pads as it reads; a Pad nothing else reads is not run (a one-axis Pad is a concat)
+        assert ("pad" in ops or "concat" in ops) == shared
+        runner.release()
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
+def test_one_axis_pad_modes_match_onnxruntime(backend, tmp_path, mode):
+    """A Pad of one axis (a concatenation with constant pieces when constant, else the pad op)."""
+    nodes = [helper.make_node("Pad", ["x", "pads", "value"], ["y"], mode=mode)]
+    inits = [numpy_helper.from_array(np.array([0, 0, 2, 0, 0, 3], np.int64), "pads"),
+             numpy_helper.from_array(np.array(1.5, np.float32), "value")]
+    g = helper.make_graph(nodes, "pad1", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "n"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, "m"])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)])
+    path = save(model, tmp_path / "pad1.onnx")
+    x = RNG.standard_normal((1, 3, 7)).astype(np.float32)
+    with backend.session(*([] if backend.name == "cpu" else ["cpu"])) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        np.testing.assert_array_equal(runner.run({"x": x})["y"], ort_run(model, {"x": x})[0])  # copies: exact
         runner.release()
 
 

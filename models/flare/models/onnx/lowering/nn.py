@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from flare.core.graph import WEIGHT
+
 from ..errors import OnnxError
 from ..values import Val
 from .base import (F32, _as_2d, _identity, _axis, _channel_vec, _full, _need, _norm_tail, _pairs, _reduce_chain,
@@ -42,32 +44,50 @@ def _kernel_2d(tr, w: Val):
     if hit is None or hit[0] is not w.const:  # the file's value (or its fold, made once per runner)
         hit = tr.runner.derived[key] = (w.const, np.asarray(w.const).reshape(w.shape[0], w.shape[1], 1, w.shape[2]))
     k4 = hit[1]
-    return tr.t(Val("", k4.shape, k4.dtype, const=k4, fixed=True))
+    # named after the file's value: a weight by name, like the file's own (no digest of its bytes)
+    return tr.t(Val(f"{w.name}#conv2d-kernel", k4.shape, k4.dtype, const=k4, fixed=True))
 
 
 def _unpadded(tr, x: Val, nd: int, pads: list[int]):
-    """x's source as [N, C, H, W] when x is a zero constant Pad of its spatial axes only (VITS's
-    FFN pads before each convolution), `pads` grown by that padding in place: the convolution
-    pads as it reads (a zero pad is the same arithmetic), and the Pad's copy is not run when
-    nothing else reads it (the runner keeps only what a segment's outputs read). None otherwise."""
+    """x's source as [N, C, H, W] when x is a zero constant padding of its spatial axes only
+    (VITS's FFN pads before each convolution), `pads` grown by that padding in place: the
+    convolution pads as it reads (a zero pad is the same arithmetic), and the padding is not run
+    when nothing else reads it (the runner keeps only what a segment's outputs read). The Pad
+    lowering made it a `pad` op, or concatenations with zero pieces (`shapes._pad_by_concat`).
+    None otherwise."""
     t = x.tensor
-    if t is None or t.op != "pad" or t.params.get("mode", "constant") != "constant" \
-            or float(t.params.get("value", 0.0)) != 0.0:
+    if t is None or len(t.shape) != nd + 2:
         return None
-    pairs = [list(p) for p in t.params["pads"]]
-    rank = len(pairs)
-    if rank != nd + 2 or any(lo or hi for lo, hi in pairs[:2]) or any(v < 0 for p in pairs for v in p):
-        return None
-    src = t.srcs[0]
+    grown = [0] * (2 * nd)  # begin of each spatial axis, then end, as ONNX orders conv pads
+    if t.op == "pad":
+        if t.params.get("mode", "constant") != "constant" or float(t.params.get("value", 0.0)) != 0.0:
+            return None
+        pairs = [list(p) for p in t.params["pads"]]
+        if any(lo or hi for lo, hi in pairs[:2]) or any(v < 0 for p in pairs for v in p):
+            return None
+        for i in range(nd):
+            grown[i], grown[i + nd] = pairs[2 + i]
+        t = t.srcs[0]
+    else:
+        while t.op == "concat" and t.params["axis"] >= 2:
+            piece = next((s for s in t.srcs if s.op is None and s.role == WEIGHT and s.data is not None
+                          and not np.any(np.asarray(s.data))), None)
+            if piece is None:
+                break
+            axis = t.params["axis"] - 2
+            if piece is t.srcs[0]:
+                grown[axis] += piece.shape[axis + 2]
+                t = t.srcs[1]
+            else:
+                grown[axis + nd] += piece.shape[axis + 2]
+                t = t.srcs[0]
+        if t is x.tensor:
+            return None
+    for i in range(2 * nd):
+        pads[i] += grown[i]
     if nd == 1:
-        pads[0] += pairs[2][0]
-        pads[1] += pairs[2][1]
-        return tr.op("reshape", src, shape=[src.shape[0], src.shape[1], 1, src.shape[2]])
-    pads[0] += pairs[2][0]
-    pads[2] += pairs[2][1]
-    pads[1] += pairs[3][0]
-    pads[3] += pairs[3][1]
-    return src
+        return tr.op("reshape", t, shape=[t.shape[0], t.shape[1], 1, t.shape[2]])
+    return t
 
 
 @lowers("MaxPool", "AveragePool")
