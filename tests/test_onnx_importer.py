@@ -157,6 +157,34 @@ def test_one_axis_pad_modes_match_onnxruntime(backend, tmp_path, mode):
         runner.release()
 
 
+@pytest.mark.parametrize("from_file", [True, False], ids=["initializer", "computed"])
+def test_product_by_a_constant_matrix_is_a_linear_layer(backend, tmp_path, from_file):
+    """A [1, 2, M, K] @ B [1, 1, K, N] constant (VITS's relative-position attention): one
+    product by B transposed, the layout backends pre-pack (`transpose_b`)."""
+    b = RNG.standard_normal((1, 1, 6, 5)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["a", "b" if from_file else "bb"], ["y"])]
+    if not from_file:  # computed from the input's shape: a constant of the trace, not of the file
+        nodes[:0] = [helper.make_node("Shape", ["a"], ["s"]),
+                     helper.make_node("Slice", ["s", "zero", "one"], ["s0"]),
+                     helper.make_node("Cast", ["s0"], ["s0f"], to=TensorProto.FLOAT),
+                     helper.make_node("Mul", ["b", "s0f"], ["bb"])]
+    inits = [numpy_helper.from_array(b, "b"), numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(np.array([1], np.int64), "one")]
+    g = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 2, "m", 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, "m", 5])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)])
+    path = save(model, tmp_path / "mm.onnx")
+    with backend.session(*([] if backend.name == "cpu" else ["cpu"])) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        for m in (3, 4):
+            a = RNG.standard_normal((1, 2, m, 6)).astype(np.float32)
+            # 6-term f32 dot products: a few ulp
+            np.testing.assert_allclose(runner.run({"a": a})["y"], ort_run(model, {"a": a})[0], rtol=1e-5, atol=1e-5)
+        nodes = [t for pg in runner.prepared_graphs() for t in pg.plans.current["main"].graph.nodes if t.op == "matmul"]
+        assert nodes and all(t.params["transpose_b"] and t.srcs[1].shape == (5, 6) for t in nodes)
+        runner.release()
+
+
 def uniform_constants_model():
     """VITS's flow without a speaker: x + zeros(shape(x)), that times exp(zeros) (ones), and
     x * (zeros + 3) (a uniform constant that is no neutral element)."""
