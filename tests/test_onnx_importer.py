@@ -101,6 +101,122 @@ def test_mlp_matches_onnxruntime_and_reuses_its_plan(backend, tmp_path):
         runner.release()
 
 
+def pad_conv_model(shared: bool):
+    """Pow(x, 2) -> a zero Pad of the length axis -> 1-D Conv (VITS's FFN); `shared`: the padded
+    value is also an output, so the Pad must still run."""
+    w = RNG.standard_normal((4, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(4).astype(np.float32)
+    nodes = [helper.make_node("Pow", ["x", "two"], ["sq"]),
+             helper.make_node("Pad", ["sq", "pads"], ["padded"]),
+             helper.make_node("Conv", ["padded", "w", "b"], ["y"], kernel_shape=[3], pads=[1, 0])]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array([0, 0, 2, 0, 0, 1], np.int64), "pads")]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "m"])]
+    if shared:
+        outs.append(helper.make_tensor_value_info("padded", TensorProto.FLOAT, [1, 3, "p"]))
+    g = helper.make_graph(nodes, "padconv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "n"])],
+                          outs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)])
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["pad-folded", "pad-also-read"])
+def test_zero_pad_joins_its_conv_and_square_is_a_multiply(backend, tmp_path, shared):
+    model = pad_conv_model(shared)
+    path = save(model, tmp_path / "padconv.onnx")
+    x = RNG.standard_normal((1, 3, 11)).astype(np.float32)
+    with backend.session(*([] if backend.name == "cpu" else ["cpu"])) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        got = runner.run({"x": x})
+        want = ort_run(model, {"x": x})
+        # a 9-term f32 dot product per output: a few ulp (x ** 2 is x * x exactly on both)
+        np.testing.assert_allclose(got["y"], want[0], rtol=1e-5, atol=1e-5)
+        if shared:
+            np.testing.assert_array_equal(got["padded"], want[1])
+        ops = [t.op for pg in runner.prepared_graphs() for t in pg.plans.current["main"].graph.nodes]
+        assert "pow" not in ops and "mul" in ops
+        # the conv pads as it reads; a Pad nothing else reads is not run (a one-axis Pad is a concat)
+        assert ("pad" in ops or "concat" in ops) == shared
+        runner.release()
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
+def test_one_axis_pad_modes_match_onnxruntime(backend, tmp_path, mode):
+    """A Pad of one axis (a concatenation with constant pieces when constant, else the pad op)."""
+    nodes = [helper.make_node("Pad", ["x", "pads", "value"], ["y"], mode=mode)]
+    inits = [numpy_helper.from_array(np.array([0, 0, 2, 0, 0, 3], np.int64), "pads"),
+             numpy_helper.from_array(np.array(1.5, np.float32), "value")]
+    g = helper.make_graph(nodes, "pad1", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "n"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, "m"])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)])
+    path = save(model, tmp_path / "pad1.onnx")
+    x = RNG.standard_normal((1, 3, 7)).astype(np.float32)
+    with backend.session(*([] if backend.name == "cpu" else ["cpu"])) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        np.testing.assert_array_equal(runner.run({"x": x})["y"], ort_run(model, {"x": x})[0])  # copies: exact
+        runner.release()
+
+
+@pytest.mark.parametrize("from_file", [True, False], ids=["initializer", "computed"])
+def test_product_by_a_constant_matrix_is_a_linear_layer(backend, tmp_path, from_file):
+    """A [1, 2, M, K] @ B [1, 1, K, N] constant (VITS's relative-position attention): one
+    product by B transposed, the layout backends pre-pack (`transpose_b`)."""
+    b = RNG.standard_normal((1, 1, 6, 5)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["a", "b" if from_file else "bb"], ["y"])]
+    if not from_file:  # computed from the input's shape: a constant of the trace, not of the file
+        nodes[:0] = [helper.make_node("Shape", ["a"], ["s"]),
+                     helper.make_node("Slice", ["s", "zero", "one"], ["s0"]),
+                     helper.make_node("Cast", ["s0"], ["s0f"], to=TensorProto.FLOAT),
+                     helper.make_node("Mul", ["b", "s0f"], ["bb"])]
+    inits = [numpy_helper.from_array(b, "b"), numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(np.array([1], np.int64), "one")]
+    g = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 2, "m", 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, "m", 5])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)])
+    path = save(model, tmp_path / "mm.onnx")
+    with backend.session(*([] if backend.name == "cpu" else ["cpu"])) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        for m in (3, 4):
+            a = RNG.standard_normal((1, 2, m, 6)).astype(np.float32)
+            # 6-term f32 dot products: a few ulp
+            np.testing.assert_allclose(runner.run({"a": a})["y"], ort_run(model, {"a": a})[0], rtol=1e-5, atol=1e-5)
+        nodes = [t for pg in runner.prepared_graphs() for t in pg.plans.current["main"].graph.nodes if t.op == "matmul"]
+        assert nodes and all(t.params["transpose_b"] and t.srcs[1].shape == (5, 6) for t in nodes)
+        runner.release()
+
+
+def uniform_constants_model():
+    """VITS's flow without a speaker: x + zeros(shape(x)), that times exp(zeros) (ones), and
+    x * (zeros + 3) (a uniform constant that is no neutral element)."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("ConstantOfShape", ["s"], ["zeros"],
+                              value=numpy_helper.from_array(np.array([0.0], np.float32))),
+             helper.make_node("Add", ["x", "zeros"], ["a"]),
+             helper.make_node("Exp", ["zeros"], ["ones"]),
+             helper.make_node("Mul", ["ones", "a"], ["m"]),
+             helper.make_node("Add", ["zeros", "three"], ["threes"]),
+             helper.make_node("Mul", ["m", "threes"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(3.0, np.float32), "three")]
+    g = helper.make_graph(nodes, "uniform", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, "n"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "n"])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)])
+
+
+def test_uniform_constants_are_neither_uploaded_nor_added(backend, tmp_path):
+    model = uniform_constants_model()
+    path = save(model, tmp_path / "uniform.onnx")
+    with backend.session(*([] if backend.name == "cpu" else ["cpu"])) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        for n in (50, 70):
+            x = RNG.standard_normal((1, 4, n)).astype(np.float32)
+            np.testing.assert_array_equal(runner.run({"x": x})["y"], ort_run(model, {"x": x})[0])  # x * 3 exactly
+        for pg in runner.prepared_graphs():
+            g = pg.plans.current["main"].graph
+            assert [t.op for t in g.nodes] == ["mul"]  # + 0 and * 1 are gone, * 3 broadcasts one element
+            assert all(t.data.size == 1 for t in g.tensors if t.role == "weight")
+        runner.release()
+
+
 def test_data_dependent_shape_splits_the_graph_at_a_host_step(backend, tmp_path):
     model = nonzero_model()
     path = save(model, tmp_path / "nz.onnx")

@@ -200,6 +200,18 @@ def _small_values_key(node_key: tuple, ins: list) -> tuple | None:
     return node_key, tuple(parts)
 
 
+def _reachable(tensors: list[Tensor], outputs: Any) -> list[Tensor]:
+    """The segment's inputs and the tensors its outputs read, in order: what a lowering made
+    and a later one bypassed (a zero Pad folded into its Conv's padding) is not run."""
+    keep = {t.id for t in outputs}
+    for t in reversed(tensors):
+        if t.id in keep:
+            keep.update(s.id for s in t.srcs)
+    if len(keep) == len(tensors):
+        return list(tensors)
+    return [t for t in tensors if t.id in keep or t.role == INPUT]
+
+
 def _structure_key(tensors: list[Tensor], outputs: Mapping[str, Tensor], digests: Mapping[str, str]) -> str:
     h = hashlib.blake2b(digest_size=20)
     index = {t.id: i for i, t in enumerate(tensors)}
@@ -271,7 +283,7 @@ class OnnxRunner:
         self._attrs: dict[int, tuple[Any, dict[str, Any]]] = {}
         self._node_ids = {id(n) for n in self.walk_plan()[0]}
         # arrays lowerings derive from file constants (a re-laid-out kernel), made once per runner
-        self.derived: dict[tuple, np.ndarray] = {}
+        self.derived: dict[tuple, Any] = {}
         self._lock = threading.Lock()
         self.stats = {"segments_run": 0, "prepared": 0, "host_steps": 0, "folded": 0, "replayed": 0}
         self.last_segments: list[dict[str, Any]] = []
@@ -550,7 +562,8 @@ class Tracer:
             outputs = {}
             for i, (name, v) in enumerate(wanted.items()):
                 outputs[f"out{i}"] = self.b.output(f"out{i}", v.tensor)
-            seg = Segment(list(self.b._tensors), outputs, dict(self.feeds), dict(self.digests))
+            seg = Segment(_reachable(self.b._tensors, outputs.values()), outputs, dict(self.feeds),
+                          dict(self.digests))
             summary = {"nodes": len([t for t in seg.tensors if t.op]), "inputs": len(seg.feeds),
                        "outputs": len(outputs)}
             index = self.rec.segment(seg, self.ordinal, summary, [])

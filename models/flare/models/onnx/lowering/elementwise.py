@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from ..errors import OnnxError
-from ..values import BOOL, flare_shape, is_wide
+from ..values import BOOL, Val, flare_shape, is_wide
 from .base import F32, I32, I64, INTS, _bshape, _fd, _full, _identity, _need, _where_pos, cval, lowers
 
 
@@ -26,7 +26,52 @@ def _arith(tr, node, ins, attrs):
         op = iop
     else:
         raise OnnxError(f"dtype {a.dtype} is not supported")
-    return [tr.val(tr.op(op, tr.t(a), tr.t(b)), _bshape(a, b), a.dtype)]
+    shape = _bshape(a, b)
+    simpler = _uniform_operand(node.op_type, a, b, shape)
+    if simpler is not None:
+        if isinstance(simpler, Val):
+            return [simpler]
+        a, b = simpler
+    return [tr.val(tr.op(op, tr.t(a), tr.t(b)), shape, a.dtype)]
+
+
+# the neutral element of each op, and on which side it may stand: x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1
+_NEUTRAL = {"Add": (0, (0, 1)), "Sub": (0, (1,)), "Mul": (1, (0, 1)), "Div": (1, (1,))}
+
+
+def _uniform(v: Val):
+    """The one value of a constant (not data) whose elements are all equal, else None. Cheap
+    for the big ones that matter: the first and last elements are compared before all."""
+    a = v.const
+    if a is None or v.runtime or v.tensor is not None or not isinstance(a, np.ndarray) or a.size == 0:
+        return None
+    flat = a.reshape(-1)
+    first = flat[0]
+    if flat[-1] != first or (a.size > 1 and not (flat == first).all()):
+        return None
+    return first
+
+
+def _uniform_operand(op_type: str, a: Val, b: Val, shape: tuple):
+    """Arithmetic with a constant of one repeated value (a folded ConstantOfShape, Exp of one:
+    VITS's flow adds zeros of [1, 384, T] where it has no speaker, and multiplies by exp(0)):
+    the other operand itself where the constant is the op's neutral element and the shape is the
+    other's (x + 0 is taken as x: -0.0 stays -0.0 where IEEE addition would give +0.0, equal
+    under ==), else the constant as one element broadcast by the op. Either way no array of the
+    audio length is digested and uploaded as a weight for every new length. None: no change."""
+    for side, (const, other) in enumerate(((a, b), (b, a))):
+        value = _uniform(const)
+        if value is None or other.shape != shape or other.dtype != const.dtype:
+            continue
+        neutral, sides = _NEUTRAL[op_type]
+        if value == neutral and side in sides:
+            return Val("", other.shape, other.dtype, const=other.const, tensor=other.tensor, runtime=other.runtime,
+                       fixed=other.fixed)
+        if const.const.size == 1:
+            return None
+        small = cval(np.full((1,) * len(const.shape), value, const.const.dtype))
+        return (small, b) if side == 0 else (a, small)
+    return None
 
 
 @lowers("Pow")
@@ -35,8 +80,21 @@ def _pow(tr, node, ins, attrs):
     if a.dtype in INTS:
         return [_int_pow(tr, a, b)]
     _need(a, "base")
+    if _is_constant_two(b) and _bshape(a, b) == a.shape:
+        # x ** 2 (LayerNorm's variance, as exported): one native multiply, exactly x * x as
+        # powf(x, 2) rounds it, instead of a pow (a NumPy step on the CPU backend)
+        x = tr.t(a)
+        return [tr.val(tr.op("mul", x, x), a.shape, F32)]
     e = tr.t(b) if b.dtype == F32 else tr.op("cast", tr.t(b), dtype="f32")
     return [tr.val(tr.op("pow", tr.t(a), e), _bshape(a, b), F32)]
+
+
+def _is_constant_two(v) -> bool:
+    """A constant exponent of one element equal to 2 (any numeric dtype)."""
+    if v.const is None or v.runtime:
+        return False
+    arr = np.asarray(v.const)
+    return arr.size == 1 and arr.dtype.kind in "fiu" and float(arr.reshape(-1)[0]) == 2.0
 
 
 def _int_pow(tr, a, b):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from flare.core.graph import WEIGHT
+
 from ..errors import OnnxError
 from ..values import Val
 from .base import (F32, _as_2d, _identity, _axis, _channel_vec, _full, _need, _norm_tail, _pairs, _reduce_chain,
@@ -17,10 +19,10 @@ def _conv(tr, node, ins, attrs):
     strides = list(attrs.get("strides", [1] * nd))
     dil = list(attrs.get("dilations", [1] * nd))
     pads = _spatial_pads(attrs, x.shape[2:], kernel, strides, dil)
-    t = _as_2d(tr, x)
-    tw = tr.t(w)
-    if nd == 1:
-        tw = tr.op("reshape", tw, shape=[w.shape[0], w.shape[1], 1, w.shape[2]])
+    t = _unpadded(tr, x, nd, pads)
+    if t is None:
+        t = _as_2d(tr, x)
+    tw = _kernel_2d(tr, w) if nd == 1 else tr.t(w)
     pp = [[0, 0], [pads[0], pads[1]]] if nd == 1 else [[pads[0], pads[2]], [pads[1], pads[3]]]
     srcs = [t, tw]
     if len(ins) > 2 and ins[2] is not None:  # the bias as conv2d's third source (added as it writes)
@@ -29,6 +31,63 @@ def _conv(tr, node, ins, attrs):
                 groups=int(attrs.get("group", 1)))
     shape = tuple(out.shape) if nd == 2 else (out.shape[0], out.shape[1], out.shape[3])
     return [tr.val(out, shape, F32)]
+
+
+def _kernel_2d(tr, w: Val):
+    """A 1-D kernel [O, I, K] as the [O, I, 1, K] conv2d takes: for a kernel of the file, a
+    constant of that shape made once per runner (a traced call makes no reshape node for each
+    of the model's convolutions: Piper walks ~95 per new sentence), else a reshape."""
+    if not w.fixed or w.const is None or not w.name:
+        return tr.op("reshape", tr.t(w), shape=[w.shape[0], w.shape[1], 1, w.shape[2]])
+    key = ("conv_kernel_2d", w.name)
+    hit = tr.runner.derived.get(key)
+    if hit is None or hit[0] is not w.const:  # the file's value (or its fold, made once per runner)
+        hit = tr.runner.derived[key] = (w.const, np.asarray(w.const).reshape(w.shape[0], w.shape[1], 1, w.shape[2]))
+    k4 = hit[1]
+    # named after the file's value: a weight by name, like the file's own (no digest of its bytes)
+    return tr.t(Val(f"{w.name}#conv2d-kernel", k4.shape, k4.dtype, const=k4, fixed=True))
+
+
+def _unpadded(tr, x: Val, nd: int, pads: list[int]):
+    """x's source as [N, C, H, W] when x is a zero constant padding of its spatial axes only
+    (VITS's FFN pads before each convolution), `pads` grown by that padding in place: the
+    convolution pads as it reads (a zero pad is the same arithmetic), and the padding is not run
+    when nothing else reads it (the runner keeps only what a segment's outputs read). The Pad
+    lowering made it a `pad` op, or concatenations with zero pieces (`shapes._pad_by_concat`).
+    None otherwise."""
+    t = x.tensor
+    if t is None or len(t.shape) != nd + 2:
+        return None
+    grown = [0] * (2 * nd)  # begin of each spatial axis, then end, as ONNX orders conv pads
+    if t.op == "pad":
+        if t.params.get("mode", "constant") != "constant" or float(t.params.get("value", 0.0)) != 0.0:
+            return None
+        pairs = [list(p) for p in t.params["pads"]]
+        if any(lo or hi for lo, hi in pairs[:2]) or any(v < 0 for p in pairs for v in p):
+            return None
+        for i in range(nd):
+            grown[i], grown[i + nd] = pairs[2 + i]
+        t = t.srcs[0]
+    else:
+        while t.op == "concat" and t.params["axis"] >= 2:
+            piece = next((s for s in t.srcs if s.op is None and s.role == WEIGHT and s.data is not None
+                          and not np.any(np.asarray(s.data))), None)
+            if piece is None:
+                break
+            axis = t.params["axis"] - 2
+            if piece is t.srcs[0]:
+                grown[axis] += piece.shape[axis + 2]
+                t = t.srcs[1]
+            else:
+                grown[axis + nd] += piece.shape[axis + 2]
+                t = t.srcs[0]
+        if t is x.tensor:
+            return None
+    for i in range(2 * nd):
+        pads[i] += grown[i]
+    if nd == 1:
+        return tr.op("reshape", t, shape=[t.shape[0], t.shape[1], 1, t.shape[2]])
+    return t
 
 
 @lowers("MaxPool", "AveragePool")

@@ -12,6 +12,9 @@ from .base import F32, I64, INTS, _axis, _full, _identity, _ints, _last_axis_app
 @lowers("MatMul")
 def _matmul(tr, node, ins, attrs):
     a, b = _need(ins[0], "A"), _need(ins[1], "B")
+    packed = _by_constant_matrix(tr, a, b)
+    if packed is not None:
+        return [packed]
     ta, tb = tr.t(a), tr.t(b)
     a_shape, b_shape = a.shape, b.shape
     if len(a_shape) == 1:
@@ -26,6 +29,32 @@ def _matmul(tr, node, ins, attrs):
     if len(b.shape) == 1:
         out_shape = out_shape[:-1]
     return [tr.val(tr.op("matmul", ta, tb), out_shape, F32)]
+
+
+def _by_constant_matrix(tr, a: Val, b: Val) -> Val | None:
+    """A @ B with B a constant matrix (leading axes all 1, shared by every row of A) as one
+    [rows, K] x [N, K]^T product with B stored transposed: the layout of a linear layer's
+    weight, which backends pre-pack once per plan (the CPU's packed microkernel) instead of
+    packing B on every call. VITS's relative-position attention multiplies by such constants
+    12 times a sentence. B of the file is transposed once per runner; a computed one per trace.
+    None where this does not apply (B is data, batched, or A is a vector)."""
+    if b.const is None or b.runtime or len(a.shape) < 2 or len(b.shape) < 2 or len(b.shape) > len(a.shape) \
+            or any(d != 1 for d in b.shape[:-2]) or is_wide(a.shape):
+        return None
+    k, n = b.shape[-2:]
+    if a.shape[-1] != k:
+        return None
+    if b.fixed and b.name:
+        key = ("matmul_transposed", b.name)
+        hit = tr.runner.derived.get(key)
+        if hit is None or hit[0] is not b.const:
+            hit = tr.runner.derived[key] = (b.const, np.ascontiguousarray(np.asarray(b.const, np.float32).reshape(k, n).T))
+        wt = Val(f"{b.name}#transposed", (n, k), np.dtype(np.float32), const=hit[1], fixed=True)
+    else:
+        wt = cval(np.ascontiguousarray(np.asarray(b.const, np.float32).reshape(k, n).T))
+    rows = int(np.prod(a.shape[:-1], dtype=np.int64))
+    out = tr.op("matmul", tr.op("reshape", tr.t(a), shape=[rows, k]), tr.t(wt), transpose_b=True)
+    return tr.val(out, (*a.shape[:-1], n), F32)
 
 
 @lowers("Gemm")

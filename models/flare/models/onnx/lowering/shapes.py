@@ -312,11 +312,36 @@ def _pad(tr, node, ins, attrs):
         shape = [d + lo + hi for d, (lo, hi) in zip(shape, pairs)]
         t = tr.op("where", tr.t(cval(inside.reshape(flare_shape(tuple(shape))))), t, _full(tr, value, np.float32))
     elif any(lo or hi for lo, hi in pairs):
-        t = tr.op("pad", t, pads=pairs, mode=mode, value=value)
+        joined = _pad_by_concat(tr, t, shape, pairs, value, x.dtype) if mode == "constant" else None
+        t = joined if joined is not None else tr.op("pad", t, pads=pairs, mode=mode, value=value)
         shape = [d + lo + hi for d, (lo, hi) in zip(shape, pairs)]
     else:
         t = tr.op("contiguous", t)
     return [tr.val(t, tuple(shape), x.dtype)]
+
+
+PAD_PIECE_ELEMENTS = 1 << 16  # the largest constant piece a Pad is joined with (else the pad op)
+
+
+def _pad_by_concat(tr, t, shape: list, pairs: list, value: float, dtype):
+    """A constant Pad of one axis as a concatenation with constant pieces, or None. Why: the
+    concatenation is a row copy on every backend, ~7x the CPU's native pad op on VITS's
+    relative-attention shapes ([1, 2, L, 2L - 1] padded by one column; 24 per Piper sentence)."""
+    padded = [a for a, (lo, hi) in enumerate(pairs) if lo or hi]
+    if len(padded) != 1 or len(shape) > MAX_RANK or tuple(t.shape) != tuple(shape) or is_wide(tuple(shape)):
+        return None
+    a = padded[0]
+    rest = int(np.prod(shape, dtype=np.int64)) // max(shape[a], 1)
+    if shape[a] == 0 or rest * max(pairs[a]) > PAD_PIECE_ELEMENTS:
+        return None
+    carrier = np.dtype(np.int32) if dtype == BOOL else np.dtype(dtype)
+    for width, first in ((pairs[a][0], True), (pairs[a][1], False)):
+        if width:
+            piece_shape = list(shape)
+            piece_shape[a] = width
+            piece = tr.t(cval(np.full(piece_shape, value, carrier)))
+            t = tr.op("concat", piece, t, axis=a) if first else tr.op("concat", t, piece, axis=a)
+    return t
 
 
 @lowers("Trilu")
