@@ -20,6 +20,9 @@ def test_gguf_workload_counts_and_agrees(count, work, tmp_path):
     result = run_bench(a, b, blocks=1, requests=1, warmup=0)
     assert result.ok, result.outputs       # chunks of 8 vs 4: the same logits within the workload tolerance
     assert [r.work for r in result.requests] == [work]
+    for summary in result.summaries.values():       # the request's phases, timed inside it, as extras
+        assert set(summary.extras) == {"prefill ms", "decode ms/token"}
+        assert all(v > 0 for v in summary.extras.values()), summary.extras
 
 
 def test_moe_experts_resident_vs_staged_with_prefetch_agree_in_fewer_bytes(tmp_path, monkeypatch):

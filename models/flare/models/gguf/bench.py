@@ -14,6 +14,7 @@ is a small Mixtral-style file written once into the cache folder
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,16 @@ class _Loaded:
 
     def release(self) -> None:
         self.lm.release()
+
+
+def phase_times(t0: float, t1: float, t2: float, new_tokens: int) -> dict[str, float]:
+    """The request's two phases as extras of the report: prefill ms (the prompt, up to its
+    first token) and decode ms per token (each token after the first). The must-shows speak of
+    decode time; the request's tokens/s counts both phases."""
+    out = {"prefill ms": (t1 - t0) * 1e3}
+    if new_tokens > 1:
+        out["decode ms/token"] = (t2 - t1) * 1e3 / (new_tokens - 1)
+    return out
 
 
 def _target(target: str) -> str:
@@ -99,14 +110,16 @@ class GgufWorkload(Workload):
                                        cache_mb=(o["cache_mb"] or None) if offload else None,
                                        prefetch=o["prefetch"] if offload else 0))
 
-        def infer(loaded: _Loaded, request: Request) -> np.ndarray:
+        def infer(loaded: _Loaded, request: Request) -> tuple[np.ndarray, dict[str, float]]:
             lm = loaded.lm
             prompt = list(request.payload)
+            t0 = time.perf_counter()
             logits = lm.prefill(0, prompt)
+            t1 = time.perf_counter()
             steps = [logits]
             for j in range(o["new_tokens"] - 1):
                 logits = lm.decode([0], [int(np.argmax(logits))], [len(prompt) + j])[0]
                 steps.append(logits)
-            return np.stack(steps)
+            return np.stack(steps), phase_times(t0, t1, time.perf_counter(), o["new_tokens"])
 
         return FlareRunner(config, build, infer)

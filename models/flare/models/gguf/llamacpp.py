@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import numpy as np
 from flare.plugins.bench.peer_runner import PeerRunner
 from flare.plugins.bench.workload import Peer
 
+from .bench import phase_times
 from .weights import resolve
 
 TEXTS = [
@@ -55,15 +57,17 @@ class LlamaCppRunner(PeerRunner):
         self.description = (f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, built by "
                             f"scripts/install-bench-peers.sh), {threads} thread(s), batch {prefill_chunk}")
 
-    def compute(self, payload: Any) -> np.ndarray:
+    def compute(self, payload: Any) -> tuple[np.ndarray, dict[str, float]]:
         llm = self.llm
+        t0 = time.perf_counter()
         llm.reset()
         llm.eval(list(payload))
         steps = [_last_logits(llm)]
+        t1 = time.perf_counter()
         for _ in range(self.new_tokens - 1):
             llm.eval([int(np.argmax(steps[-1]))])
             steps.append(_last_logits(llm))
-        return np.stack(steps)
+        return np.stack(steps), phase_times(t0, t1, time.perf_counter(), self.new_tokens)
 
     def close(self) -> None:
         llm = self.__dict__.get("llm")

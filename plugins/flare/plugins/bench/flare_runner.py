@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from .workload import Request, Timed
+from .workload import Request, Timed, timed_output
 
 if TYPE_CHECKING:
     from flare.core.session import Session
@@ -32,7 +32,8 @@ M = TypeVar("M", bound=ModelObject)
 
 
 class FlareRunner(Generic[M]):
-    """`build(session) -> model` and `infer(model, request) -> output` supplied by a workload."""
+    """`build(session) -> model` and `infer(model, request) -> output` supplied by a workload
+    (or `-> (output, extras)`: per-request figures it times itself, see `timed_output`)."""
 
     def __init__(self, config: "BenchConfig", build: Callable[[Any], M], infer: Callable[[M, Request], np.ndarray]):
         from flare.core.session import Session
@@ -62,7 +63,7 @@ class FlareRunner(Generic[M]):
         if self.model is not None:
             t0 = time.perf_counter()
             out = self._infer(self.model, request)
-            return Timed(out, time.perf_counter() - t0)
+            return timed_output(out, time.perf_counter() - t0)
         t0 = time.perf_counter()
         model = self._build(self._target)
         try:
@@ -73,7 +74,7 @@ class FlareRunner(Generic[M]):
             t1 = time.perf_counter()
             model.release()
             release_s = time.perf_counter() - t1
-        return Timed(out, elapsed + release_s)
+        return timed_output(out, elapsed + release_s)
 
     def memory_plan(self) -> dict[str, Any] | None:
         """describe() of the prepared graph(s) as last used (planned / lower bound / naive arena bytes)."""

@@ -6,12 +6,13 @@ from typing import Any
 
 import numpy as np
 
-from .workload import Request, Timed
+from .workload import Request, Timed, timed_output
 
 
 class PeerRunner:
     """What every peer shares: it times `compute(payload)`, has no memory plan, and
-    drops its model on close. Subclasses set `description` and implement `compute`."""
+    drops its model on close. Subclasses set `description` and implement `compute`
+    (which may return `(output, extras)`: per-request figures it times itself)."""
 
     description = ""
 
@@ -20,8 +21,9 @@ class PeerRunner:
 
     def run(self, request: Request) -> Timed:
         t0 = time.perf_counter()
-        out = self.compute(request.payload)
-        return Timed(np.asarray(out, np.float32), time.perf_counter() - t0)
+        timed = timed_output(self.compute(request.payload), time.perf_counter() - t0)
+        timed.output = np.asarray(timed.output, np.float32)
+        return timed
 
     def memory_plan(self) -> None:
         return None

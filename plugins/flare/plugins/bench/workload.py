@@ -97,6 +97,16 @@ class Timed:
     extras: dict[str, float] = field(default_factory=dict)
 
 
+def timed_output(result: "np.ndarray | tuple[np.ndarray, dict[str, float]]", seconds: float) -> Timed:
+    """A runner's `Timed` from what a workload's infer/compute returned: the output alone,
+    or (output, extras) where the workload times parts of a request itself (decode ms per
+    token inside a prefill + decode request, say)."""
+    if isinstance(result, tuple):
+        out, extras = result
+        return Timed(out, seconds, dict(extras))
+    return Timed(result, seconds)
+
+
 class Runner(Protocol):
     """A configuration made runnable: opened once per run, then fed the requests."""
 
