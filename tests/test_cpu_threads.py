@@ -79,6 +79,8 @@ def block(b, shapes):
     sel = b.input("sel", shapes["sel"], "i32")
     b.output("experts", b.mul_mat_id(b.weight("experts", W["experts"]), h, sel))
     b.output("big", b.sigmoid(b.input("flat", shapes["flat"])))                # one long row: split by columns
+    # reflect pad on outer and inner axes, big enough to split by output rows
+    b.output("padded", b.pad(b.input("padin", shapes["padin"]), pads=PADS, mode="reflect"))
     # quantized: prefill-sized and one-row products, an embedding lookup, experts
     xq = b.get_rows(b.weight("q8_0", W["q8_0"]), ids)                                    # [T, 256]
     b.output("q_prefill", b.matmul(xq, b.weight("q4_1", W["q4_1"]), transpose_b=True))
@@ -88,7 +90,8 @@ def block(b, shapes):
 
 
 T = 200
-SHAPES = {"ids": (T,), "pos": (T,), "xs": (6, 2, 256), "h0": (2, 64), "c0": (2, 64), "audio": (2, 8, 300),
+PADS = ((1, 1), (2, 0), (64, 63))
+SHAPES = {"padin": (4, 24, 700), "ids": (T,), "pos": (T,), "xs": (6, 2, 256), "h0": (2, 64), "c0": (2, 64), "audio": (2, 8, 300),
           "sel": (T, 2), "flat": (70000,)}
 
 
@@ -99,7 +102,8 @@ def inputs(seed: int) -> dict[str, np.ndarray]:
             "h0": rng.standard_normal((2, 64)).astype(np.float32), "c0": rng.standard_normal((2, 64)).astype(np.float32),
             "audio": rng.standard_normal((2, 8, 300)).astype(np.float32),
             "sel": rng.integers(0, 4, (T, 2)).astype(np.int32),
-            "flat": rng.standard_normal(70000).astype(np.float32)}
+            "flat": rng.standard_normal(70000).astype(np.float32),
+            "padin": rng.standard_normal((4, 24, 700)).astype(np.float32)}
 
 
 BLAS_SPLIT = ("conv",)   # "gram" (h h^T) was a split sgemm; it runs idot now (batch-invariant routes): exact
@@ -139,6 +143,14 @@ def test_every_thread_count_gives_the_one_thread_result():
             for name, want in ref[0].items():
                 assert_same(got[name], want, name, f"at {threads} threads")
             pg.release()
+
+
+def test_a_split_reflect_pad_is_numpys():
+    with _session(2) as sess:
+        pg = sess.prepare({"full": block}, {"full": SHAPES})
+        x = inputs(3)
+        np.testing.assert_array_equal(pg.execute("full", **x)["padded"], np.pad(x["padin"], PADS, mode="reflect"))
+        pg.release()
 
 
 def test_concurrent_executes_on_sessions_of_different_threads():

@@ -54,10 +54,18 @@ static int conv1d_rows_phase(const flare_cmd *c, int phase, int64_t r0, int64_t 
     if (phase == 0) {
         const float *x = (const float *)c->src[0];
         for (int64_t r = r0; r < r1; ++r) {
-            const int64_t b = r / Lo, l = r % Lo;
+            const int64_t b = r / Lo, l = r % Lo, p0 = l * s - pad;
             float *row = cols + r * ck;
+            /* a window wholly inside x, read at unit steps: each channel's K taps are one copy
+             * (silero-vad's STFT: 256 taps, where the per-tap form cost more than its product) */
+            const int contiguous = dil == 1 && c->ss[0][3] == 1 && p0 >= 0 && p0 + K <= L;
             for (int64_t ci = 0; ci < Ci; ++ci) {
                 const float *xr = x + b * c->ss[0][1] + ci * c->ss[0][2];
+                if (contiguous) {
+                    if (K >= 16) memcpy(row + ci * K, xr + p0, (size_t)K * sizeof(float));
+                    else for (int64_t k = 0; k < K; ++k) row[ci * K + k] = xr[p0 + k];
+                    continue;
+                }
                 for (int64_t k = 0; k < K; ++k) {
                     const int64_t p = l * s + k * dil - pad;
                     row[ci * K + k] = (p >= 0 && p < L) ? xr[p * c->ss[0][3]] : 0.0f;
