@@ -77,6 +77,32 @@ def test_native_index_error_names_node():
         pg.release()
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("length", [1, 2, 4, 16, 17])
+def test_short_rows_against_one_value_per_row(threads, length):
+    """[B, C, L] (op) [C, 1], L short: the pointer-stepped rows of BINARY (a conv's bias), split
+    across threads at rows that cut (i0, i1) blocks, equal NumPy's; L = 17 takes the general loop."""
+    rng = np.random.default_rng(length)
+    x = rng.standard_normal((2000, 37, length)).astype(np.float32)
+    bias = rng.standard_normal((37, 1)).astype(np.float32)
+
+    def entry(b, shapes):
+        xi, w = b.input("x", x.shape), b.weight("bias", bias)
+        b.output("add", b.add(xi, w))
+        b.output("sub", b.sub(xi, w))
+        b.output("mul", b.mul(xi, w))
+        b.output("div", b.div(xi, w))
+        b.output("slice", b.add(b.slice(xi, axis=0, start=3, stop=1950), w))   # offset rows
+
+    with Session(["cpu"], config={"cpu": {"threads": threads}}) as sess:
+        pg = sess.prepare({"full": entry}, {"full": {"x": x.shape}})
+        got = pg.execute("full", x=x)
+        for name, want in (("add", x + bias), ("sub", x - bias), ("mul", x * bias), ("div", x / bias),
+                           ("slice", x[3:1950] + bias)):
+            np.testing.assert_array_equal(got[name], want, err_msg=name)
+        pg.release()
+
+
 # Shapes past the small-matmul kernel, so each route of k_matmul is taken. A constant weight
 # stored [N, K] runs the pre-packed microkernel (`packed_*`: odd N, K and row tails, panel counts
 # odd and even, batch folded into rows, K blocks and row chunks, the AVX-512 row tilings); the same shapes with the right operand an input (not
