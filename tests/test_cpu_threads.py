@@ -153,6 +153,53 @@ def test_a_split_reflect_pad_is_numpys():
         pg.release()
 
 
+def _lstm_ref(x, w, h, c):
+    """docs/ops.md `lstm`, step by step in float64."""
+    H = w.shape[1]
+    h, c = h.astype(np.float64), c.astype(np.float64)
+    out = np.zeros(x.shape[:2] + (2 * H,))
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    for t in range(x.shape[0]):
+        z = x[t].astype(np.float64) + h @ w.astype(np.float64).T
+        c = sig(z[:, H:2 * H]) * c + sig(z[:, :H]) * np.tanh(z[:, 2 * H:3 * H])
+        h = sig(z[:, 3 * H:]) * np.tanh(c)
+        out[t] = np.concatenate([h, c], axis=1)
+    return out
+
+
+@pytest.mark.parametrize("hidden", [64, 100])
+def test_lstm_steps_split_by_hidden_units(hidden):
+    """The LSTM's one phase per step (each chunk: its units' four gate columns, then their cells;
+    h_{t-1} read from the output; blocks of 16 units, or one chunk a step when H is not a multiple
+    of 16), with W_hh packed (a weight) and through wdot (an input), gives the one-thread bits at
+    2 and 3 threads, and the float64 reference within 1e-5."""
+    rng = np.random.default_rng(hidden)
+    steps, batch = 20, 8   # a step over the split threshold, the list over MIN_POOL_WORK
+    x = rng.standard_normal((steps, batch, 4 * hidden)).astype(np.float32)
+    w = (rng.standard_normal((4 * hidden, hidden)) / np.sqrt(hidden)).astype(np.float32)
+    h0, c0 = rng.standard_normal((2, batch, hidden)).astype(np.float32)
+
+    def entry(b, shapes):
+        xi, hi, ci = b.input("x", x.shape), b.input("h0", h0.shape), b.input("c0", c0.shape)
+        b.output("packed", b.lstm(xi, b.weight("w", w), hi, ci))
+        b.output("wdot", b.lstm(xi, b.input("w_in", w.shape), hi, ci))
+
+    got = {}
+    for threads in (1, 2, 3):
+        with _session(threads) as sess:
+            pg = sess.prepare({"full": entry}, {"full": {"x": x.shape, "h0": h0.shape, "c0": c0.shape, "w_in": w.shape}})
+            if threads > 1:
+                splits = [sp for sp in pg.describe()["entries"]["full"]["split_list"] if sp.get("executor") == "native"]
+                assert sum(sp["split_commands"] for sp in splits) == 2
+            got[threads] = {k: v.copy() for k, v in pg.execute("full", x=x, h0=h0, c0=c0, w_in=w).items()}
+            pg.release()
+    want = _lstm_ref(x, w, h0, c0)
+    for name in ("packed", "wdot"):
+        np.testing.assert_allclose(got[1][name], want, rtol=1e-5, atol=1e-5, err_msg=name)
+        for threads in (2, 3):
+            np.testing.assert_array_equal(got[threads][name], got[1][name], err_msg=f"{name} at {threads} threads")
+
+
 def test_concurrent_executes_on_sessions_of_different_threads():
     """Four sessions (1-4 threads), two graphs on the 3-thread one (so its pool is sometimes busy
     and a caller runs alone), six Python threads executing at random: every output as at one thread."""

@@ -1199,35 +1199,52 @@ static void k_norm_affine(const flare_cmd *c, int64_t ob, int64_t oe) {
  * scratch: see below. Gate order i, f, g, o (flare.core.ops.nn). Each step is
  * one product for all batch rows and the cell update per row. */
 /* the cell update of one batch row: z holds W_hh h (gate blocks i, f, g, o), x the input
- * projection (unit stride here: the loop vectorizes) */
+ * projection (unit stride here: the loop vectorizes); h_t goes to ot[u], c_t to cb[u] and ot[H + u] */
 HOT static void lstm_cell(int64_t H, int64_t u0, int64_t u1, const float *restrict z, const float *restrict x,
-                          float *restrict hb, float *restrict cb, float *restrict ot) {
+                          float *restrict cb, float *restrict ot) {
 #pragma omp simd
     for (int64_t u = u0; u < u1; ++u) {
         const float cn = sigmoid_f(z[H + u] + x[H + u]) * cb[u] + sigmoid_f(z[u] + x[u]) * vtanh(z[2 * H + u] + x[2 * H + u]);
         const float hn = sigmoid_f(z[3 * H + u] + x[3 * H + u]) * vtanh(cn);
-        cb[u] = cn; hb[u] = hn; ot[u] = hn; ot[H + u] = cn;
+        cb[u] = cn; ot[u] = hn; ot[H + u] = cn;
     }
 }
 
-/* Phase 0 copies h0, c0 into the scratch; then two phases per step t: 1 + 2t computes columns of
- * z = W_hh h (panel pairs of 32 columns packed, blocks of 4 for wdot), 2 + 2t the cell update of
- * hidden units (blocks of 16) for every batch row. Each phase reads what the one before wrote,
- * so the threaded executor finishes one before it starts the next. Threaded only with x of unit
- * stride (plan()): the strided case copies x rows through one shared scratch row. */
-static int64_t lstm_units(const flare_cmd *c, int64_t phase, int64_t *grain) {
+/* Phase 0 copies h0, c0 into the scratch; then ONE phase per step t (1 + t), over hidden units:
+ * a chunk of units [u0, u1) computes the four gate columns of those units, z[g*H + u] = (W_hh h)
+ * for g = i, f, g, o, then their cell update for every batch row. A unit's cell needs only its own
+ * four gate columns, so no other chunk's result, and the step reads h_{t-1} from the output row
+ * t - 1 (h0 from the scratch at t = 0) while it writes row t: one hand-over per step where the
+ * product and the cell as two phases took two (silero-vad offline: 512 steps of ~2.8 us at one
+ * thread, each hand-over ~0.3-1 us at two). Units split in blocks of 16 when H is a multiple of
+ * 16, else a step is one chunk: a gate's columns then start on a packed panel (or a wdot block of
+ * 4), so a column is computed by the same code as in one product over all 4H columns (the serial
+ * run), and the cell loop runs whole vectors (a scalar tail may contract its multiply-adds
+ * differently): the bits do not depend on the thread count. Threaded only
+ * with x of unit stride (plan()): the strided case copies x rows through one shared scratch row. */
+static int64_t lstm_grain(const flare_cmd *c) {
     const int64_t H = c->ip[0];
+    return H % 16 == 0 ? 16 : H;
+}
+static int64_t lstm_units(const flare_cmd *c, int64_t phase, int64_t *grain) {
     if (phase == 0) { *grain = 1; return 1; }
-    if (phase % 2) { *grain = c->ip[1] ? 2 * PANEL : 4; return 4 * H; }
-    *grain = 16;
-    return H;
+    *grain = lstm_grain(c);
+    return c->ip[0];
+}
+
+/* gate columns [n0, n0 + n) of z = W_hh h for the B rows of h (row stride ldh) */
+static void lstm_gates(const flare_cmd *c, const float *h, int64_t ldh, float *z, int64_t n0, int64_t n) {
+    const int64_t B = c->ne[2], H = c->ip[0];
+    const float *w = (const float *)c->src[1];
+    if (c->ip[1]) pgemm(B, n, H, h, ldh, w + n0 * H, z + n0, 4 * H);  /* w: packed panels (packing.py) */
+    else wdot(B, n, H, h, ldh, w + n0 * H, H, z + n0, 4 * H);
 }
 
 static void lstm_phase(const flare_cmd *c, int64_t phase, int64_t r0, int64_t r1) {
     const int64_t B = c->ne[2], H = c->ip[0];
-    const float *x = (const float *)c->src[0], *w = (const float *)c->src[1];
+    const float *x = (const float *)c->src[0];
     const float *h0 = (const float *)c->src[2], *c0 = (const float *)c->src[3];
-    /* scratch: h [B, H], c [B, H], z [B, 4H], and a contiguous copy of one x row [4H] */
+    /* scratch: h0 [B, H], c [B, H], z [B, 4H], and a contiguous copy of one x row [4H] */
     float *h = (float *)c->scratch, *cs = h + B * H, *z = cs + B * H, *xrow = z + B * 4 * H, *out = (float *)c->out;
     if (phase == 0) {
         for (int64_t b = 0; b < B; ++b)
@@ -1237,25 +1254,25 @@ static void lstm_phase(const flare_cmd *c, int64_t phase, int64_t r0, int64_t r1
             }
         return;
     }
-    const int64_t t = (phase - 1) / 2, xs = c->ss[0][3];
+    const int64_t t = phase - 1, xs = c->ss[0][3];
     if (r1 <= r0) return;
-    if (phase % 2) {
-        if (c->ip[1]) pgemm(B, r1 - r0, H, h, H, w + r0 * H, z + r0, 4 * H);  /* w: packed panels (packing.py) */
-        else wdot(B, r1 - r0, H, h, H, w + r0 * H, H, z + r0, 4 * H);
-        return;
-    }
+    const float *hp = t == 0 ? h : out + (t - 1) * B * 2 * H;   /* h_{t-1}, rows H or 2H apart */
+    const int64_t ldh = t == 0 ? H : 2 * H;
+    if (r0 == 0 && r1 == H) lstm_gates(c, hp, ldh, z, 0, 4 * H);  /* the whole step: one product */
+    else
+        for (int64_t g = 0; g < 4; ++g) lstm_gates(c, hp, ldh, z, g * H + r0, r1 - r0);
     for (int64_t b = 0; b < B; ++b) {
         const float *xt = x + t * c->ss[0][1] + b * c->ss[0][2];
         if (xs != 1) {  /* serial only */
             for (int64_t j = 0; j < 4 * H; ++j) xrow[j] = xt[j * xs];
             xt = xrow;
         }
-        lstm_cell(H, r0, r1, z + b * 4 * H, xt, h + b * H, cs + b * H, out + (t * B + b) * 2 * H);
+        lstm_cell(H, r0, r1, z + b * 4 * H, xt, cs + b * H, out + (t * B + b) * 2 * H);
     }
 }
 
 static void k_lstm(const flare_cmd *c) {
-    for (int64_t ph = 0; ph < 1 + 2 * c->ne[1]; ++ph) {
+    for (int64_t ph = 0; ph < 1 + c->ne[1]; ++ph) {
         int64_t grain;
         lstm_phase(c, ph, 0, lstm_units(c, ph, &grain));
     }
@@ -1575,10 +1592,10 @@ static int run_range(const flare_cmd *c, const plan_t *p, int64_t b, int64_t e) 
     return 0;
 }
 
-/* Phases of a command: conv1d 3, mul_mat_id 2, lstm 1 + 2 per time step when split; else 1. */
+/* Phases of a command: conv1d 3, mul_mat_id 2, lstm 1 + 1 per time step when split; else 1. */
 static int64_t phases(const flare_cmd *c, const plan_t *p) {
     if (p->mode != SPLIT || p->axis != A_WHOLE) return 1;
-    if (c->kind == K_LSTM) return 1 + 2 * c->ne[1];
+    if (c->kind == K_LSTM) return 1 + c->ne[1];
     return c->kind == K_CONV1D ? 3 : 2;
 }
 
