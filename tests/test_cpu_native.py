@@ -103,6 +103,48 @@ def test_short_rows_against_one_value_per_row(threads, length):
         pg.release()
 
 
+def _vma_of(address: int) -> dict[str, str]:
+    """The /proc/self/smaps fields of the mapping that holds `address`."""
+    fields: dict[str, str] = {}
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= address < hi
+            elif inside:
+                fields[head.rstrip(":")] = line.split(":", 1)[1].strip()
+    return fields
+
+
+def test_packed_weights_over_2_mib_take_huge_pages():
+    """A packed weight of 2 MiB or more starts on a 2 MiB boundary in a mapping advised for
+    transparent huge pages (device._huge_page_backed); its product is still the reference's."""
+    from flare.backends.cpu.device import HUGE_PAGE
+
+    rng = np.random.default_rng(11)
+    w = (rng.standard_normal((1536, 384)) / 20).astype(np.float32)        # packed: 2.36 MB
+    x = rng.standard_normal((5, 384)).astype(np.float32)
+
+    def entry(b, shapes):
+        b.output("y", b.matmul(b.input("x", x.shape), b.weight("w", w), transpose_b=True))
+
+    with Session(["cpu"]) as sess:
+        pg = sess.prepare({"full": entry}, {"full": {"x": x.shape}})
+        np.testing.assert_allclose(pg.execute("full", x=x)["y"], x @ w.T, rtol=1e-5, atol=1e-5)
+        packs = [e[1] for e in sess.devices[0].packs._entries.values()]
+        assert len(packs) == 1 and packs[0].ctypes.data % HUGE_PAGE == 0
+        vma = _vma_of(packs[0].ctypes.data)
+        try:
+            mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+        except OSError:
+            mode = ""
+        if "THPeligible" in vma and "[never]" not in mode and mode:
+            assert vma["THPeligible"] == "1", vma
+        pg.release()
+
+
 # Shapes past the small-matmul kernel, so each route of k_matmul is taken. A constant weight
 # stored [N, K] runs the pre-packed microkernel (`packed_*`: odd N, K and row tails, panel counts
 # odd and even, batch folded into rows, K blocks and row chunks, the AVX-512 row tilings); the same shapes with the right operand an input (not
