@@ -118,31 +118,48 @@ def _vma_of(address: int) -> dict[str, str]:
     return fields
 
 
-def test_packed_weights_over_2_mib_take_huge_pages():
+def test_packed_weights_take_huge_pages():
     """A packed weight of 2 MiB or more starts on a 2 MiB boundary in a mapping advised for
-    transparent huge pages (device._huge_page_backed); its product is still the reference's."""
-    from flare.backends.cpu.device import HUGE_PAGE
+    transparent huge pages (device._huge_page_backed); smaller ones are cut in order from shared
+    slabs of such pages, which live while any of their cuts does; products stay the reference's
+    and the ledger counts each packed copy's own bytes."""
+    from flare.backends.cpu.device import HUGE_PAGE, PACK_SLAB
+    from flare.core.ledger import LEDGER
 
     rng = np.random.default_rng(11)
-    w = (rng.standard_normal((1536, 384)) / 20).astype(np.float32)        # packed: 2.36 MB
+    big = (rng.standard_normal((1536, 384)) / 20).astype(np.float32)        # packed: 2.36 MB
+    small = [(rng.standard_normal((384, 384)) / 20).astype(np.float32) for _ in range(8)]  # 590 KB each
     x = rng.standard_normal((5, 384)).astype(np.float32)
 
     def entry(b, shapes):
-        b.output("y", b.matmul(b.input("x", x.shape), b.weight("w", w), transpose_b=True))
+        xi = b.input("x", x.shape)
+        b.output("big", b.matmul(xi, b.weight("big", big), transpose_b=True))
+        for i, w in enumerate(small):
+            b.output(f"s{i}", b.matmul(xi, b.weight(f"s{i}", w), transpose_b=True))
 
+    try:
+        mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        mode = ""
     with Session(["cpu"]) as sess:
+        dev = sess.devices[0]
         pg = sess.prepare({"full": entry}, {"full": {"x": x.shape}})
-        np.testing.assert_allclose(pg.execute("full", x=x)["y"], x @ w.T, rtol=1e-5, atol=1e-5)
-        packs = [e[1] for e in sess.devices[0].packs._entries.values()]
-        assert len(packs) == 1 and packs[0].ctypes.data % HUGE_PAGE == 0
-        vma = _vma_of(packs[0].ctypes.data)
-        try:
-            mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
-        except OSError:
-            mode = ""
-        if "THPeligible" in vma and "[never]" not in mode and mode:
-            assert vma["THPeligible"] == "1", vma
+        got = pg.execute("full", x=x)
+        np.testing.assert_allclose(got["big"], x @ big.T, rtol=1e-5, atol=1e-5)
+        for i, w in enumerate(small):
+            np.testing.assert_allclose(got[f"s{i}"], x @ w.T, rtol=1e-5, atol=1e-5)
+        packs = sorted((e[1] for e in dev.packs._entries.values()), key=lambda v: v.nbytes)
+        assert len(packs) == 9 and packs[-1].ctypes.data % HUGE_PAGE == 0
+        slabs = {id(v.base.base if v.base.base is not None else v.base) for v in packs[:-1]}
+        assert len(slabs) == -(-8 // (PACK_SLAB // packs[0].nbytes))    # cut in order: 7 a slab, 2 slabs
+        assert dev.packs.nbytes() == big.nbytes + sum(w.nbytes for w in small)
+        for v in packs:
+            vma = _vma_of(v.ctypes.data)
+            if "THPeligible" in vma and mode and "[never]" not in mode:
+                assert vma["THPeligible"] == "1", vma
         pg.release()
+        assert dev.packs.nbytes() == 0
+        assert not [r for r in LEDGER.live_records(dev.name) if r.tag.startswith("cpu:prepacked")]
 
 
 # Shapes past the small-matmul kernel, so each route of k_matmul is taken. A constant weight

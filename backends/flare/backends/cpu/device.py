@@ -46,6 +46,7 @@ def _physical_available() -> int:
 
 
 HUGE_PAGE = 2 << 20  # x86-64 transparent huge page
+PACK_SLAB = 2 * HUGE_PAGE  # slabs of the packed copies under 2 MiB (_from_pack_slab)
 
 
 def _huge_page_backed(nbytes: int, device: str, memory: Callable[[], MemoryInfo]) -> np.ndarray:
@@ -91,6 +92,8 @@ class CpuDevice(Device):
         self.pool = ThreadPool(self.native, self.threads) if self.native is not None else None
         self._views: dict[int, dict[tuple, np.ndarray]] = {}  # id(buffer handle) -> binding key -> view
         self._huge = threading.local()  # .on: this thread's allocation is a packed weight (below)
+        self._slab: tuple[np.ndarray | None, int] = (None, 0)  # packed copies under 2 MiB: slab, bytes cut
+        self._slab_lock = threading.Lock()
         self.packs = PackCache(self._alloc_packed)
 
     def buffer_type(self) -> BufferType:
@@ -102,6 +105,19 @@ class CpuDevice(Device):
             return MemoryInfo(max(0, self.memory_limit - LEDGER.live_bytes(self.name)), self.memory_limit)
         avail = _physical_available()
         return MemoryInfo(avail, avail + LEDGER.live_bytes(self.name))
+
+    def _from_pack_slab(self, nbytes: int) -> np.ndarray:
+        """A packed copy under 2 MiB (MiniLM's 384x384 layers: 590 KB) as a slice of a shared slab of
+        huge pages (PACK_SLAB bytes), cut in order: the slab lives while any of its slices does (they
+        are views of it), and a freed slice's bytes are not reused, which costs little since a model's
+        packed copies are made and freed together."""
+        size = -(-nbytes // ALIGNMENT) * ALIGNMENT
+        with self._slab_lock:
+            slab, used = self._slab
+            if slab is None or used + size > slab.nbytes:
+                slab, used = _huge_page_backed(PACK_SLAB, self.name, self.memory), 0
+            self._slab = (slab, used + size)
+        return slab[used: used + nbytes]
 
     def _alloc_packed(self, nbytes: int, tag: str) -> Buffer:
         """A packed weight's buffer: written whole at once and then streamed by every product, so
@@ -115,8 +131,10 @@ class CpuDevice(Device):
             self._huge.on = False
 
     def _alloc_raw(self, nbytes: int) -> np.ndarray:
-        if nbytes >= HUGE_PAGE and getattr(self._huge, "on", False):
-            return _huge_page_backed(nbytes, self.name, self.memory)
+        if getattr(self._huge, "on", False):
+            if nbytes >= HUGE_PAGE:
+                return _huge_page_backed(nbytes, self.name, self.memory)
+            return self._from_pack_slab(nbytes)
         try:
             # over-allocate by the alignment so the first byte can be aligned
             raw = np.empty(nbytes + ALIGNMENT, np.uint8)
