@@ -71,6 +71,34 @@ def test_conv1d_row_layout(threads, k, stride, padding, dilation, length):
 
 
 @needs_native
+def test_row_layout_conv_weight_is_packed_and_thread_count_exact():
+    """A constant conv weight in the row layout (more than 16 rows) is packed once as [Cout, Cin*K]
+    panels (lowering.conv_prepackable) and its product is pgemm's FMA chains, so 1 and 3 threads
+    give the same bits (through the BLAS row blocks they could differ in the last bits); an input
+    weight keeps the BLAS product."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((64, 7, 4)).astype(np.float32)
+    w = (rng.standard_normal((40, 7, 3)) / 3).astype(np.float32)
+    got = {}
+    for threads in (1, 3):
+        def entry(b, shapes):
+            xi = b.input("x", x.shape)
+            b.output("packed", b.conv1d(xi, b.weight("w", w), padding=1))
+            b.output("blas", b.conv1d(xi, b.input("w_in", w.shape), padding=1))
+
+        with Session(["cpu"], config={"cpu": {"threads": threads}}) as sess:
+            pg = sess.prepare({"full": entry}, {"full": {"x": x.shape, "w_in": w.shape}})
+            got[threads] = {k: v.copy() for k, v in pg.execute("full", x=x, w_in=w).items()}
+            info = [p.describe() for p in pg.current_plan("full").programs if p is not None]
+            assert sum(d.get("prepacked_weights", 0) for d in info) == 1
+            pg.release()
+    want = OPS["conv1d"].reference([x, w], {**OPS["conv1d"].defaults, "padding": 1})
+    for name in ("packed", "blas"):
+        np.testing.assert_allclose(got[1][name], want, **TOL)
+    np.testing.assert_array_equal(got[3]["packed"], got[1]["packed"])
+
+
+@needs_native
 @pytest.mark.parametrize("threads", [1, 2])
 def test_pointwise_conv1d_reads_x_in_place(threads):
     """K 1, stride 1, no padding, over many column blocks: the product reads x's rows in place

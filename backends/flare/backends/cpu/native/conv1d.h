@@ -2,6 +2,7 @@
  * Included by kernels.c (it uses its gemm() and HOT); a header so the build's cache key sees it.
  * x [B, Cin, L] (element strides ss[0][1..3]); w [Cout, Cin*K] contiguous; out [B, Cout, Lout]
  * contiguous; src[2] a bias [Cout] or NULL. ne = {1, B, Cout, Lout}; ip: stride, pad, dil, Cin, K, L;
+ * flags & 2 (row layout, lowering.conv_prepackable): src[1] is w packed as [Cout, Cin*K] panels (pgemm);
  * scratch: conv1d_scratch (lowering.py).
  *
  * Why this layout: scratch row (b, ci, k) is x's row ci shifted by k*dil - pad (stride s: every
@@ -112,7 +113,8 @@ static int conv1d_rows_phase(const flare_cmd *c, int phase, int64_t r0, int64_t 
         }
     } else if (phase == 1) {
         const float *w = (const float *)c->src[1];
-        if (B * Lo <= 16) wdot(B * Lo, r1 - r0, ck, cols, ck, w + r0 * ck, ck, res + r0, Co);  /* channels */
+        if (c->flags & 2) pgemm(r1 - r0, Co, ck, cols + r0 * ck, ck, w, res + r0 * Co, Co);  /* w: packed panels */
+        else if (B * Lo <= 16) wdot(B * Lo, r1 - r0, ck, cols, ck, w + r0 * ck, ck, res + r0, Co);  /* channels */
         else if (g_sgemm) gemm(NT, TR, r1 - r0, Co, ck, cols + r0 * ck, ck, w, ck, 0.0f, res + r0 * Co, Co);
         else
             for (int64_t r = r0; r < r1; ++r)
