@@ -53,6 +53,53 @@ def test_conv1d_many_column_blocks(threads, stride):
 
 @needs_native
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("k,stride,padding,dilation,length", [
+    (3, 1, 1, 1, 4), (3, 2, 1, 1, 4), (3, 1, 2, 1, 3), (3, 1, 0, 1, 9), (3, 2, 3, 1, 2),   # K 3: conv1d_im2col3
+    (3, 1, 2, 2, 6), (5, 1, 2, 1, 7), (256, 128, 0, 1, 640)])                              # per tap / one copy
+def test_conv1d_row_layout(threads, k, stride, padding, dilation, length):
+    """Short outputs (Lout <= 64) take conv1d.h's row layout: im2col rows per output position
+    (K 3 with dilation 1 in conv1d_im2col3, taps off either end of x included; a window wholly
+    inside x at unit steps as one copy, silero-vad's STFT), one product, then the transpose out.
+    Many batch rows, so the phases split on 2 threads."""
+    rng = np.random.default_rng(k * 100 + length)
+    cin = 1 if k == 256 else 7
+    x = rng.standard_normal((300, cin, length)).astype(np.float32)
+    w = (rng.standard_normal((5, cin, k)) / 3).astype(np.float32)
+    got, want = _run("conv1d", x, w, dict(stride=stride, padding=padding, dilation=dilation), threads)
+    assert got.shape == want.shape and got.shape[2] <= 64
+    np.testing.assert_allclose(got, want, **TOL)
+
+
+@needs_native
+def test_row_layout_conv_weight_is_packed_and_thread_count_exact():
+    """A constant conv weight in the row layout (more than 16 rows) is packed once as [Cout, Cin*K]
+    panels (lowering.conv_prepackable) and its product is pgemm's FMA chains, so 1 and 3 threads
+    give the same bits (through the BLAS row blocks they could differ in the last bits); an input
+    weight keeps the BLAS product."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((64, 7, 4)).astype(np.float32)
+    w = (rng.standard_normal((40, 7, 3)) / 3).astype(np.float32)
+    got = {}
+    for threads in (1, 3):
+        def entry(b, shapes):
+            xi = b.input("x", x.shape)
+            b.output("packed", b.conv1d(xi, b.weight("w", w), padding=1))
+            b.output("blas", b.conv1d(xi, b.input("w_in", w.shape), padding=1))
+
+        with Session(["cpu"], config={"cpu": {"threads": threads}}) as sess:
+            pg = sess.prepare({"full": entry}, {"full": {"x": x.shape, "w_in": w.shape}})
+            got[threads] = {k: v.copy() for k, v in pg.execute("full", x=x, w_in=w).items()}
+            info = [p.describe() for p in pg.current_plan("full").programs if p is not None]
+            assert sum(d.get("prepacked_weights", 0) for d in info) == 1
+            pg.release()
+    want = OPS["conv1d"].reference([x, w], {**OPS["conv1d"].defaults, "padding": 1})
+    for name in ("packed", "blas"):
+        np.testing.assert_allclose(got[1][name], want, **TOL)
+    np.testing.assert_array_equal(got[3]["packed"], got[1]["packed"])
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2])
 def test_pointwise_conv1d_reads_x_in_place(threads):
     """K 1, stride 1, no padding, over many column blocks: the product reads x's rows in place
     (conv1d.h's direct case, no im2col scratch)."""

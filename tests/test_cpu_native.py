@@ -77,6 +77,91 @@ def test_native_index_error_names_node():
         pg.release()
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("length", [1, 2, 4, 16, 17])
+def test_short_rows_against_one_value_per_row(threads, length):
+    """[B, C, L] (op) [C, 1], L short: the pointer-stepped rows of BINARY (a conv's bias), split
+    across threads at rows that cut (i0, i1) blocks, equal NumPy's; L = 17 takes the general loop."""
+    rng = np.random.default_rng(length)
+    x = rng.standard_normal((2000, 37, length)).astype(np.float32)
+    bias = rng.standard_normal((37, 1)).astype(np.float32)
+
+    def entry(b, shapes):
+        xi, w = b.input("x", x.shape), b.weight("bias", bias)
+        b.output("add", b.add(xi, w))
+        b.output("sub", b.sub(xi, w))
+        b.output("mul", b.mul(xi, w))
+        b.output("div", b.div(xi, w))
+        b.output("slice", b.add(b.slice(xi, axis=0, start=3, stop=1950), w))   # offset rows
+
+    with Session(["cpu"], config={"cpu": {"threads": threads}}) as sess:
+        pg = sess.prepare({"full": entry}, {"full": {"x": x.shape}})
+        got = pg.execute("full", x=x)
+        for name, want in (("add", x + bias), ("sub", x - bias), ("mul", x * bias), ("div", x / bias),
+                           ("slice", x[3:1950] + bias)):
+            np.testing.assert_array_equal(got[name], want, err_msg=name)
+        pg.release()
+
+
+def _vma_of(address: int) -> dict[str, str]:
+    """The /proc/self/smaps fields of the mapping that holds `address`."""
+    fields: dict[str, str] = {}
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= address < hi
+            elif inside:
+                fields[head.rstrip(":")] = line.split(":", 1)[1].strip()
+    return fields
+
+
+def test_packed_weights_take_huge_pages():
+    """A packed weight of 2 MiB or more starts on a 2 MiB boundary in a mapping advised for
+    transparent huge pages (device._huge_page_backed); smaller ones are cut in order from shared
+    slabs of such pages, which live while any of their cuts does; products stay the reference's
+    and the ledger counts each packed copy's own bytes."""
+    from flare.backends.cpu.device import HUGE_PAGE, PACK_SLAB
+    from flare.core.ledger import LEDGER
+
+    rng = np.random.default_rng(11)
+    big = (rng.standard_normal((1536, 384)) / 20).astype(np.float32)        # packed: 2.36 MB
+    small = [(rng.standard_normal((384, 384)) / 20).astype(np.float32) for _ in range(8)]  # 590 KB each
+    x = rng.standard_normal((5, 384)).astype(np.float32)
+
+    def entry(b, shapes):
+        xi = b.input("x", x.shape)
+        b.output("big", b.matmul(xi, b.weight("big", big), transpose_b=True))
+        for i, w in enumerate(small):
+            b.output(f"s{i}", b.matmul(xi, b.weight(f"s{i}", w), transpose_b=True))
+
+    try:
+        mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        mode = ""
+    with Session(["cpu"]) as sess:
+        dev = sess.devices[0]
+        pg = sess.prepare({"full": entry}, {"full": {"x": x.shape}})
+        got = pg.execute("full", x=x)
+        np.testing.assert_allclose(got["big"], x @ big.T, rtol=1e-5, atol=1e-5)
+        for i, w in enumerate(small):
+            np.testing.assert_allclose(got[f"s{i}"], x @ w.T, rtol=1e-5, atol=1e-5)
+        packs = sorted((e[1] for e in dev.packs._entries.values()), key=lambda v: v.nbytes)
+        assert len(packs) == 9 and packs[-1].ctypes.data % HUGE_PAGE == 0
+        slabs = {id(v.base.base if v.base.base is not None else v.base) for v in packs[:-1]}
+        assert len(slabs) == -(-8 // (PACK_SLAB // packs[0].nbytes))    # cut in order: 7 a slab, 2 slabs
+        assert dev.packs.nbytes() == big.nbytes + sum(w.nbytes for w in small)
+        for v in packs:
+            vma = _vma_of(v.ctypes.data)
+            if "THPeligible" in vma and mode and "[never]" not in mode:
+                assert vma["THPeligible"] == "1", vma
+        pg.release()
+        assert dev.packs.nbytes() == 0
+        assert not [r for r in LEDGER.live_records(dev.name) if r.tag.startswith("cpu:prepacked")]
+
+
 # Shapes past the small-matmul kernel, so each route of k_matmul is taken. A constant weight
 # stored [N, K] runs the pre-packed microkernel (`packed_*`: odd N, K and row tails, panel counts
 # odd and even, batch folded into rows, K blocks and row chunks, the AVX-512 row tilings); the same shapes with the right operand an input (not

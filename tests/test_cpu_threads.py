@@ -79,6 +79,8 @@ def block(b, shapes):
     sel = b.input("sel", shapes["sel"], "i32")
     b.output("experts", b.mul_mat_id(b.weight("experts", W["experts"]), h, sel))
     b.output("big", b.sigmoid(b.input("flat", shapes["flat"])))                # one long row: split by columns
+    # reflect pad on outer and inner axes, big enough to split by output rows
+    b.output("padded", b.pad(b.input("padin", shapes["padin"]), pads=PADS, mode="reflect"))
     # quantized: prefill-sized and one-row products, an embedding lookup, experts
     xq = b.get_rows(b.weight("q8_0", W["q8_0"]), ids)                                    # [T, 256]
     b.output("q_prefill", b.matmul(xq, b.weight("q4_1", W["q4_1"]), transpose_b=True))
@@ -88,7 +90,8 @@ def block(b, shapes):
 
 
 T = 200
-SHAPES = {"ids": (T,), "pos": (T,), "xs": (6, 2, 256), "h0": (2, 64), "c0": (2, 64), "audio": (2, 8, 300),
+PADS = ((1, 1), (2, 0), (64, 63))
+SHAPES = {"padin": (4, 24, 700), "ids": (T,), "pos": (T,), "xs": (6, 2, 256), "h0": (2, 64), "c0": (2, 64), "audio": (2, 8, 300),
           "sel": (T, 2), "flat": (70000,)}
 
 
@@ -99,7 +102,8 @@ def inputs(seed: int) -> dict[str, np.ndarray]:
             "h0": rng.standard_normal((2, 64)).astype(np.float32), "c0": rng.standard_normal((2, 64)).astype(np.float32),
             "audio": rng.standard_normal((2, 8, 300)).astype(np.float32),
             "sel": rng.integers(0, 4, (T, 2)).astype(np.int32),
-            "flat": rng.standard_normal(70000).astype(np.float32)}
+            "flat": rng.standard_normal(70000).astype(np.float32),
+            "padin": rng.standard_normal((4, 24, 700)).astype(np.float32)}
 
 
 BLAS_SPLIT = ("conv",)   # "gram" (h h^T) was a split sgemm; it runs idot now (batch-invariant routes): exact
@@ -139,6 +143,61 @@ def test_every_thread_count_gives_the_one_thread_result():
             for name, want in ref[0].items():
                 assert_same(got[name], want, name, f"at {threads} threads")
             pg.release()
+
+
+def test_a_split_reflect_pad_is_numpys():
+    with _session(2) as sess:
+        pg = sess.prepare({"full": block}, {"full": SHAPES})
+        x = inputs(3)
+        np.testing.assert_array_equal(pg.execute("full", **x)["padded"], np.pad(x["padin"], PADS, mode="reflect"))
+        pg.release()
+
+
+def _lstm_ref(x, w, h, c):
+    """docs/ops.md `lstm`, step by step in float64."""
+    H = w.shape[1]
+    h, c = h.astype(np.float64), c.astype(np.float64)
+    out = np.zeros(x.shape[:2] + (2 * H,))
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    for t in range(x.shape[0]):
+        z = x[t].astype(np.float64) + h @ w.astype(np.float64).T
+        c = sig(z[:, H:2 * H]) * c + sig(z[:, :H]) * np.tanh(z[:, 2 * H:3 * H])
+        h = sig(z[:, 3 * H:]) * np.tanh(c)
+        out[t] = np.concatenate([h, c], axis=1)
+    return out
+
+
+@pytest.mark.parametrize("hidden", [64, 100])
+def test_lstm_steps_split_by_hidden_units(hidden):
+    """The LSTM's one phase per step (each chunk: its units' four gate columns, then their cells;
+    h_{t-1} read from the output; blocks of 16 units, or one chunk a step when H is not a multiple
+    of 16), with W_hh packed (a weight) and through wdot (an input), gives the one-thread bits at
+    2 and 3 threads, and the float64 reference within 1e-5."""
+    rng = np.random.default_rng(hidden)
+    steps, batch = 20, 8   # a step over the split threshold, the list over MIN_POOL_WORK
+    x = rng.standard_normal((steps, batch, 4 * hidden)).astype(np.float32)
+    w = (rng.standard_normal((4 * hidden, hidden)) / np.sqrt(hidden)).astype(np.float32)
+    h0, c0 = rng.standard_normal((2, batch, hidden)).astype(np.float32)
+
+    def entry(b, shapes):
+        xi, hi, ci = b.input("x", x.shape), b.input("h0", h0.shape), b.input("c0", c0.shape)
+        b.output("packed", b.lstm(xi, b.weight("w", w), hi, ci))
+        b.output("wdot", b.lstm(xi, b.input("w_in", w.shape), hi, ci))
+
+    got = {}
+    for threads in (1, 2, 3):
+        with _session(threads) as sess:
+            pg = sess.prepare({"full": entry}, {"full": {"x": x.shape, "h0": h0.shape, "c0": c0.shape, "w_in": w.shape}})
+            if threads > 1:
+                splits = [sp for sp in pg.describe()["entries"]["full"]["split_list"] if sp.get("executor") == "native"]
+                assert sum(sp["split_commands"] for sp in splits) == 2
+            got[threads] = {k: v.copy() for k, v in pg.execute("full", x=x, h0=h0, c0=c0, w_in=w).items()}
+            pg.release()
+    want = _lstm_ref(x, w, h0, c0)
+    for name in ("packed", "wdot"):
+        np.testing.assert_allclose(got[1][name], want, rtol=1e-5, atol=1e-5, err_msg=name)
+        for threads in (2, 3):
+            np.testing.assert_array_equal(got[threads][name], got[1][name], err_msg=f"{name} at {threads} threads")
 
 
 def test_concurrent_executes_on_sessions_of_different_threads():

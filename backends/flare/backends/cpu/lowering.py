@@ -514,6 +514,23 @@ def _conv1d(node, out, srcs):
                 scratch=conv1d_scratch(b, cin, k, lout, cout, direct))]
 
 
+CONV1D_PACKED = 2  # flags bit of a conv1d command whose src[1] is the packed weight (conv1d.h)
+
+
+def conv_prepackable(c: Cmd, w: np.ndarray) -> bool:
+    """Whether conv1d command c (weight w [Cout, Cin, K], a constant) should multiply by the packed
+    copy of w as [Cout, Cin*K]: the row layout's product (conv1d.h, ip[6]) over more than 16 rows
+    (up to 16 run wdot by output channels)."""
+    return (c["kind"] == K["conv1d"] and len(c["ip"]) > 6 and c["ip"][6] == 1 and c["ne"][1] * c["ne"][3] > 16
+            and w.ndim == 3 and w.flags.c_contiguous and w.dtype == np.float32)
+
+
+def use_packed_conv(c: Cmd, packed: np.ndarray) -> None:
+    """Point conv1d command c at the packed copy of its weight."""
+    c["src"][1] = packed
+    c["flags"] = int(c["flags"]) | CONV1D_PACKED
+
+
 @translator("lstm")
 def _lstm(node, out, srcs):
     x, w, h0, c0 = srcs

@@ -15,7 +15,7 @@ from flare.core.graph import WEIGHT
 from flare.core.ops import OPS
 
 from . import Native
-from ..lowering import Cmd, prepackable, translate, use_packed, use_packed_lstm
+from ..lowering import Cmd, conv_prepackable, prepackable, translate, use_packed, use_packed_conv, use_packed_lstm
 from ..split import CommandList, NativeSplit
 
 if TYPE_CHECKING:
@@ -47,6 +47,13 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
                 if cmds and node.op in ("matmul", "linear") and node.params.get("transpose_b") \
                         and node.srcs[1].storage.role == WEIGHT and prepackable(cmds[0], srcs[1]):
                     use_packed(cmds[0], device.packs.get(srcs[1], node.srcs[1].name, owned))
+                    prepacked.append(node.name)
+                elif cmds and node.op == "conv1d" and node.srcs[1].storage.role == WEIGHT \
+                        and conv_prepackable(cmds[0], srcs[1]):
+                    # the row layout's product against panels of the weight [Cout, Cin*K], packed once
+                    # (OpenBLAS packed it on every call) and run by the FMA chain of pgemm
+                    co = srcs[1].shape[0]
+                    use_packed_conv(cmds[0], device.packs.get(srcs[1].reshape(co, -1), node.srcs[1].name, owned))
                     prepacked.append(node.name)
                 elif cmds and node.op == "lstm" and node.srcs[1].storage.role == WEIGHT:
                     # W_hh in panels: each step's W h is then broadcast FMAs, no horizontal sums

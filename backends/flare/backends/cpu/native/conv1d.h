@@ -2,6 +2,7 @@
  * Included by kernels.c (it uses its gemm() and HOT); a header so the build's cache key sees it.
  * x [B, Cin, L] (element strides ss[0][1..3]); w [Cout, Cin*K] contiguous; out [B, Cout, Lout]
  * contiguous; src[2] a bias [Cout] or NULL. ne = {1, B, Cout, Lout}; ip: stride, pad, dil, Cin, K, L;
+ * flags & 2 (row layout, lowering.conv_prepackable): src[1] is w packed as [Cout, Cin*K] panels (pgemm);
  * scratch: conv1d_scratch (lowering.py).
  *
  * Why this layout: scratch row (b, ci, k) is x's row ci shifted by k*dil - pad (stride s: every
@@ -46,6 +47,40 @@ static int64_t conv1d_units(const flare_cmd *c, int phase, int64_t *grain) {
     *grain = 1;
     return phase == 1 ? conv1d_slots(B * ((Lo + n - 1) / n)) : 0;
 }
+/* The row layout's im2col row for K = 3, dilation 1 (the usual audio encoder conv): the taps'
+ * inside-x tests are made once per row, not per tap and channel (the per-tap form was ~5% of
+ * silero-vad offline); a tap outside x is 0. */
+HOT static void conv1d_im2col3(float *row, const float *xb, int64_t cs, int64_t xs, int64_t Ci, int64_t p0, int64_t L) {
+    const int in0 = p0 >= 0 && p0 < L, in1 = p0 + 1 >= 0 && p0 + 1 < L, in2 = p0 + 2 >= 0 && p0 + 2 < L;
+    const int64_t i0 = (in0 ? p0 : 0) * xs, i1 = (in1 ? p0 + 1 : 0) * xs, i2 = (in2 ? p0 + 2 : 0) * xs;
+    if (in0 && in1 && in2)
+        for (int64_t ci = 0; ci < Ci; ++ci) {
+            const float *xc = xb + ci * cs;
+            row[3 * ci] = xc[i0]; row[3 * ci + 1] = xc[i1]; row[3 * ci + 2] = xc[i2];
+        }
+    else
+        for (int64_t ci = 0; ci < Ci; ++ci) {
+            const float *xc = xb + ci * cs;
+            row[3 * ci] = in0 ? xc[i0] : 0.0f; row[3 * ci + 1] = in1 ? xc[i1] : 0.0f;
+            row[3 * ci + 2] = in2 ? xc[i2] : 0.0f;
+        }
+}
+/* The row layout's phase 2: out rows (b, co) in [r0, r1) = res [B*Lo, Co] transposed per batch row
+ * (+ bias[co]). By runs of one b: each l reads res row (b, l) at unit stride and writes every Lo-th
+ * float, vectorized (the per-(b, co) loop read Lo floats Co apart: ~5% of silero-vad offline). */
+HOT static void conv1d_rows_out(const float *res, const float *bias, float *o, int64_t Co, int64_t Lo, int64_t r0,
+                                int64_t r1) {
+    for (int64_t r = r0; r < r1;) {
+        const int64_t b = r / Co, c0 = r % Co, c1 = Co < c0 + (r1 - r) ? Co : c0 + (r1 - r);
+        float *ob = o + b * Co * Lo;
+        for (int64_t l = 0; l < Lo; ++l) {
+            const float *src = res + (b * Lo + l) * Co;
+            if (bias) for (int64_t co = c0; co < c1; ++co) ob[co * Lo + l] = src[co] + bias[co];
+            else for (int64_t co = c0; co < c1; ++co) ob[co * Lo + l] = src[co];
+        }
+        r += c1 - c0;
+    }
+}
 static int conv1d_rows_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
     const int64_t B = c->ne[1], Co = c->ne[2], Lo = c->ne[3];
     const int64_t s = c->ip[0], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
@@ -54,10 +89,22 @@ static int conv1d_rows_phase(const flare_cmd *c, int phase, int64_t r0, int64_t 
     if (phase == 0) {
         const float *x = (const float *)c->src[0];
         for (int64_t r = r0; r < r1; ++r) {
-            const int64_t b = r / Lo, l = r % Lo;
+            const int64_t b = r / Lo, l = r % Lo, p0 = l * s - pad;
             float *row = cols + r * ck;
+            /* a window wholly inside x, read at unit steps: each channel's K taps are one copy
+             * (silero-vad's STFT: 256 taps, where the per-tap form cost more than its product) */
+            const int contiguous = dil == 1 && c->ss[0][3] == 1 && p0 >= 0 && p0 + K <= L;
+            if (K == 3 && dil == 1) {
+                conv1d_im2col3(row, x + b * c->ss[0][1], c->ss[0][2], c->ss[0][3], Ci, p0, L);
+                continue;
+            }
             for (int64_t ci = 0; ci < Ci; ++ci) {
                 const float *xr = x + b * c->ss[0][1] + ci * c->ss[0][2];
+                if (contiguous) {
+                    if (K >= 16) memcpy(row + ci * K, xr + p0, (size_t)K * sizeof(float));
+                    else for (int64_t k = 0; k < K; ++k) row[ci * K + k] = xr[p0 + k];
+                    continue;
+                }
                 for (int64_t k = 0; k < K; ++k) {
                     const int64_t p = l * s + k * dil - pad;
                     row[ci * K + k] = (p >= 0 && p < L) ? xr[p * c->ss[0][3]] : 0.0f;
@@ -66,7 +113,8 @@ static int conv1d_rows_phase(const flare_cmd *c, int phase, int64_t r0, int64_t 
         }
     } else if (phase == 1) {
         const float *w = (const float *)c->src[1];
-        if (B * Lo <= 16) wdot(B * Lo, r1 - r0, ck, cols, ck, w + r0 * ck, ck, res + r0, Co);  /* channels */
+        if (c->flags & 2) pgemm(r1 - r0, Co, ck, cols + r0 * ck, ck, w, res + r0 * Co, Co);  /* w: packed panels */
+        else if (B * Lo <= 16) wdot(B * Lo, r1 - r0, ck, cols, ck, w + r0 * ck, ck, res + r0, Co);  /* channels */
         else if (g_sgemm) gemm(NT, TR, r1 - r0, Co, ck, cols + r0 * ck, ck, w, ck, 0.0f, res + r0 * Co, Co);
         else
             for (int64_t r = r0; r < r1; ++r)
@@ -75,15 +123,8 @@ static int conv1d_rows_phase(const flare_cmd *c, int phase, int64_t r0, int64_t 
                     for (int64_t j = 0; j < ck; ++j) acc += cols[r * ck + j] * w[co * ck + j];
                     res[r * Co + co] = acc;
                 }
-    } else {
-        const float *bias = (const float *)c->src[2];
-        float *o = (float *)c->out;
-        for (int64_t r = r0; r < r1; ++r) {
-            const int64_t b = r / Co, co = r % Co;
-            const float add = bias ? bias[co] : 0.0f;
-            for (int64_t l = 0; l < Lo; ++l) o[r * Lo + l] = res[(b * Lo + l) * Co + co] + add;
-        }
-    }
+    } else
+        conv1d_rows_out(res, (const float *)c->src[2], (float *)c->out, Co, Lo, r0, r1);
     return 0;
 }
 /* row[l - la] = xr[(l*s + off) * xs] where 0 <= l*s + off < L, else 0, for l in [la, lb) */

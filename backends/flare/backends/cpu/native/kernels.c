@@ -141,9 +141,35 @@ static inline __attribute__((always_inline)) float vtanh(float x) {
 static inline int64_t outer(const flare_cmd *c) { return c->ne[0] * c->ne[1] * c->ne[2]; }
 #define OFF(st, c) (i0 * (st)[0] + i1 * (st)[1] + i2 * (st)[2])
 
+/* Whole short rows of contiguous a and out against one b value per row (a bias [C, 1] added over
+ * [B, C, L] with a small L: silero-vad's conv outputs, L 1-4): the rows of one (i0, i1) block are
+ * walked by pointer steps, not the per-row index arithmetic of OUTER3 (which cost ~5 ns a row,
+ * more than the 4 adds). */
+static inline int short_rows_by_scalar(const flare_cmd *c, int64_t jb, int64_t je) {
+    const int64_t n3 = c->ne[3];
+    return jb == 0 && je == n3 && n3 <= 16 && c->os[3] == 1 && c->ss[0][3] == 1 && c->ss[1][3] == 0 &&
+           c->os[2] == n3 && c->ss[0][2] == n3;
+}
+#define SHORT_ROWS(c, ob, oe, EXPR) do { \
+    const int64_t n2 = (c)->ne[2], n3 = (c)->ne[3], bs2 = (c)->ss[1][2]; \
+    for (int64_t q = (ob); q < (oe);) { \
+        const int64_t i0 = q / ((c)->ne[1] * n2), i1 = (q / n2) % (c)->ne[1], i2 = q % n2; \
+        const int64_t rows = (oe) - q < n2 - i2 ? (oe) - q : n2 - i2; \
+        float *o = (float *)(c)->out + i0 * (c)->os[0] + i1 * (c)->os[1] + i2 * n3; \
+        const float *a = (const float *)(c)->src[0] + i0 * (c)->ss[0][0] + i1 * (c)->ss[0][1] + i2 * n3; \
+        const float *b = (const float *)(c)->src[1] + OFF((c)->ss[1], c); \
+        for (int64_t r = 0; r < rows; ++r, o += n3, a += n3, b += bs2) { \
+            const float y = b[0]; \
+            for (int64_t j = 0; j < n3; ++j) { float x = a[j]; o[j] = EXPR; } \
+        } \
+        q += rows; \
+    } \
+} while (0)
+
 #define BINARY(NAME, EXPR) \
 HOT static void NAME(const flare_cmd *c, int64_t ob, int64_t oe, int64_t jb, int64_t je) { \
     const int64_t os = c->os[3], as = c->ss[0][3], bs = c->ss[1][3]; \
+    if (short_rows_by_scalar(c, jb, je)) { SHORT_ROWS(c, ob, oe, EXPR); return; } \
     OUTER3(c) { \
         float *o = (float *)c->out + OFF(c->os, c); \
         const float *a = (const float *)c->src[0] + OFF(c->ss[0], c); \
@@ -789,7 +815,9 @@ static void mm_block(const flare_cmd *c, const float *a, const float *b, float *
     case R_GEMV_T: gemv(NT, nn, K, b + n0 * c->ip[6], c->ip[6], a, c->ss[0][3], 0.0f, o + n0, 1); break;
     case R_GEMV_N: gemv(TR, K, nn, b + n0, c->ip[6], a, c->ss[0][3], 0.0f, o + n0, 1); break;
     case R_WDOT: wdot(M, nn, K, a, c->ip[4], b + n0 * c->ip[6], c->ip[6], o + n0, ldo); break;
-    case R_PACKED: pgemm(M, nn, K, a, c->ip[4], b + n0 * K, o + n0, ldo); break;  /* n0: a multiple of PANEL */
+    case R_PACKED:  /* n0: a multiple of PANEL; rows [m0, m1) (A_TILES) */
+        pgemm(mm, nn, K, a + m0 * c->ip[4], c->ip[4], b + n0 * K, o + m0 * ldo + n0, ldo);
+        break;
     case R_IDOT:
         if (!g_idot) flare_invariant_isa(-1);
         g_idot(mm, nn, K, a + m0 * c->ss[0][2], c->ss[0][2], b + n0 * c->ss[1][3], c->ss[1][3], o + m0 * ldo + n0, ldo);
@@ -1032,15 +1060,20 @@ static int k_conv1d(const flare_cmd *c) {
 }
 
 /* ---- pad: out [ne] f32; ip[0..3] pads before each axis, ip[4..7] the source shape;
- * flags & 1: reflect, else the constant fp0 */
-static void k_pad(const flare_cmd *c) {
+ * flags & 1: reflect, else the constant fp0. Rows [ob, oe) of the outer axes (a split unit each):
+ * a row is a source row (or, padded with a constant, all fp0) whose inner axis is copied in one
+ * run with its edges filled. Why by rows: the per-element form (four axes' index arithmetic per
+ * output) took ~1 ms of silero-vad's 512-window offline pass (~7% of it) for a 1.3 MB copy. */
+static void k_pad(const flare_cmd *c, int64_t ob, int64_t oe) {
     const int reflect = c->flags & 1;
     const float val = (float)c->fp[0];
-    for (int64_t i0 = 0; i0 < c->ne[0]; ++i0) for (int64_t i1 = 0; i1 < c->ne[1]; ++i1)
-    for (int64_t i2 = 0; i2 < c->ne[2]; ++i2) for (int64_t i3 = 0; i3 < c->ne[3]; ++i3) {
-        const int64_t idx[4] = {i0, i1, i2, i3};
+    const float *src = (const float *)c->src[0];
+    const int64_t n3 = c->ip[7], lo3 = c->ip[3], ne3 = c->ne[3], xs = c->ss[0][3], os = c->os[3];
+    OUTER3(c) {
+        float *o = (float *)c->out + OFF(c->os, c);
+        const int64_t idx[3] = {i0, i1, i2};
         int64_t off = 0; int inside = 1;
-        for (int d = 0; d < 4; ++d) {
+        for (int d = 0; d < 3; ++d) {
             int64_t p = idx[d] - c->ip[d];
             const int64_t n = c->ip[4 + d];
             if (p < 0 || p >= n) {
@@ -1050,8 +1083,27 @@ static void k_pad(const flare_cmd *c) {
             }
             off += p * c->ss[0][d];
         }
-        float *o = (float *)c->out + i0 * c->os[0] + i1 * c->os[1] + i2 * c->os[2] + i3 * c->os[3];
-        *o = inside ? ((const float *)c->src[0])[off] : val;
+        if (!inside) { for (int64_t j = 0; j < ne3; ++j) o[j * os] = val; continue; }
+        const float *x = src + off;
+        /* the source's run [lo3, lo3 + n3) of the output row, clipped to it (pads may be negative) */
+        int64_t a = lo3 < 0 ? 0 : lo3 > ne3 ? ne3 : lo3, b = lo3 + n3 > ne3 ? ne3 : lo3 + n3;
+        if (b < a) b = a;
+        for (int64_t j = 0; j < a; ++j) {
+            int64_t p = j - lo3;
+            if (!reflect) { o[j * os] = val; continue; }
+            if (p < 0) p = -p;
+            if (p >= n3) p = 2 * (n3 - 1) - p;
+            o[j * os] = x[p * xs];
+        }
+        if (os == 1 && xs == 1) memcpy(o + a, x + (a - lo3), (size_t)(b - a) * sizeof(float));
+        else for (int64_t j = a; j < b; ++j) o[j * os] = x[(j - lo3) * xs];
+        for (int64_t j = b; j < ne3; ++j) {
+            int64_t p = j - lo3;
+            if (!reflect) { o[j * os] = val; continue; }
+            if (p >= n3) p = 2 * (n3 - 1) - p;
+            if (p < 0) p = -p;
+            o[j * os] = x[p * xs];
+        }
     }
 }
 
@@ -1147,35 +1199,52 @@ static void k_norm_affine(const flare_cmd *c, int64_t ob, int64_t oe) {
  * scratch: see below. Gate order i, f, g, o (flare.core.ops.nn). Each step is
  * one product for all batch rows and the cell update per row. */
 /* the cell update of one batch row: z holds W_hh h (gate blocks i, f, g, o), x the input
- * projection (unit stride here: the loop vectorizes) */
+ * projection (unit stride here: the loop vectorizes); h_t goes to ot[u], c_t to cb[u] and ot[H + u] */
 HOT static void lstm_cell(int64_t H, int64_t u0, int64_t u1, const float *restrict z, const float *restrict x,
-                          float *restrict hb, float *restrict cb, float *restrict ot) {
+                          float *restrict cb, float *restrict ot) {
 #pragma omp simd
     for (int64_t u = u0; u < u1; ++u) {
         const float cn = sigmoid_f(z[H + u] + x[H + u]) * cb[u] + sigmoid_f(z[u] + x[u]) * vtanh(z[2 * H + u] + x[2 * H + u]);
         const float hn = sigmoid_f(z[3 * H + u] + x[3 * H + u]) * vtanh(cn);
-        cb[u] = cn; hb[u] = hn; ot[u] = hn; ot[H + u] = cn;
+        cb[u] = cn; ot[u] = hn; ot[H + u] = cn;
     }
 }
 
-/* Phase 0 copies h0, c0 into the scratch; then two phases per step t: 1 + 2t computes columns of
- * z = W_hh h (panel pairs of 32 columns packed, blocks of 4 for wdot), 2 + 2t the cell update of
- * hidden units (blocks of 16) for every batch row. Each phase reads what the one before wrote,
- * so the threaded executor finishes one before it starts the next. Threaded only with x of unit
- * stride (plan()): the strided case copies x rows through one shared scratch row. */
-static int64_t lstm_units(const flare_cmd *c, int64_t phase, int64_t *grain) {
+/* Phase 0 copies h0, c0 into the scratch; then ONE phase per step t (1 + t), over hidden units:
+ * a chunk of units [u0, u1) computes the four gate columns of those units, z[g*H + u] = (W_hh h)
+ * for g = i, f, g, o, then their cell update for every batch row. A unit's cell needs only its own
+ * four gate columns, so no other chunk's result, and the step reads h_{t-1} from the output row
+ * t - 1 (h0 from the scratch at t = 0) while it writes row t: one hand-over per step where the
+ * product and the cell as two phases took two (silero-vad offline: 512 steps of ~2.8 us at one
+ * thread, each hand-over ~0.3-1 us at two). Units split in blocks of 16 when H is a multiple of
+ * 16, else a step is one chunk: a gate's columns then start on a packed panel (or a wdot block of
+ * 4), so a column is computed by the same code as in one product over all 4H columns (the serial
+ * run), and the cell loop runs whole vectors (a scalar tail may contract its multiply-adds
+ * differently): the bits do not depend on the thread count. Threaded only
+ * with x of unit stride (plan()): the strided case copies x rows through one shared scratch row. */
+static int64_t lstm_grain(const flare_cmd *c) {
     const int64_t H = c->ip[0];
+    return H % 16 == 0 ? 16 : H;
+}
+static int64_t lstm_units(const flare_cmd *c, int64_t phase, int64_t *grain) {
     if (phase == 0) { *grain = 1; return 1; }
-    if (phase % 2) { *grain = c->ip[1] ? 2 * PANEL : 4; return 4 * H; }
-    *grain = 16;
-    return H;
+    *grain = lstm_grain(c);
+    return c->ip[0];
+}
+
+/* gate columns [n0, n0 + n) of z = W_hh h for the B rows of h (row stride ldh) */
+static void lstm_gates(const flare_cmd *c, const float *h, int64_t ldh, float *z, int64_t n0, int64_t n) {
+    const int64_t B = c->ne[2], H = c->ip[0];
+    const float *w = (const float *)c->src[1];
+    if (c->ip[1]) pgemm(B, n, H, h, ldh, w + n0 * H, z + n0, 4 * H);  /* w: packed panels (packing.py) */
+    else wdot(B, n, H, h, ldh, w + n0 * H, H, z + n0, 4 * H);
 }
 
 static void lstm_phase(const flare_cmd *c, int64_t phase, int64_t r0, int64_t r1) {
     const int64_t B = c->ne[2], H = c->ip[0];
-    const float *x = (const float *)c->src[0], *w = (const float *)c->src[1];
+    const float *x = (const float *)c->src[0];
     const float *h0 = (const float *)c->src[2], *c0 = (const float *)c->src[3];
-    /* scratch: h [B, H], c [B, H], z [B, 4H], and a contiguous copy of one x row [4H] */
+    /* scratch: h0 [B, H], c [B, H], z [B, 4H], and a contiguous copy of one x row [4H] */
     float *h = (float *)c->scratch, *cs = h + B * H, *z = cs + B * H, *xrow = z + B * 4 * H, *out = (float *)c->out;
     if (phase == 0) {
         for (int64_t b = 0; b < B; ++b)
@@ -1185,25 +1254,25 @@ static void lstm_phase(const flare_cmd *c, int64_t phase, int64_t r0, int64_t r1
             }
         return;
     }
-    const int64_t t = (phase - 1) / 2, xs = c->ss[0][3];
+    const int64_t t = phase - 1, xs = c->ss[0][3];
     if (r1 <= r0) return;
-    if (phase % 2) {
-        if (c->ip[1]) pgemm(B, r1 - r0, H, h, H, w + r0 * H, z + r0, 4 * H);  /* w: packed panels (packing.py) */
-        else wdot(B, r1 - r0, H, h, H, w + r0 * H, H, z + r0, 4 * H);
-        return;
-    }
+    const float *hp = t == 0 ? h : out + (t - 1) * B * 2 * H;   /* h_{t-1}, rows H or 2H apart */
+    const int64_t ldh = t == 0 ? H : 2 * H;
+    if (r0 == 0 && r1 == H) lstm_gates(c, hp, ldh, z, 0, 4 * H);  /* the whole step: one product */
+    else
+        for (int64_t g = 0; g < 4; ++g) lstm_gates(c, hp, ldh, z, g * H + r0, r1 - r0);
     for (int64_t b = 0; b < B; ++b) {
         const float *xt = x + t * c->ss[0][1] + b * c->ss[0][2];
         if (xs != 1) {  /* serial only */
             for (int64_t j = 0; j < 4 * H; ++j) xrow[j] = xt[j * xs];
             xt = xrow;
         }
-        lstm_cell(H, r0, r1, z + b * 4 * H, xt, h + b * H, cs + b * H, out + (t * B + b) * 2 * H);
+        lstm_cell(H, r0, r1, z + b * 4 * H, xt, cs + b * H, out + (t * B + b) * 2 * H);
     }
 }
 
 static void k_lstm(const flare_cmd *c) {
-    for (int64_t ph = 0; ph < 1 + 2 * c->ne[1]; ++ph) {
+    for (int64_t ph = 0; ph < 1 + c->ne[1]; ++ph) {
         int64_t grain;
         lstm_phase(c, ph, 0, lstm_units(c, ph, &grain));
     }
@@ -1343,6 +1412,7 @@ static int run_slice(const flare_cmd *c, int64_t ob, int64_t oe, int64_t jb, int
     case K_GATHER: return k_gather(c, ob, oe);
     case K_SUM: case K_MEAN: case K_MAX: case K_ARGMAX: k_reduce(c, c->kind, ob, oe); return 0;
     case K_TOP_K: k_top_k(c, ob, oe); return 0;
+    case K_PAD: k_pad(c, ob, oe); return 0;
     case K_DEQUANTIZE: k_dequantize(c, ob, oe); return 0;
     case K_GET_ROWS_Q: return k_get_rows_q(c, ob, oe);
     default: return ERR_KIND;
@@ -1358,7 +1428,6 @@ static int run_one(const flare_cmd *c) {
     case K_MATMUL: case K_LINEAR: return k_matmul(c);
     case K_ROPE: k_rope(c, 0, c->ne[1]); return 0;
     case K_CONV1D: return k_conv1d(c);
-    case K_PAD: k_pad(c); return 0;
     case K_MUL_MAT_ID: return k_mul_mat_id(c);
     case K_SET_ROWS: return k_set_rows(c);
     case K_LSTM: k_lstm(c); return 0;
@@ -1390,8 +1459,8 @@ int64_t flare_run(const flare_cmd *cmds, int64_t n, int32_t *err) {
  * caller alone can finish the list. Work below the thresholds is one chunk, where handing it
  * over (~1 us) would cost more than it saves. */
 enum { SERIAL = 0, SERIAL_LONG = 1, SPLIT = 2 };
-enum { A_OUTER, A_INNER, A_BATCH, A_MROWS, A_NCOLS, A_ROPE, A_WHOLE };
-typedef struct { int mode, axis; int64_t units, grain, work; } plan_t;  /* work: ~multiply-adds */
+enum { A_OUTER, A_INNER, A_BATCH, A_MROWS, A_NCOLS, A_ROPE, A_WHOLE, A_TILES };
+typedef struct { int mode, axis; int64_t units, grain, work; int nth; } plan_t;  /* work: ~multiply-adds */
 
 #define MIN_SPLIT_CHEAP 65536     /* copies, add, mul, scale...: elements (~1 cycle each) */
 #define MIN_SPLIT_ELEMS 16384     /* exp, gelu, tanh... and row kernels: elements */
@@ -1400,8 +1469,28 @@ typedef struct { int mode, axis; int64_t units, grain, work; } plan_t;  /* work:
 #define MIN_POOL_WORK 2097152     /* a list whose split work is less runs on the caller alone: waking
                                    * the workers and waiting for them to leave costs more (~0.1 ms) */
 
+/* A packed product with many rows and few column grains (MiniLM batch 32: 448 token rows, N = 384:
+ * 12 panel pairs) splits by tiles of rows x panel pairs, not by panel pairs alone: a step ends
+ * when its last chunk does, and with 12 chunks of ~0.1-0.4 ms over 2 threads the idle tail of each
+ * of the 18 such steps was ~7% of a batch's time at 2 threads. Tiles are numbered column-major
+ * (consecutive tiles share a panel pair, which stays in cache) and a row block is a multiple of 8
+ * rows, so every output is still the same FMA chain: the same bits at any thread count. */
+#define TILE_ROWS_MIN 64
+static int64_t packed_row_blocks(int64_t M, int64_t N, int nth) {
+    const int64_t cols = (N + 2 * PANEL - 1) / (2 * PANEL);
+    if (nth < 2 || cols >= 8 * nth || M < 2 * TILE_ROWS_MIN) return 1;
+    int64_t rb = (8 * nth + cols - 1) / cols;                    /* enough tiles for ~8 chunks a thread */
+    const int64_t most = M / TILE_ROWS_MIN;
+    return rb < most ? rb : most;
+}
+static int64_t packed_tile_rows(int64_t M, int64_t rb) { return ((M + rb - 1) / rb + 7) / 8 * 8; }
+static int64_t packed_tiles(int64_t M, int64_t N, int nth) {
+    const int64_t rb = packed_row_blocks(M, N, nth), mb = packed_tile_rows(M, rb);
+    return (N + 2 * PANEL - 1) / (2 * PANEL) * ((M + mb - 1) / mb);
+}
+
 static plan_t plan(const flare_cmd *c, int nth) {
-    plan_t p = { SERIAL, A_OUTER, 0, 1, 0 };
+    plan_t p = { SERIAL, A_OUTER, 0, 1, 0, nth };
     const int64_t rows = outer(c);
     if (is_elementwise(c->kind)) {
         const int costly = c->kind >= K_SIGMOID && c->kind <= K_SQRT;
@@ -1421,6 +1510,9 @@ static plan_t plan(const flare_cmd *c, int nth) {
         if (rows >= 2 && rows * per_row >= MIN_SPLIT_ELEMS) { p.mode = SPLIT; p.units = rows; p.work = 8 * rows * per_row; }
         return p;
     }
+    case K_PAD:  /* by output rows, a copy (~1 cycle an element) */
+        if (rows >= 2 && rows * c->ne[3] >= MIN_SPLIT_CHEAP) { p.mode = SPLIT; p.units = rows; p.work = rows * c->ne[3]; }
+        return p;
     case K_ROPE:
         if (c->ne[1] >= 2 && c->ne[1] * c->ne[2] * c->ne[3] >= MIN_SPLIT_ELEMS / 4) {
             p.mode = SPLIT; p.axis = A_ROPE; p.units = c->ne[1]; p.work = 16 * c->ne[1] * c->ne[2] * c->ne[3];
@@ -1436,7 +1528,10 @@ static plan_t plan(const flare_cmd *c, int nth) {
         if (nb >= nth && route != R_SWAP) { p.axis = A_BATCH; p.units = nb; return p; }
         p.axis = A_NCOLS; p.units = N;
         switch (route) {
-        case R_PACKED: p.grain = 2 * PANEL; break;
+        case R_PACKED:
+            p.grain = 2 * PANEL;
+            if (packed_row_blocks(M, N, nth) > 1) { p.axis = A_TILES; p.units = packed_tiles(M, N, nth); p.grain = 1; }
+            break;
         case R_WDOT: p.grain = 4; break;
         case R_GEMM: case R_SMALL: case R_IDOT: case R_ICHAIN:
             if (M >= 16 * nth || N < 16 * nth) { p.axis = A_MROWS; p.units = M; p.grain = route == R_GEMM ? 16 : 1; }
@@ -1485,16 +1580,22 @@ static int run_range(const flare_cmd *c, const plan_t *p, int64_t b, int64_t e) 
     }
     if (mm_needs_blas(c) && !g_sgemm) return ERR_NOBLAS;
     const int64_t nb = c->ne[0] * c->ne[1], M = c->ip[0], N = c->ip[1];
-    if (p->axis == A_BATCH) mm_range(c, b, e, 0, M, 0, N);
+    if (p->axis == A_TILES) {  /* tile u: panel pair u / blocks, row block u % blocks (packed_tiles) */
+        const int64_t mb = packed_tile_rows(M, packed_row_blocks(M, N, p->nth)), blocks = (M + mb - 1) / mb;
+        for (int64_t u = b; u < e; ++u) {
+            const int64_t n0 = u / blocks * 2 * PANEL, m0 = u % blocks * mb;
+            mm_range(c, 0, nb, m0, m0 + mb < M ? m0 + mb : M, n0, n0 + 2 * PANEL < N ? n0 + 2 * PANEL : N);
+        }
+    } else if (p->axis == A_BATCH) mm_range(c, b, e, 0, M, 0, N);
     else if (p->axis == A_MROWS) mm_range(c, 0, nb, b, e, 0, N);
     else mm_range(c, 0, nb, 0, M, b, e);
     return 0;
 }
 
-/* Phases of a command: conv1d 3, mul_mat_id 2, lstm 1 + 2 per time step when split; else 1. */
+/* Phases of a command: conv1d 3, mul_mat_id 2, lstm 1 + 1 per time step when split; else 1. */
 static int64_t phases(const flare_cmd *c, const plan_t *p) {
     if (p->mode != SPLIT || p->axis != A_WHOLE) return 1;
-    if (c->kind == K_LSTM) return 1 + 2 * c->ne[1];
+    if (c->kind == K_LSTM) return 1 + c->ne[1];
     return c->kind == K_CONV1D ? 3 : 2;
 }
 
