@@ -90,6 +90,8 @@ def test_moe_resident_vs_offload_outputs_identical():
                        blocks=1, requests=1, warmup=0)
     assert result.outputs.identical and result.ok
     assert result.requests[0].work == 9 and result.metric.name == "tokens/s"
+    for summary in result.summaries.values():     # decode time apart from the prompt's (bench.greedy)
+        assert set(summary.extras) == {"prefill ms", "decode ms/token"}
 
 
 def _write_wav(path, audio: np.ndarray, rate: int = 16000) -> None:

@@ -14,14 +14,14 @@ is a small Mixtral-style file written once into the cache folder
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
 from flare.plugins.bench.config import BenchConfig
 from flare.plugins.bench.flare_runner import FlareRunner
-from flare.plugins.bench.workload import Metric, Option, Request, Workload, cycle
+from flare.plugins.bench.greedy import greedy_request
+from flare.plugins.bench.workload import Metric, Option, Request, Workload
 
 TOKENS_PER_S = Metric("tokens/s", "tokens", per_work=False)
 
@@ -42,16 +42,6 @@ class _Loaded:
 
     def release(self) -> None:
         self.lm.release()
-
-
-def phase_times(t0: float, t1: float, t2: float, new_tokens: int) -> dict[str, float]:
-    """The request's two phases as extras of the report: prefill ms (the prompt, up to its
-    first token) and decode ms per token (each token after the first). The must-shows speak of
-    decode time; the request's tokens/s counts both phases."""
-    out = {"prefill ms": (t1 - t0) * 1e3}
-    if new_tokens > 1:
-        out["decode ms/token"] = (t2 - t1) * 1e3 / (new_tokens - 1)
-    return out
 
 
 def _target(target: str) -> str:
@@ -111,15 +101,6 @@ class GgufWorkload(Workload):
                                        prefetch=o["prefetch"] if offload else 0))
 
         def infer(loaded: _Loaded, request: Request) -> tuple[np.ndarray, dict[str, float]]:
-            lm = loaded.lm
-            prompt = list(request.payload)
-            t0 = time.perf_counter()
-            logits = lm.prefill(0, prompt)
-            t1 = time.perf_counter()
-            steps = [logits]
-            for j in range(o["new_tokens"] - 1):
-                logits = lm.decode([0], [int(np.argmax(logits))], [len(prompt) + j])[0]
-                steps.append(logits)
-            return np.stack(steps), phase_times(t0, t1, time.perf_counter(), o["new_tokens"])
+            return greedy_request(loaded.lm, request.payload, o["new_tokens"])
 
         return FlareRunner(config, build, infer)

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from flare.plugins.bench.greedy import phase_times
 from flare.plugins.bench.peer_runner import PeerRunner
 from flare.plugins.bench.workload import Peer
 
-from .bench import phase_times
 from .weights import resolve
 
 TEXTS = [

@@ -17,12 +17,13 @@ The entry points share the KV cache, so `workspace_sharing = false` is refused
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from flare.plugins.bench.config import BenchConfig
 from flare.plugins.bench.flare_runner import FlareRunner
+from flare.plugins.bench.greedy import greedy_request
 from flare.plugins.bench.workload import Metric, Option, Request, Workload, cycle
 
 TOKENS_PER_S = Metric("tokens/s", "tokens", per_work=False)
@@ -89,19 +90,7 @@ class MoeLMWorkload(Workload):
                                       cache_mb=(o["cache_mb"] or None) if offload else None,
                                       expert_source=o["expert_source"], prefetch=o["prefetch"] if offload else 0))
 
-        def infer(loaded: _Loaded, request: Request) -> np.ndarray:
-            return greedy_logits(loaded.model, request.payload, new_tokens)
+        def infer(loaded: _Loaded, request: Request) -> tuple[np.ndarray, dict[str, float]]:
+            return greedy_request(loaded.model, request.payload, new_tokens)
 
         return FlareRunner(config, build, infer)
-
-
-def greedy_logits(model: Any, prompt: Sequence[int], new_tokens: int) -> np.ndarray:
-    """Prefill `prompt` as sequence 0, decode greedily; logits of every chosen token [new_tokens, vocab]."""
-    logits = model.prefill(0, list(prompt))
-    steps = [logits]
-    for j in range(new_tokens - 1):
-        tok = int(np.argmax(logits))
-        logits = model.decode([0], [tok], [len(prompt) + j])[0]
-        steps.append(logits)
-    return np.stack(steps)
-
