@@ -215,11 +215,14 @@ def _reachable(tensors: list[Tensor], outputs: Any) -> list[Tensor]:
 
 
 def _structure_key(tensors: list[Tensor], outputs: Mapping[str, Tensor], digests: Mapping[str, str]) -> str:
-    # one repr of the whole list (not one hash update per tensor): the same text, hashed at once
+    # one repr of the whole list (not one hash update per tensor). Parameters in their dict's order
+    # (the op's defaults, then the lowering's keywords): the same lowering gives the same order, and
+    # another order would only give an equal structure a second key (a plan of its own), never a
+    # wrong plan
     index = {t.id: i for i, t in enumerate(tensors)}
     get = digests.get
-    text = repr([(t.role, t.name, t.shape, t.dtype, t.op, [index[s.id] for s in t.srcs],
-                  sorted(t.params.items()) if t.params else (), get(t.name)) for t in tensors])
+    text = repr([(t.role, t.name, t.shape, t.dtype, t.op, [index[s.id] for s in t.srcs], t.params, get(t.name))
+                 for t in tensors])
     h = hashlib.blake2b(text.encode(), digest_size=20)
     h.update(repr(sorted((n, index[t.id]) for n, t in outputs.items())).encode())
     return h.hexdigest()
