@@ -204,6 +204,29 @@ def test_a_checkpoint_keeps_computed_constants_up_to_a_bound(tmp_path, monkeypat
         runner.release()
 
 
+def test_a_checkpoint_keeps_the_values_live_at_its_node(tmp_path):
+    """What a checkpoint at NonZero (node 7 of ramp2) keeps: the values made before it that it or a
+    later node reads, in walk order (`OnnxRunner.live_at`, computed once per position): not x (last
+    read by the Add), not the file's initializers, not what only earlier nodes read."""
+    f = TensorProto.FLOAT
+    base, _ = _ramp_model(tmp_path)
+    nodes = list(base.graph.node) + [helper.make_node("Gather", ["ramp", "idx"], ["rz"], axis=0),
+                                     helper.make_node("Add", ["z", "rz"], ["w"])]
+    model, path = _save(tmp_path, "ramp2", nodes, list(base.graph.input),
+                        [helper.make_tensor_value_info("w", f, ["K"])], list(base.graph.initializer))
+    with Session(["cpu"]) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        assert [n.op_type for n in runner.walk_plan()[0]].index("NonZero") == 7
+        assert runner.live_at(7) == ("ramp", "y", "g")
+        assert runner.live_at(0) == ("x",)
+        assert runner.live_at(7) is runner.live_at(7)     # once per position
+        ramp = np.arange(6, dtype=np.float32) * 0.5
+        _check(model, runner, np.where(np.arange(6) % 2 == 1, 1.5, 0.0).astype(np.float32) - ramp + 0.25)
+        _check(model, runner, np.where(np.arange(6) < 2, 1.5, 0.0).astype(np.float32) - ramp + 0.25)
+        assert runner.stats["resumed"] == 1               # resumed from that checkpoint, right
+        runner.release()
+
+
 def test_replay_feeds_new_data_and_checks_what_the_trace_read(tmp_path):
     model, path = _ramp_model(tmp_path)
     ramp = np.arange(6, dtype=np.float32) * 0.5

@@ -48,7 +48,7 @@ from .collector import FreezePolicy
 from .errors import OnnxError, UnsupportedOpError
 from .loader import DEFAULT_DOMAINS, OnnxModel
 from .replay import Checkpoint, NeedsTrace, Recording, Recordings, Resume
-from .values import BOOL, Val, flare_dtype, flare_shape, from_flare_array, is_wide, to_flare_array
+from .values import BOOL, MAX_RANK, Val, flare_dtype, flare_shape, from_flare_array, is_wide, to_flare_array
 
 ENTRY = "main"
 CACHE_SIZE = 16      # graphs of segments outside their family (data-dependent structure)
@@ -61,6 +61,8 @@ FAMILY_PLANS = 64    # input shapes a family graph serves before it is replaced 
 CHECKPOINT_BYTES = 1 << 20  # computed constants a checkpoint may keep (recordings are kept by the hundred)
 PLANS_KEPT = 24      # plans a family graph keeps, least recently used dropped (a dropped one is re-planned)
 # ops never folded at import time even when their inputs are constant (a fresh draw each run)
+# how a node runs (OnnxRunner.node_facts): folded when its inputs are all constants, else lowered; or a host step
+FOLDABLE, LOWERED, HOST = 0, 1, 2
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 
 
@@ -213,11 +215,15 @@ def _reachable(tensors: list[Tensor], outputs: Any) -> list[Tensor]:
 
 
 def _structure_key(tensors: list[Tensor], outputs: Mapping[str, Tensor], digests: Mapping[str, str]) -> str:
-    h = hashlib.blake2b(digest_size=20)
+    # one repr of the whole list (not one hash update per tensor). Parameters in their dict's order
+    # (the op's defaults, then the lowering's keywords): the same lowering gives the same order, and
+    # another order would only give an equal structure a second key (a plan of its own), never a
+    # wrong plan
     index = {t.id: i for i, t in enumerate(tensors)}
-    for t in tensors:
-        h.update(repr((t.role, t.name, t.shape, t.dtype, t.op, [index[s.id] for s in t.srcs],
-                       sorted(t.params.items()), digests.get(t.name))).encode())
+    get = digests.get
+    text = repr([(t.role, t.name, t.shape, t.dtype, t.op, [index[s.id] for s in t.srcs], t.params, get(t.name))
+                 for t in tensors])
+    h = hashlib.blake2b(text.encode(), digest_size=20)
     h.update(repr(sorted((n, index[t.id]) for n, t in outputs.items())).encode())
     return h.hexdigest()
 
@@ -281,6 +287,8 @@ class OnnxRunner:
         self._fold_ops: dict[tuple, Any] = {}  # (node bytes, opset) -> onnx.reference kernel (lowering.base.fold)
         self._walk: tuple[list[Any], dict[str, int]] | None = None
         self._attrs: dict[int, tuple[Any, dict[str, Any]]] = {}
+        self._facts: dict[int, tuple[Any, tuple]] = {}  # id(node) -> (node, Tracer.step's facts of it)
+        self._live: dict[int, tuple[str, ...]] = {}  # node position -> what a checkpoint there keeps (live_at)
         self._node_ids = {id(n) for n in self.walk_plan()[0]}
         # arrays lowerings derive from file constants (a re-laid-out kernel), made once per runner
         self.derived: dict[tuple, Any] = {}
@@ -422,6 +430,44 @@ class OnnxRunner:
                 self._attrs[key] = hit
         return hit[1]
 
+    def node_facts(self, node: Any, lw: Any) -> tuple:
+        """What `Tracer.step` reads of a node that no call changes: its op type, input and output
+        names, how it runs (FOLDABLE when its inputs are constants, HOST, or LOWERED only), whether
+        it takes values of rank > 4, and its fold key. Once per node of the model (a new Piper
+        sentence steps ~1,300 nodes, each reading these from the proto several times); nodes of
+        If branches (protos made per trace) are read every time."""
+        key = id(node)
+        hit = self._facts.get(key)
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        op_type = node.op_type
+        inputs, outputs = tuple(node.input), tuple(node.output)
+        if op_type in lw.HOST_STEPS:
+            how = HOST
+        elif op_type in NO_FOLD or op_type == "If":
+            how = LOWERED
+        else:
+            how = FOLDABLE
+        facts = (op_type, inputs, outputs, how, op_type in lw.WIDE_OK, (op_type, inputs, outputs))
+        if key in self._node_ids:
+            self._facts[key] = (node, facts)
+        return facts
+
+    def live_at(self, pos: int) -> tuple[str, ...]:
+        """The values a checkpoint at node `pos` keeps: the call's inputs and the outputs of the
+        nodes before it that a node at `pos` or later reads (not the file's initializers), in
+        walk order. Once per position (a checkpoint walked the whole environment, ~2,000 values
+        on Piper, at each of a sentence's ~11 segment closes). Values of If branches are not
+        among them: a resumed trace steps the If again."""
+        hit = self._live.get(pos)
+        if hit is None:
+            nodes, last_use = self.walk_plan()
+            init = self.model.initializers
+            names = list(self.model.input_names) + [o for node in nodes[:pos] for o in node.output if o]
+            hit = self._live[pos] = tuple(n for n in dict.fromkeys(names)
+                                          if n not in init and last_use.get(n, -1) >= pos)
+        return hit
+
     def walk_plan(self) -> tuple[list[Any], dict[str, int]]:
         """The nodes in order and the last node reading each value (the model's outputs: past the
         end): the same for every call, so computed once."""
@@ -525,12 +571,12 @@ class Tracer:
         pos = self.position
         if self._depth or not 0 <= pos < len(self.nodes) or not self.rec.valid:
             return None
-        init = self.model.initializers
-        last_use = self.last_use
+        env = self.env
         values = []
         held = 0  # bytes of computed constants the checkpoint would keep alive (the file's are shared)
-        for name, v in self.env.items():
-            if last_use.get(name, -1) < pos or name in init:
+        for name in self.runner.live_at(pos):
+            v = env.get(name)
+            if v is None:
                 continue
             src = self.rec.known_source(v)
             if src is None:
@@ -657,52 +703,52 @@ class Tracer:
     def step(self, node: Any, label: str) -> None:
         """Fold, lower or host-run one node and bind its outputs (also for the nodes of an If branch)."""
         lw = self.lowering
-        HOST_STEPS, LOWERINGS, WIDE_OK = lw.HOST_STEPS, lw.LOWERINGS, lw.WIDE_OK
-        attributes, fold = lw.attributes, lw.fold
-
-        ins = [self.env[n] if n else None for n in node.input]
+        op_type, inputs, outputs, how, wide_ok, fold_key = self.runner.node_facts(node, lw)
+        env = self.env
+        ins = [env[n] if n else None for n in inputs]
         try:
-            if node.op_type not in WIDE_OK and any(v is not None and is_wide(v.shape) and not v.is_const for v in ins) \
-                    and not _same_shape_elementwise(node.op_type, ins):
+            if not wide_ok and any(v is not None and len(v.shape) > MAX_RANK and v.const is None for v in ins) \
+                    and not _same_shape_elementwise(op_type, ins):
                 wide = next(v for v in ins if v is not None and is_wide(v.shape))
                 raise OnnxError(f"input {wide.name!r} has rank {len(wide.shape)}; Flare tensors have rank <= 4 "
                                 f"and only reshape-like ops and Expand take wider values")
-            if node.op_type not in NO_FOLD and node.op_type not in HOST_STEPS and node.op_type != "If" \
-                    and all(v is None or (v.const is not None and not v.runtime) for v in ins):
-                outs = self._fold_cached(node, ins, fold)
+            if how == FOLDABLE and all(v is None or (v.const is not None and not v.runtime) for v in ins):
+                outs = self._fold_cached(node, ins, lw.fold, fold_key)
                 self.runner.stats["folded"] += 1
-            elif node.op_type in HOST_STEPS:
-                outs = HOST_STEPS[node.op_type](self, node, ins)
-                self.rec.host_step(node, HOST_STEPS[node.op_type], ins, outs)
+            elif how == HOST:
+                host = lw.HOST_STEPS[op_type]
+                outs = host(self, node, ins)
+                self.rec.host_step(node, host, ins, outs)
             else:
-                fn = LOWERINGS.get(node.op_type)
+                fn = lw.LOWERINGS.get(op_type)
                 if fn is None or node.domain not in DEFAULT_DOMAINS:
-                    raise UnsupportedOpError(f"unsupported ONNX op {node.op_type}")
-                outs = fn(self, node, ins, self.runner.attributes(node, attributes))
+                    raise UnsupportedOpError(f"unsupported ONNX op {op_type}")
+                outs = fn(self, node, ins, self.runner.attributes(node, lw.attributes))
         except OnnxError as exc:
-            raise type(exc)(f"{self.model.path}: node {label!r} ({node.op_type}): {exc}") from None
+            raise type(exc)(f"{self.model.path}: node {label!r} ({op_type}): {exc}") from None
         except Exception as exc:
             from flare.core.errors import FlareError
             if isinstance(exc, FlareError):
-                raise OnnxError(f"{self.model.path}: node {label!r} ({node.op_type}): {exc}") from None
+                raise OnnxError(f"{self.model.path}: node {label!r} ({op_type}): {exc}") from None
             raise
-        if len(outs) < len([o for o in node.output if o]):
-            raise OnnxError(f"{self.model.path}: node {label!r} ({node.op_type}): produced {len(outs)} outputs, "
-                            f"the node names {len(node.output)}")
-        for name, v in zip(node.output, outs):
+        if len(outs) < sum(1 for o in outputs if o):
+            raise OnnxError(f"{self.model.path}: node {label!r} ({op_type}): produced {len(outs)} outputs, "
+                            f"the node names {len(outputs)}")
+        last_use, live, position = self.last_use, self.live_tensors, self.position
+        for name, v in zip(outputs, outs):
             if not name or v is None:
                 continue
             v.name = name
-            self.env[name] = v
-            self.last_use.setdefault(name, self.position)  # a branch's inner values live while its If runs
+            env[name] = v
+            last_use.setdefault(name, position)  # a branch's inner values live while its If runs
             if v.tensor is not None:
-                self.live_tensors[name] = v
+                live[name] = v
 
-    def _fold_cached(self, node: Any, ins: list, fold: Any) -> list[Val]:
-        """Fold a node; one whose inputs all come from the file is folded once per runner."""
+    def _fold_cached(self, node: Any, ins: list, fold: Any, key: tuple) -> list[Val]:
+        """Fold a node; one whose inputs all come from the file is folded once per runner.
+        `key`: (op type, input names, output names) (names are unique (SSA), proto ids are not)."""
         fixed = all(v is None or v.fixed for v in ins)
         cache = self.runner._folded
-        key = (node.op_type, tuple(node.input), tuple(node.output))  # names are unique (SSA), proto ids are not
         if fixed and key in cache:
             return [Val("", v.shape, v.dtype, const=v.const, fixed=True) for v in cache[key]]
         by_value = None if fixed else _small_values_key(key, ins)

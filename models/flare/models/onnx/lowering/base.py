@@ -190,6 +190,9 @@ def _full(tr, value, dtype) -> Any:
 
 
 def _bshape(*vals: Val) -> tuple[int, ...]:
+    first = vals[0].shape
+    if all(v.shape == first for v in vals[1:]):  # the common case, without NumPy's general rule
+        return tuple(first)
     try:
         return tuple(np.broadcast_shapes(*[v.shape for v in vals]))
     except ValueError:
