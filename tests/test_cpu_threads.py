@@ -25,6 +25,7 @@ from flare.backends.cpu import native
 from flare.core.ledger import LEDGER
 from flare.core.session import Session
 from flare.plugins.testing.conformance.quant_cases import quant_blocks
+from flare.plugins.testing.references import lstm_f64
 from flare.plugins.testing.threads import run_threads
 
 needs_native = pytest.mark.skipif(native.load() is None, reason=f"native executor unavailable: {native.REASON}")
@@ -153,20 +154,6 @@ def test_a_split_reflect_pad_is_numpys():
         pg.release()
 
 
-def _lstm_ref(x, w, h, c):
-    """docs/ops.md `lstm`, step by step in float64."""
-    H = w.shape[1]
-    h, c = h.astype(np.float64), c.astype(np.float64)
-    out = np.zeros(x.shape[:2] + (2 * H,))
-    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
-    for t in range(x.shape[0]):
-        z = x[t].astype(np.float64) + h @ w.astype(np.float64).T
-        c = sig(z[:, H:2 * H]) * c + sig(z[:, :H]) * np.tanh(z[:, 2 * H:3 * H])
-        h = sig(z[:, 3 * H:]) * np.tanh(c)
-        out[t] = np.concatenate([h, c], axis=1)
-    return out
-
-
 @pytest.mark.parametrize("hidden", [64, 100])
 def test_lstm_steps_split_by_hidden_units(hidden):
     """The LSTM's one phase per step (each chunk: its units' four gate columns, then their cells;
@@ -193,7 +180,7 @@ def test_lstm_steps_split_by_hidden_units(hidden):
                 assert sum(sp["split_commands"] for sp in splits) == 2
             got[threads] = {k: v.copy() for k, v in pg.execute("full", x=x, h0=h0, c0=c0, w_in=w).items()}
             pg.release()
-    want = _lstm_ref(x, w, h0, c0)
+    want = lstm_f64(x, w, h0, c0)
     for name in ("packed", "wdot"):
         np.testing.assert_allclose(got[1][name], want, rtol=1e-5, atol=1e-5, err_msg=name)
         for threads in (2, 3):

@@ -179,18 +179,23 @@ def test_the_fold_memo_keeps_small_outputs_within_its_byte_bound(tmp_path, monke
         runner.release()
 
 
+def _ramp2_model(tmp_path):
+    """`_ramp_model` whose ramp is read after its NonZero too (Gather by idx, added to z): ramp2."""
+    f = TensorProto.FLOAT
+    base, _ = _ramp_model(tmp_path)
+    nodes = list(base.graph.node) + [helper.make_node("Gather", ["ramp", "idx"], ["rz"], axis=0),
+                                     helper.make_node("Add", ["z", "rz"], ["w"])]
+    return _save(tmp_path, "ramp2", nodes, list(base.graph.input),
+                 [helper.make_tensor_value_info("w", f, ["K"])], list(base.graph.initializer))
+
+
 @pytest.mark.parametrize("limit, resumed", [(1 << 20, 1), (8, 0)])
 def test_a_checkpoint_keeps_computed_constants_up_to_a_bound(tmp_path, monkeypatch, limit, resumed):
     """The ramp (a constant computed from x's length) is read after NonZero too, so the NonZero
     checkpoint keeps it; past CHECKPOINT_BYTES the checkpoint is not taken and a replay that
     diverges there traces the call whole. Right either way."""
     monkeypatch.setattr(runner_mod, "CHECKPOINT_BYTES", limit)
-    f = TensorProto.FLOAT
-    base, _ = _ramp_model(tmp_path)
-    nodes = list(base.graph.node) + [helper.make_node("Gather", ["ramp", "idx"], ["rz"], axis=0),
-                                     helper.make_node("Add", ["z", "rz"], ["w"])]
-    model, path = _save(tmp_path, "ramp2", nodes, list(base.graph.input),
-                        [helper.make_tensor_value_info("w", f, ["K"])], list(base.graph.initializer))
+    model, path = _ramp2_model(tmp_path)
     ramp = np.arange(6, dtype=np.float32) * 0.5
     keep_odd = np.where(np.arange(6) % 2 == 1, 1.5, 0.0).astype(np.float32) - ramp + 0.25
     keep_first = np.where(np.arange(6) < 2, 1.5, 0.0).astype(np.float32) - ramp + 0.25
@@ -208,12 +213,7 @@ def test_a_checkpoint_keeps_the_values_live_at_its_node(tmp_path):
     """What a checkpoint at NonZero (node 7 of ramp2) keeps: the values made before it that it or a
     later node reads, in walk order (`OnnxRunner.live_at`, computed once per position): not x (last
     read by the Add), not the file's initializers, not what only earlier nodes read."""
-    f = TensorProto.FLOAT
-    base, _ = _ramp_model(tmp_path)
-    nodes = list(base.graph.node) + [helper.make_node("Gather", ["ramp", "idx"], ["rz"], axis=0),
-                                     helper.make_node("Add", ["z", "rz"], ["w"])]
-    model, path = _save(tmp_path, "ramp2", nodes, list(base.graph.input),
-                        [helper.make_tensor_value_info("w", f, ["K"])], list(base.graph.initializer))
+    model, path = _ramp2_model(tmp_path)
     with Session(["cpu"]) as sess:
         runner = OnnxRunner(load_model(path), sess)
         assert [n.op_type for n in runner.walk_plan()[0]].index("NonZero") == 7

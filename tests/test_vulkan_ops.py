@@ -25,6 +25,7 @@ from flare.core.ledger import LEDGER
 
 from flare.backends.vulkan import VulkanBackend
 from flare.backends.vulkan.testing import MEMORY_KINDS, HandBound, memory_kind_device
+from flare.plugins.testing.references import lstm_f64
 
 PROBE = VulkanBackend.probe()
 pytestmark = pytest.mark.skipif(not PROBE.usable, reason=f"Vulkan unusable here: {PROBE.reason}")
@@ -198,27 +199,13 @@ def test_conv1d_taps_four_at_a_time(dev):
     check(got, conv1d_ref(x, w, stride=8, padding=4), ACC)
 
 
-def lstm_ref(x, w, h, c):
-    """docs/ops.md `lstm`, step by step in float64."""
-    H = w.shape[1]
-    h, c = h.astype(np.float64), c.astype(np.float64)
-    out = np.zeros(x.shape[:2] + (2 * H,))
-    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
-    for t in range(x.shape[0]):
-        z = x[t].astype(np.float64) + h @ w.astype(np.float64).T
-        c = sig(z[:, H:2 * H]) * c + sig(z[:, :H]) * np.tanh(z[:, 2 * H:3 * H])
-        h = sig(z[:, 3 * H:]) * np.tanh(c)
-        out[t] = np.concatenate([h, c], axis=1)
-    return out
-
-
 @pytest.mark.parametrize("T,B,H", [(1, 1, 128), (23, 2, 19)])
 def test_lstm(dev, T, B, H):
     x, w = f32(T, B, 4 * H), f32(4 * H, H, lo=-0.3, hi=0.3)
     h0, c0 = f32(B, H, lo=-1, hi=1), f32(B, H, lo=-1, hi=1)
     got = run(dev, lambda b: b.lstm(b.input("x", x.shape), b.weight("w", w), b.input("h0", h0.shape),
                                     b.input("c0", c0.shape)), {"x": x, "h0": h0, "c0": c0})
-    check(got, lstm_ref(x, w, h0, c0), ACC)
+    check(got, lstm_f64(x, w, h0, c0), ACC)
 
 
 # -- rows: norms, softmax, rope -----------------------------------------------------------------------
