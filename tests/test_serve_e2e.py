@@ -126,7 +126,9 @@ def long_server(tmp_path_factory):
 def test_client_disconnect_cancels_its_request(long_server) -> None:
     server = long_server
     before = _cancelled(server.url)
-    body = {"prompt": "a long answer please", "max_tokens": 2000, "temperature": 0, "stream": True}
+    # greedy on this prompt runs to max_tokens (~0.6 s here); "a long answer please" met EOS after 62 tokens
+    # (~60 ms), which a quick server could answer inside the 20 ms client below, leaving nothing to cancel
+    body = {"prompt": "Tell me a story", "max_tokens": 2000, "temperature": 0, "stream": True}
     with httpx.Client(timeout=60) as c, c.stream("POST", f"{server.url}/v1/completions", json=body) as r:
         next(r.iter_lines())                    # the first token arrived; now hang up
     _wait_cancelled(server.url, before + 1)
