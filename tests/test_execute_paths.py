@@ -183,12 +183,6 @@ def test_write_rows_writes_whole_rows_and_refuses_the_rest(backend):
         want[3:5] = strided.reshape(2, 2, 3)
         np.testing.assert_array_equal(g.state("table"), want)
         np.testing.assert_array_equal(g.read_rows("table", 1, 2), want[1:3])
-        out = np.full((2, 6), -1, np.float32)                       # read_rows_into: into the caller's array
-        g.read_rows_into("table", 2, out)
-        np.testing.assert_array_equal(out, want[2:4].reshape(2, 6))
-        for row, arr in ((4, np.ones((2, 6), np.float32)), (0, np.ones(5, np.float32)), (0, np.ones(6, np.float64))):
-            with pytest.raises(InputError, match="does not fit"):
-                g.read_rows_into("table", row, arr)
         host = g.host_rows("table")      # a prefix cache's copies: (rows, bytes per row) in host memory, or None
         if backend.name == "cpu":
             assert host is not None and host.dtype == np.uint8 and host.shape == (5, 24)

@@ -214,18 +214,12 @@ class PreparedGraph:
             dev, binding = state_rows.rows(self.persistent, name, row, rows)
             return self.devices[dev].read(binding)
 
-    def read_rows_into(self, name: str, row: int, out: np.ndarray) -> None:
-        """Copy rows [row, row + len(out)) of a state/cache tensor into the host array `out` (a
-        prefix cache's KV blocks): no new array per call, one slice copy on a CPU device."""
-        with self._callback_guard():
-            state_rows.read_rows_into(self.persistent, self.devices, name, row, out)
-
     def host_rows(self, name: str) -> np.ndarray | None:
         """A state/cache tensor's memory as a (rows, bytes per row) uint8 array where the host
         addresses it (a CPU device), else None. For a caller that copies rows between executes on
         the thread that runs them (a prefix cache storing and loading KV blocks: 60 tensors a
         block on SmolLM2): a slice copy each, with no lock, checks or new view per copy, which
-        `read_rows_into` spends ~30 us on. Valid until `release()`; the caller drops it first."""
+        `read_rows` spends tens of us on. Valid until `release()`; the caller drops it first."""
         with self._guard():
             if name not in self.persistent.states:
                 raise InputError(f"{self.name}: no state or cache tensor {name!r}")

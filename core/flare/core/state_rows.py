@@ -57,26 +57,6 @@ def host_row_bytes(store: PersistentStore, devices: Mapping[str, Device], name: 
     return view.reshape(view.shape[0], -1).view(np.uint8) if view.ndim else None
 
 
-def read_rows_into(store: PersistentStore, devices: Mapping[str, Device], name: str, row: int,
-                   out: np.ndarray) -> None:
-    """Copy rows [row, row + len(out)) of `name` into the host array `out` (its shape: whole rows).
-
-    A prefix cache saves a few rows of every KV tensor per block: on a CPU device this is one
-    slice copy from the cached host view, not a binding, a new array and a copy per tensor."""
-    _, _, t = store.states[name]
-    count, rest = divmod(out.size, math.prod(t.shape[1:]))
-    if rest or row < 0 or row + count > t.shape[0] or out.dtype != to_numpy(t.dtype):
-        raise InputError(f"read_rows_into: {out.shape} {out.dtype} at row {row} does not fit {name!r} "
-                         f"{t.shape} {t.dtype}")
-    cached = _host_rows(store, devices, name)
-    if cached is None:
-        dev, binding = rows(store, name, row, count)
-        tmp = devices[dev].read(binding)
-        out[...] = tmp.reshape(out.shape)
-        return
-    np.copyto(out, cached[0][row: row + count].reshape(out.shape), casting="no")
-
-
 def write_rows(store: PersistentStore, devices: Mapping[str, Device], name: str, row: int, array: np.ndarray) -> None:
     """Write `array` (any shape holding whole rows) into `name` from `row` on.
 
@@ -122,8 +102,8 @@ def byte_row_writer(store: PersistentStore, devices: Mapping[str, Device], name:
         view = cached[0]
         seen, dst = memo[0]
         if seen is not view:
-            dst = np.ascontiguousarray(view).reshape(view.shape[0], -1).view(np.uint8)
-            if not np.shares_memory(dst, view):
+            dst = host_row_bytes(store, devices, name)
+            if dst is None:
                 raise InputError(f"write_rows: {name!r} is not contiguous in host memory")
             memo[0] = (view, dst)
         if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != dst.shape[1] or row < 0 \

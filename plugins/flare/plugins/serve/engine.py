@@ -69,7 +69,7 @@ class StepEngine(Engine):
     # reused). Where the host addresses both the states and the block (a CPU
     # device), storing or loading a block is one slice copy per state between views made once (the
     # states' `host_rows`, the block's parts when it is carved): ~0.1-0.3 ms a SmolLM2 block, where
-    # `read_rows_into` / `write_rows` spent ~2 ms on a lock, checks and new views per state.
+    # `read_rows` / `write_rows` spent ~2 ms on a lock, checks and new views per state.
     def _layout(self, tokens: int) -> dict[str, list[Part]]:
         """Per device: (state, byte offset, shape of `tokens` rows, dtype) of each part of a block
         (computed once per block size: every save and load of a block walks it)."""
