@@ -243,6 +243,12 @@ class PreparedGraph:
         helper. The owner keeps the helper off rows an execute uses and stops it before
         `release()`. Only for tensors on a CPU device (host memory: a write is a copy with no
         queue to order it against); InputError otherwise."""
+        self._check_host_state(name)
+        store, devices = self.persistent, self.devices
+        return lambda row, array: state_rows.write_rows(store, devices, name, row, array)
+
+    def _check_host_state(self, name: str) -> None:
+        """What a lock-free row writer needs: a live graph and a state tensor in host memory."""
         with self._lock:
             self._check_alive()
             if name not in self.persistent.states:
@@ -251,15 +257,13 @@ class PreparedGraph:
             if self.devices[dev].backend != "cpu":
                 raise InputError(f"{self.name}: {name!r} is on {dev}, not in host memory: a lock-free writer "
                                  f"would race the device's queue")
-        store, devices = self.persistent, self.devices
-        return lambda row, array: state_rows.write_rows(store, devices, name, row, array)
 
     def row_byte_writer(self, name: str, like: np.ndarray | None = None) -> Callable[[int, np.ndarray], None]:
         """`row_writer`'s contract, but the rows come as their bytes (uint8 [count, bytes per row]):
         for copying rows stored exactly as the tensor holds them (quantized experts of a mapped
         file) with no per-call conversion (`state_rows.byte_row_writer`). `like`: rows the caller
         will take the bytes of; InputError unless their dtype and row shape are the tensor's."""
-        self.row_writer(name)                 # the same checks: a state tensor in host memory
+        self._check_host_state(name)
         if like is not None:
             t = self.persistent.states[name][2]
             if like.dtype != np.dtype(to_numpy(t.dtype)) or tuple(like.shape[1:]) != tuple(t.shape[1:]):
