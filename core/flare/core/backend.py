@@ -13,7 +13,7 @@ import abc
 import contextlib
 import threading
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -194,6 +194,11 @@ class Device(abc.ABC):
 
     def alloc(self, nbytes: int, tag: str = "") -> Buffer:
         """Allocate through the ledger. Raises AllocationError (never returns a null buffer)."""
+        return self._alloc_through_ledger(nbytes, tag, self._alloc_raw)
+
+    def _alloc_through_ledger(self, nbytes: int, tag: str, raw: Callable[[int], Any]) -> Buffer:
+        """`alloc`'s checks and ledger entry around `raw(nbytes)`: a backend with a second kind of
+        memory for some buffers (the CPU's packed weights in huge pages) passes its own `raw`."""
         if self.closed:
             raise ReleasedError(f"device {self.name} is closed")
         nbytes = int(nbytes)
@@ -202,7 +207,7 @@ class Device(abc.ABC):
         if nbytes > bt.max_size:
             raise AllocationError(self.name, nbytes, free, f"larger than the largest buffer of {bt.name}: {bt.max_size} bytes")
         LEDGER.admit(self.name, nbytes, free)
-        handle = self._alloc_raw(max(nbytes, 1))  # raises AllocationError on device OOM
+        handle = raw(max(nbytes, 1))  # raises AllocationError on device OOM
         return Buffer(self, nbytes, handle, tag)
 
     def adopt(self, array: np.ndarray, tag: str = "") -> Buffer | None:

@@ -91,7 +91,6 @@ class CpuDevice(Device):
         self.threads = threads if threads is not None else physical_cores()
         self.pool = ThreadPool(self.native, self.threads) if self.native is not None else None
         self._views: dict[int, dict[tuple, np.ndarray]] = {}  # id(buffer handle) -> binding key -> view
-        self._huge = threading.local()  # .on: this thread's allocation is a packed weight (below)
         self._slab: tuple[np.ndarray | None, int] = (None, 0)  # packed copies under 2 MiB: slab, bytes cut
         self._slab_lock = threading.Lock()
         self.packs = PackCache(self._alloc_packed)
@@ -124,17 +123,14 @@ class CpuDevice(Device):
         it may take huge pages (`_huge_page_backed`) with no memory beyond its own bytes; other
         buffers (arenas, KV caches) may be touched in part, where a huge page would make 2 MiB
         resident for a few bytes, so they keep small pages."""
-        self._huge.on = True
-        try:
-            return self.alloc(nbytes, tag=tag)
-        finally:
-            self._huge.on = False
+        return self._alloc_through_ledger(nbytes, tag, self._packed_raw)
+
+    def _packed_raw(self, nbytes: int) -> np.ndarray:
+        if nbytes >= HUGE_PAGE:
+            return _huge_page_backed(nbytes, self.name, self.memory)
+        return self._from_pack_slab(nbytes)
 
     def _alloc_raw(self, nbytes: int) -> np.ndarray:
-        if getattr(self._huge, "on", False):
-            if nbytes >= HUGE_PAGE:
-                return _huge_page_backed(nbytes, self.name, self.memory)
-            return self._from_pack_slab(nbytes)
         try:
             # over-allocate by the alignment so the first byte can be aligned
             raw = np.empty(nbytes + ALIGNMENT, np.uint8)
