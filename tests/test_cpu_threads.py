@@ -46,6 +46,10 @@ W = {
     "conv": (RNG.standard_normal((24, 8, 5)) / 4).astype(np.float32),
     "experts": (RNG.standard_normal((4, 48, D)) / 10).astype(np.float32),
     "wide": (RNG.standard_normal((1536, D)) / 10).astype(np.float32),
+    # one-row products split when they read enough weight (MIN_SPLIT_STREAM), not by their flops
+    "mid": (RNG.standard_normal((384, D)) / 10).astype(np.float32),
+    # a decode step's experts: one token's slots, a thread each (mul_mat_id_slots)
+    "experts_wide": (RNG.standard_normal((4, 768, D)) / 10).astype(np.float32),
     # block-quantized weights (native/quant.c): K = 256 so the k-quants fit
     "q4_1": quant_blocks(RNG, "q4_1", 64, 256), "q8_0": quant_blocks(RNG, "q8_0", VOCAB, 256),
     "q4_k": quant_blocks(RNG, "q4_k", 96, 256), "q6_k": quant_blocks(RNG, "q6_k", 4 * 40, 256).reshape(4, 40, 1),
@@ -73,6 +77,7 @@ def block(b, shapes):
     b.output("sum", b.sum(y, axis=-1))
     # one row at a time (decode-like): an M = 1 product (BLAS sgemv split by columns)
     b.output("row", b.matmul(b.slice(h, axis=0, start=0, stop=1), b.weight("wide", W["wide"]), transpose_b=True))
+    b.output("row_mid", b.matmul(b.slice(h, axis=0, start=0, stop=1), b.weight("mid", W["mid"]), transpose_b=True))
     b.output("gram", b.matmul(h, h, transpose_b=True))                      # BLAS sgemm split by rows
     # LSTM (packed W_hh, split by columns and hidden units), conv1d (column blocks: im2col and GEMM each)
     xs = b.input("xs", shapes["xs"])
@@ -80,6 +85,8 @@ def block(b, shapes):
     b.output("conv", b.relu(b.conv1d(b.input("audio", shapes["audio"]), b.weight("conv", W["conv"]), padding=2)))
     sel = b.input("sel", shapes["sel"], "i32")
     b.output("experts", b.mul_mat_id(b.weight("experts", W["experts"]), h, sel))
+    b.output("experts_row", b.mul_mat_id(b.weight("experts_wide", W["experts_wide"]), b.slice(h, axis=0, start=0, stop=1),
+                                         b.slice(sel, axis=0, start=0, stop=1)))
     b.output("big", b.sigmoid(b.input("flat", shapes["flat"])))                # one long row: split by columns
     # reflect pad on outer and inner axes, big enough to split by output rows
     b.output("padded", b.pad(b.input("padin", shapes["padin"]), pads=PADS, mode="reflect"))

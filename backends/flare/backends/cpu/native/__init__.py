@@ -39,6 +39,7 @@ int64_t flare_pool_regions(const flare_pool *pool);
 typedef void (*flare_task)(void *ctx, int64_t begin, int64_t end);
 void flare_pool_for(flare_pool *pool, int64_t n, int64_t grain, flare_task task, void *ctx);
 int64_t flare_split_count(const flare_cmd *cmds, int64_t n, int32_t nth);
+int32_t flare_cmd_mode(const flare_cmd *c, int32_t nth, int64_t *work);
 """
 
 

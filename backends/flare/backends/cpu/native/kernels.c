@@ -1173,7 +1173,25 @@ static int64_t mul_mat_id_used(const flare_cmd *c) {
     return off[E + 1];
 }
 
+/* One token (a decode step): its kk slots' experts are distinct (top-k), so there is nothing to
+ * group; slots [j0, j1) each run one matvec, a thread per slot. The grouping step it skips was a
+ * hand-over of its own between the threads, 12 per moe-lm small decode step. */
+static int mul_mat_id_slots(const flare_cmd *c, int64_t j0, int64_t j1) {
+    if (!g_sgemm) return ERR_NOBLAS;
+    const int64_t E = c->ip[0], N = c->ip[1], K = c->ip[2];
+    const int32_t *ids = (const int32_t *)c->src[2];
+    const float *x = (const float *)c->src[1];
+    for (int64_t j = j0; j < j1; ++j) {
+        const int32_t e = ids[j * c->ss[2][2]];
+        if (e < 0 || e >= E) return ERR_INDEX;
+        gemv(NT, N, K, (const float *)c->src[0] + e * c->ss[0][1], c->ss[0][2], x + j * c->ss[1][2], 1, 0.0f,
+             (float *)c->out + j * N, 1);
+    }
+    return 0;
+}
+
 static int k_mul_mat_id(const flare_cmd *c) {
+    if (c->ne[1] == 1) return mul_mat_id_slots(c, 0, c->ne[2]);
     const int e = mul_mat_id_phase(c, 0, 0, 0);
     return e ? e : mul_mat_id_phase(c, 1, 0, mul_mat_id_used(c));
 }
@@ -1466,6 +1484,10 @@ typedef struct { int mode, axis; int64_t units, grain, work; int nth; } plan_t; 
 #define MIN_SPLIT_ELEMS 16384     /* exp, gelu, tanh... and row kernels: elements */
 #define MIN_SPLIT_FLOPS 131072    /* matmul-like: multiply-adds (~10 us on one core) */
 #define LONG_SERIAL 262144        /* a serial step this big lets the waiting threads sleep at once */
+#define MIN_SPLIT_STREAM 32768    /* a product of at most MATVEC_ROWS rows: b elements (128 KiB of f32) */
+#define MATVEC_ROWS 4             /* ... such a product is bound by reading b (a weight, keys), not by its
+                                   * multiply-adds: moe-lm small's 256 x 256 decode projections (64K
+                                   * multiply-adds, 11 us on one core, 17 a step) ran serial at 2 threads */
 #define MIN_POOL_WORK 2097152     /* a list whose split work is less runs on the caller alone: waking
                                    * the workers and waiting for them to leave costs more (~0.1 ms) */
 
@@ -1522,7 +1544,7 @@ static plan_t plan(const flare_cmd *c, int nth) {
         const int64_t nb = c->ne[0] * c->ne[1], M = c->ip[0], N = c->ip[1], K = c->ip[2];
         const int route = (int)c->ip[7];
         const int64_t flops = nb * M * N * K;
-        if (flops < MIN_SPLIT_FLOPS) return p;
+        if (flops < MIN_SPLIT_FLOPS && !(M <= MATVEC_ROWS && nb * N * K >= MIN_SPLIT_STREAM)) return p;
         p.mode = SPLIT;
         p.work = flops;
         if (nb >= nth && route != R_SWAP) { p.axis = A_BATCH; p.units = nb; return p; }
@@ -1596,6 +1618,7 @@ static int run_range(const flare_cmd *c, const plan_t *p, int64_t b, int64_t e) 
 static int64_t phases(const flare_cmd *c, const plan_t *p) {
     if (p->mode != SPLIT || p->axis != A_WHOLE) return 1;
     if (c->kind == K_LSTM) return 1 + c->ne[1];
+    if (c->kind == K_MUL_MAT_ID && c->ne[1] == 1) return 1;  /* one token: slots, no grouping */
     return c->kind == K_CONV1D ? 3 : 2;
 }
 
@@ -1611,6 +1634,7 @@ static int64_t phase_units(const flare_cmd *c, const plan_t *p, int64_t ph, int6
         return ph == 0 ? c->ne[0] * c->ne[1] * c->ne[2] : c->ne[3];
     }
     *grain = 1;  /* mul_mat_id: phase 0 groups (one chunk), phase 1 shares out the used experts */
+    if (c->ne[1] == 1) return c->ne[2];  /* one token: its slots (mul_mat_id_slots) */
     return ph == 0 ? 0 : mul_mat_id_used(c) > 0 ? mul_mat_id_used(c) : 0;
 }
 
@@ -1638,6 +1662,7 @@ static int run_chunk(const flare_cmd *c, const plan_t *p, int64_t ph, int64_t k,
     if (c->kind == K_CONV1D) return conv1d_phase(c, (int)ph, b, e);
     if (c->kind == K_QMATMUL) return qmatmul_phase(c, (int)ph, b, e);
     if (c->kind == K_MUL_MAT_ID_Q) return mul_mat_id_q_phase(c, (int)ph, b, e);
+    if (c->ne[1] == 1) return mul_mat_id_slots(c, b, e);
     return mul_mat_id_phase(c, 1, b, e);
 }
 
@@ -1814,3 +1839,11 @@ int64_t flare_run_pool(flare_pool *pool, const flare_cmd *cmds, int64_t n, int32
 }
 
 int32_t flare_kind_count(void) { return K_COUNT; }
+
+/* How command c runs on nth threads (bench/native_profile.py): 0 one chunk, 1 one chunk that lets
+ * waiting threads sleep, 2 split; *work gets its planned work (~multiply-adds). */
+int32_t flare_cmd_mode(const flare_cmd *c, int32_t nth, int64_t *work) {
+    const plan_t p = plan(c, nth);
+    *work = p.work;
+    return p.mode;
+}

@@ -157,6 +157,11 @@ def _cases() -> list[Case]:
     cases.append(simple("mul_mat_id_per_slot_f16", "mul_mat_id", ACCUM, lambda b, r, i: b.mul_mat_id(
         b.weight("w", f32(r, 4, 6, 8).astype(np.float16)), _in(b, i, "x", f32(r, 3, 2, 8)),
         _in(b, i, "ids", np.array([[0, 3], [3, 3], [1, 2]], np.int32)))))
+    # one token (a decode step): the CPU runs its slots without grouping them (mul_mat_id_slots)
+    cases.append(simple("mul_mat_id_one_token", "mul_mat_id", ACCUM, lambda b, r, i: b.mul_mat_id(
+        b.weight("w", f32(r, 5, 6, 8)), _in(b, i, "x", f32(r, 1, 8)), _in(b, i, "ids", np.array([[4, 1]], np.int32)))))
+    cases.append(simple("mul_mat_id_one_token_per_slot", "mul_mat_id", ACCUM, lambda b, r, i: b.mul_mat_id(
+        b.weight("w", f32(r, 5, 6, 8)), _in(b, i, "x", f32(r, 1, 3, 8)), _in(b, i, "ids", np.array([[2, 0, 3]], np.int32)))))
     cases.append(simple("set_rows", "set_rows", EXACT, lambda b, r, i: b.set_rows(
         b.state("cache", (8, 4)), _in(b, i, "idx", np.array([6, 1, 3], np.int32)), _in(b, i, "v", f32(r, 3, 4)))))
     cases.append(simple("copy_into", "copy_into", EXACT, lambda b, r, i: b.copy_into(
