@@ -178,6 +178,7 @@ MATMULS = {
     "plain": ((40, 48), (48, 64), False, True),
     # the invariant kernels' tails: idot's k tail (K % 8) and odd rows/columns, ichain's column tail
     "idot_k_tail": ((5, 29), (19, 29), True, False),
+    "idot_row_tails": ((1, 29), (19, 29), True, False),   # M = 1: 8 outputs reduced at once, 3 left over
     "ichain_tails": ((7, 33), (33, 21), False, False),
     "packed_odd": ((13, 29), (37, 29), True, True),
     "packed_row_tail": ((9, 96), (83, 96), True, True),

@@ -462,16 +462,54 @@ INV_INL INV_AVX2 __m256 itail(const float *p, int64_t rem) {
             for (int j = 0; j < nc; ++j) o[(m + r) * ldo + n + j] = ilanes_sum256(s[r][j]);           \
     } while (0)
 
+/* ilanes_sum256 of eight vectors at once, the same additions in the same order (so the same
+ * bits): lanes l and l+4 of each (s[j] | s[j+4] in one register), then (l0+l4)+(l2+l6) and
+ * (l1+l5)+(l3+l7), then their sum (hadd); out[j] is s[j]'s. One output at a time cost a
+ * reduction of ~5 dependent operations per output, more than its multiply-adds when K is a
+ * head's 32 (attention scores at decode: 1025 keys x 8 heads, 36 us a layer on one core). */
+INV_INL INV_AVX2 __m256 ilanes_sum256x8(const __m256 *s) {
+    __m256 t[4];
+    for (int j = 0; j < 4; ++j)
+        t[j] = _mm256_add_ps(_mm256_permute2f128_ps(s[j], s[j + 4], 0x20), _mm256_permute2f128_ps(s[j], s[j + 4], 0x31));
+    const __m256 q01 = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 q23 = _mm256_add_ps(_mm256_shuffle_ps(t[2], t[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm256_shuffle_ps(t[2], t[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm256_hadd_ps(q01, q23);
+}
+
+/* idot at M = 1: one row against 8 weight rows at a time, 8 outputs reduced together */
+INV_AVX2 static void idot_row_avx2(int64_t N, int64_t K, const float *a, const float *w, int64_t ldw, float *o) {
+    const int64_t K8 = K / ILANES * ILANES;
+    for (int64_t n = 0; n < N; n += 8) {
+        const int64_t nc = N - n < 8 ? N - n : 8;
+        const float *wr[8];
+        for (int j = 0; j < 8; ++j) wr[j] = w + (n + (j < nc ? j : 0)) * ldw;
+        __m256 s[8];
+        for (int j = 0; j < 8; ++j) s[j] = _mm256_setzero_ps();
+        for (int64_t k = 0; k < K8; k += ILANES) {
+            const __m256 x = _mm256_loadu_ps(a + k);
+            for (int j = 0; j < 8; ++j) s[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(wr[j] + k), s[j]);
+        }
+        if (K8 < K) {
+            const __m256 x = itail(a + K8, K - K8);
+            for (int j = 0; j < 8; ++j) s[j] = _mm256_fmadd_ps(x, itail(wr[j] + K8, K - K8), s[j]);
+        }
+        const __m256 r = ilanes_sum256x8(s);
+        if (nc == 8) _mm256_storeu_ps(o + n, r);
+        else {
+            float t[8];
+            _mm256_storeu_ps(t, r);
+            for (int64_t j = 0; j < nc; ++j) o[n + j] = t[j];
+        }
+    }
+}
+
 INV_AVX2 static void idot_avx2(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *w,
                                int64_t ldw, float *o, int64_t ldo) {
     const int64_t K8 = K / ILANES * ILANES;
-    if (M == 1) {   /* decode: one row against 8 weight rows at a time */
-        for (int64_t n = 0; n < N; n += 8) {
-            const int64_t m = 0, mc = 1, nc = N - n < 8 ? N - n : 8;
-            const float *ar[1] = { a }, *wr[8];
-            for (int j = 0; j < 8; ++j) wr[j] = w + (n + (j < nc ? j : 0)) * ldw;
-            IDOT_TILE(1, 8);
-        }
+    if (M == 1) {   /* decode */
+        idot_row_avx2(N, K, a, w, ldw, o);
         return;
     }
     for (int64_t n = 0; n < N; n += 4) {
@@ -1174,24 +1212,30 @@ static int64_t mul_mat_id_used(const flare_cmd *c) {
 }
 
 /* One token (a decode step): its kk slots' experts are distinct (top-k), so there is nothing to
- * group; slots [j0, j1) each run one matvec, a thread per slot. The grouping step it skips was a
- * hand-over of its own between the threads, 12 per moe-lm small decode step. */
-static int mul_mat_id_slots(const flare_cmd *c, int64_t j0, int64_t j1) {
-    if (!g_sgemm) return ERR_NOBLAS;
-    const int64_t E = c->ip[0], N = c->ip[1], K = c->ip[2];
+ * group (the grouping step was a hand-over of its own between the threads, 12 per moe-lm small
+ * decode step). Units are (slot, block of MMID_ROWS expert rows), so 2 threads share 2 slots'
+ * matvecs in chunks of ~128 KiB of weights rather than one whole expert each (a thread that joins
+ * late still finds work). idot: each output one fixed formula, so any split gives the same bits. */
+#define MMID_ROWS 64
+static int64_t mul_mat_id_slot_units(const flare_cmd *c) { return c->ne[2] * ((c->ip[1] + MMID_ROWS - 1) / MMID_ROWS); }
+
+static int mul_mat_id_slots(const flare_cmd *c, int64_t u0, int64_t u1) {
+    const int64_t E = c->ip[0], N = c->ip[1], K = c->ip[2], blocks = (N + MMID_ROWS - 1) / MMID_ROWS;
     const int32_t *ids = (const int32_t *)c->src[2];
     const float *x = (const float *)c->src[1];
-    for (int64_t j = j0; j < j1; ++j) {
+    if (!g_idot) flare_invariant_isa(-1);
+    for (int64_t u = u0; u < u1; ++u) {
+        const int64_t j = u / blocks, n0 = u % blocks * MMID_ROWS, nn = N - n0 < MMID_ROWS ? N - n0 : MMID_ROWS;
         const int32_t e = ids[j * c->ss[2][2]];
         if (e < 0 || e >= E) return ERR_INDEX;
-        gemv(NT, N, K, (const float *)c->src[0] + e * c->ss[0][1], c->ss[0][2], x + j * c->ss[1][2], 1, 0.0f,
-             (float *)c->out + j * N, 1);
+        g_idot(1, nn, K, x + j * c->ss[1][2], K, (const float *)c->src[0] + e * c->ss[0][1] + n0 * c->ss[0][2],
+               c->ss[0][2], (float *)c->out + j * N + n0, N);
     }
     return 0;
 }
 
 static int k_mul_mat_id(const flare_cmd *c) {
-    if (c->ne[1] == 1) return mul_mat_id_slots(c, 0, c->ne[2]);
+    if (c->ne[1] == 1) return mul_mat_id_slots(c, 0, mul_mat_id_slot_units(c));
     const int e = mul_mat_id_phase(c, 0, 0, 0);
     return e ? e : mul_mat_id_phase(c, 1, 0, mul_mat_id_used(c));
 }
@@ -1634,7 +1678,7 @@ static int64_t phase_units(const flare_cmd *c, const plan_t *p, int64_t ph, int6
         return ph == 0 ? c->ne[0] * c->ne[1] * c->ne[2] : c->ne[3];
     }
     *grain = 1;  /* mul_mat_id: phase 0 groups (one chunk), phase 1 shares out the used experts */
-    if (c->ne[1] == 1) return c->ne[2];  /* one token: its slots (mul_mat_id_slots) */
+    if (c->ne[1] == 1) return mul_mat_id_slot_units(c);  /* one token: (slot, row block)s */
     return ph == 0 ? 0 : mul_mat_id_used(c) > 0 ? mul_mat_id_used(c) : 0;
 }
 
