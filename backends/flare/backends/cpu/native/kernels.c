@@ -1198,9 +1198,10 @@ static int mul_mat_id_phase(const flare_cmd *c, int phase, int64_t u0, int64_t u
         const int64_t e = used[u], first = off[e], cnt = off[e + 1] - off[e];
         const int32_t *rows = order + first;
         const float *w = (const float *)c->src[0] + e * c->ss[0][1];
-        if (cnt == 1) {
+        if (cnt == 1) {  /* a matvec: idot, as a decode step's (mul_mat_id_slots): the same bits, and prefetched */
             const int64_t t = rows[0] / kk, j = rows[0] % kk;
-            gemv(NT, N, K, w, c->ss[0][2], x + t * c->ss[1][1] + j * c->ss[1][2], 1, 0.0f, out + rows[0] * N, 1);
+            if (!g_idot) flare_invariant_isa(-1);
+            g_idot(1, N, K, x + t * c->ss[1][1] + j * c->ss[1][2], K, w, c->ss[0][2], out + rows[0] * N, N);
             continue;
         }
         float *xe = xs + first * K, *ye = ys + first * N;
