@@ -402,3 +402,43 @@ def test_closing_the_session_under_running_lists():
         t.join(timeout=60)
     assert not any(t.is_alive() for t in threads)
     assert outcomes.count("released") == 3 and "ok" in outcomes
+
+
+def one_row_products(b, shapes):
+    """A decode step's shapes: one row against weights of 384 x 96 (144 KiB: split by columns, the
+    product is bound by reading it) and 96 x 96 (36 KiB: one chunk), and one token's experts."""
+    h = b.input("h", shapes["h"])
+    b.output("wide", b.matmul(h, b.weight("mid", W["mid"]), transpose_b=True))
+    b.output("narrow", b.matmul(h, b.weight("wq", W["wq"]), transpose_b=True))
+    b.output("experts", b.mul_mat_id(b.weight("experts_wide", W["experts_wide"]), h, b.input("sel", shapes["sel"], "i32")))
+
+
+def test_one_row_products_split_by_the_bytes_they_read():
+    """kernels.c plan() (flare_cmd_mode, what bench/native_profile.py reports): at 2 threads a one-row
+    product that reads >= 128 KiB of weight splits, a smaller one does not, and one token's
+    mul_mat_id splits by its slots; each output as at one thread, bit for bit."""
+    nat = native.load()
+    from flare.backends.cpu.split import CommandList
+
+    rng = np.random.default_rng(11)
+    feed = {"h": rng.standard_normal((1, D)).astype(np.float32), "sel": np.array([[3, 1]], np.int32)}
+    shapes = {"h": (1, D), "sel": (1, 2)}
+    outs = {}
+    for threads in (1, 2):
+        with _session(threads) as sess:
+            pg = sess.prepare({"full": one_row_products}, {"full": shapes})
+            outs[threads] = {k: v.copy() for k, v in pg.execute("full", **feed).items()}
+            lists = [s for p in pg.current_plan("full").programs for s in getattr(p, "_steps", [])
+                     if isinstance(s, CommandList)]
+            work = nat.ffi.new("int64_t *")
+            modes = {cl._names[i]: int(nat.lib.flare_cmd_mode(cl._arr + i, 2, work))
+                     for cl in lists for i in range(cl._n)}
+            pg.release()
+    by_kind = {name.split("/")[-1].rsplit("_", 1)[0]: m for name, m in modes.items()}
+    assert sorted(m for n, m in modes.items() if "matmul" in n) == [0, 2], modes   # narrow serial, wide split
+    assert by_kind.get("mul_mat_id") == 2, modes
+    for name in outs[1]:
+        np.testing.assert_array_equal(outs[2][name], outs[1][name], err_msg=name)
+    want = feed["h"] @ W["mid"].T
+    np.testing.assert_allclose(outs[1]["wide"], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outs[1]["experts"][0, 1], W["experts_wide"][1] @ feed["h"][0], rtol=1e-5, atol=1e-5)
