@@ -1553,10 +1553,15 @@ typedef struct { int mode, axis; int64_t units, grain, work; int nth; } plan_t; 
  * (consecutive tiles share a panel pair, which stays in cache) and a row block is a multiple of 8
  * rows, so every output is still the same FMA chain: the same bits at any thread count. */
 #define TILE_ROWS_MIN 64
+/* ~16 tiles a thread (it was 8): a step's tail is a tile, and a thread slowed by another process
+ * (the shared machine) or a late wake-up leaves at most a tile to the other; MiniLM batch 32's
+ * N = 384 products: 3 row blocks of 152 rows x 12 panel pairs, each tile still ~0.1-0.5 ms, so
+ * claiming one costs nothing measurable. */
+#define TILES_PER_THREAD 16
 static int64_t packed_row_blocks(int64_t M, int64_t N, int nth) {
     const int64_t cols = (N + 2 * PANEL - 1) / (2 * PANEL);
-    if (nth < 2 || cols >= 8 * nth || M < 2 * TILE_ROWS_MIN) return 1;
-    int64_t rb = (8 * nth + cols - 1) / cols;                    /* enough tiles for ~8 chunks a thread */
+    if (nth < 2 || cols >= TILES_PER_THREAD * nth || M < 2 * TILE_ROWS_MIN) return 1;
+    int64_t rb = (TILES_PER_THREAD * nth + cols - 1) / cols;     /* enough tiles for ~16 chunks a thread */
     const int64_t most = M / TILE_ROWS_MIN;
     return rb < most ? rb : most;
 }
@@ -1767,6 +1772,10 @@ static int64_t claim_chunk(walk_t *w, int64_t s, int64_t *chunks) {
  * (its N = 1152 ones 4,5,4,5,...: 20 for 18); with a chunk per grain they split 6 + 6. Boundaries
  * are still multiples of the grain: the same results on any thread count. */
 #define MATMUL_CHUNK_WORK 65536
+/* ... and a step with more than 16 chunks a thread of 256K multiply-adds takes up to 32 a thread
+ * (MiniLM batch 32's N = 1536 products: 48 chunks of one panel pair, ~0.3 ms each, where 24 of two
+ * left a tail of up to 0.6 ms per step to a thread the OS delayed); a batch-1 step keeps its count. */
+#define BIG_CHUNK_WORK 262144
 
 static int64_t matmul_chunks(int64_t units, int64_t grain, int64_t work, int nth) {
     if (units <= 0) return 1;
@@ -1774,6 +1783,8 @@ static int64_t matmul_chunks(int64_t units, int64_t grain, int64_t work, int nth
     int64_t want = work / MATMUL_CHUNK_WORK;
     if (want < 4 * nth) want = 4 * nth;
     if (want > 16 * nth) want = 16 * nth;
+    const int64_t big = work / BIG_CHUNK_WORK;  /* big steps: up to 32 chunks a thread of >= ~15 us */
+    if (big > want) want = big < 32 * nth ? big : 32 * nth;
     if (want > 0x7FFF) want = 0x7FFF;  /* the chunk count's 16 bits in walk_t.claim */
     if (grains <= want) return grains;
     const int64_t per = (grains + want - 1) / want;  /* equal chunks (48 grains: 24 of 2, not 32 of 1-2) */
