@@ -100,6 +100,8 @@ def _cases() -> list[Case]:
     cases.append(simple("softmax", "softmax", ACCUM, lambda b, r, i: b.softmax(_in(b, i, "x", f32(r, 2, 3, 17)), scale=0.5)))
     cases.append(simple("softmax_mask", "softmax", ACCUM, lambda b, r, i: b.softmax(
         _in(b, i, "x", f32(r, 2, 4, 6)), _in(b, i, "m", np.where(r.random((1, 4, 6)) < 0.3, -1e9, 0.0).astype(np.float32)))))
+    # rows shorter than 16 (the CPU's 8-lane path), one lane past a vector of 8
+    cases.append(simple("softmax_short_rows", "softmax", ACCUM, lambda b, r, i: b.softmax(_in(b, i, "x", f32(r, 5, 9)), scale=0.7)))
     cases.append(simple("get_rows", "get_rows", EXACT, lambda b, r, i: b.get_rows(
         b.weight("table", f32(r, 10, 8)), _in(b, i, "idx", r.integers(0, 10, (2, 5)).astype(np.int32)))))
     cases.append(simple("get_rows_f16", "get_rows", EXACT, lambda b, r, i: b.get_rows(
