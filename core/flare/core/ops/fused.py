@@ -119,9 +119,6 @@ register(OpDef("attention", (3, 4), _attention_infer, _attention_ref,
                defaults={"scale": 1.0, "has_mask": False},
                doc="softmax(q k^T * scale + mask) v per head, the scores never leaving cache", fused=True))
 
-FUSED_OPS = tuple(name for name, op in OPS.items() if op.fused)
-__all__ = ["ACTIVATIONS", "FUSED_OPS"]
-
 
 def _leaky_relu_infer(node, srcs, params):
     need_dtype(node, "leaky_relu", srcs[0], ("f32",))
@@ -137,3 +134,8 @@ def _leaky_relu_ref(x, p):
 
 register(OpDef("leaky_relu", (1, 1), _leaky_relu_infer, _leaky_relu_ref, required=("alpha",),
                doc="alpha*x + (1 - alpha)*relu(x), i.e. x > 0 ? x : alpha*x (fused LeakyRelu)", fused=True))
+
+
+FUSED_OPS = tuple(name for name, op in OPS.items() if op.fused)
+__all__ = ["ACTIVATIONS", "FUSED_OPS"]
+
