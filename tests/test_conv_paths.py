@@ -253,3 +253,29 @@ def test_conv1d_tiled_kernel_and_im2col_path(case):
         np.testing.assert_allclose(got, want, **TOL)
     if (1, 2) in results:  # each output is one FMA chain in (ci, k) order, whichever thread ran it
         np.testing.assert_array_equal(results[1, 2], results[1, 1])
+
+
+@pytest.mark.parametrize("h,k,stride,dilation,pads", [
+    (1, (1, 3), (1, 1), (1, 1), ((0, 0), (1, 1))),     # Piper's duration predictor (dilations 1/3/9)
+    (1, (1, 3), (1, 1), (1, 9), ((0, 0), (9, 9))),
+    (1, (1, 3), (1, 2), (1, 3), ((0, 0), (0, 7))),     # strided, padding on one side only
+    (6, (3, 2), (2, 1), (2, 3), ((2, 1), (4, 0))),     # 2-D windows
+    (1, (1, 5), (1, 1), (1, 4), ((0, 0), (20, 20))),   # taps wholly outside x for some outputs
+])
+def test_depthwise_conv2d_numpy_kernel(h, k, stride, dilation, pads):
+    """Depthwise conv2d (one channel per group) in the CPU's NumPy kernel: a multiply-add per tap
+    over the outputs whose tap lands inside x (no padded copy), against the float64 reference.
+    The conformance suite has one such case; these cover strides, 2-D windows, wide padding."""
+    from flare.backends.cpu import kernels_spatial  # noqa: F401  (registers conv2d)
+    from flare.backends.cpu.kernels import KERNELS
+    from flare.core.ops.spatial import conv2d_ref, out_size
+
+    rng = np.random.default_rng(h * 10 + k[1])
+    x = rng.standard_normal((2, 5, h, 17)).astype(np.float32)
+    w = rng.standard_normal((5, 1, *k)).astype(np.float32)
+    bias = rng.standard_normal(5).astype(np.float32)
+    p = dict(pads=[list(pads[0]), list(pads[1])], strides=list(stride), dilations=list(dilation), groups=5)
+    shape = (2, 5, out_size(h, k[0], stride[0], dilation[0], *pads[0]), out_size(17, k[1], stride[1], dilation[1], *pads[1]))
+    got = np.full(shape, np.nan, np.float32)
+    KERNELS["conv2d"](got, [x, w, bias], p)
+    np.testing.assert_allclose(got, conv2d_ref([x, w, bias], p), **TOL)
