@@ -40,7 +40,7 @@ static int conv1d_takes_tiled(const flare_cmd *c);  /* the tiled kernel (below) 
 static int64_t ctile_units(const flare_cmd *c);
 static int64_t conv1d_units(const flare_cmd *c, int phase, int64_t *grain) {
     const int64_t B = c->ne[1], Lo = c->ne[3], ck = c->ip[3] * c->ip[4];
-    if (c->ip[6]) {
+    if (c->ip[6] && !conv1d_takes_tiled(c)) {
         const int64_t rows = B * Lo;
         *grain = phase == 1 ? (rows <= 16 ? 4 : 16) : 1;
         return phase == 0 ? rows : phase == 1 ? (rows <= 16 ? c->ne[2] : rows) : B * c->ne[2];
@@ -181,6 +181,7 @@ static int conv1d_direct(const flare_cmd *c) { return c->ip[7] != 0; }
 #define CT_UNIT_COLS (4 * CT_COLS)
 #define CT_UNIT_CO 64
 #define CT_KMAX 32
+#define CT_ROWS_MIN 32
 #define CT_WINDOW 4096
 
 typedef void (*ctile_block_t)(const flare_cmd *c, int64_t b, int64_t la, int64_t lb, int64_t c0, int64_t c1);
@@ -312,7 +313,10 @@ int32_t flare_conv1d_isa(int32_t want) {
 
 static int conv1d_takes_tiled(const flare_cmd *c) {
     if (!g_ctile_chosen) flare_conv1d_isa(-1);
-    return g_ctile && !c->ip[6] && c->ip[0] == 1 && c->ss[0][3] == 1 && c->ip[4] <= CT_KMAX;
+    /* the row layout's outputs (Lout <= 64) from CT_ROWS_MIN columns on, unless its weight is packed:
+     * Piper's encoder (Lout 48, 192 -> 768 channels) ran ~5x slower as one 48-row product */
+    return g_ctile && (!c->ip[6] || (c->ne[3] >= CT_ROWS_MIN && !(c->flags & 2))) && c->ip[0] == 1 &&
+           c->ss[0][3] == 1 && c->ip[4] <= CT_KMAX;
 }
 
 static int64_t ctile_units(const flare_cmd *c) {
@@ -325,16 +329,18 @@ static void ctile_phase(const flare_cmd *c, int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
         const int64_t b = u / (ncol * nco), j = u % (ncol * nco) / nco, q = u % nco;
         const int64_t la = j * CT_UNIT_COLS, c0 = q * CT_UNIT_CO;
-        g_ctile(c, b, la, la + CT_UNIT_COLS < Lo ? la + CT_UNIT_COLS : Lo, c0, c0 + CT_UNIT_CO < Co ? c0 + CT_UNIT_CO : Co);
+        const int64_t lb = la + CT_UNIT_COLS < Lo ? la + CT_UNIT_COLS : Lo, c1 = c0 + CT_UNIT_CO < Co ? c0 + CT_UNIT_CO : Co;
+        g_ctile(c, b, la, lb, c0, c1);
     }
 }
 
 /* Phase 1, units [r0, r1) = slots (above): each of a slot's blocks (b, j) gets its im2col rows
  * into the slot's part of the scratch, then its product. */
 static int conv1d_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
-    if (c->ip[6]) return conv1d_rows_phase(c, phase, r0, r1);
+    const int tiled = conv1d_takes_tiled(c);
+    if (c->ip[6] && !tiled) return conv1d_rows_phase(c, phase, r0, r1);
     if (phase != 1) return 0;
-    if (conv1d_takes_tiled(c)) { ctile_phase(c, r0, r1); return 0; }
+    if (tiled) { ctile_phase(c, r0, r1); return 0; }
     const int64_t B = c->ne[1], Co = c->ne[2], Lo = c->ne[3];
     const int64_t s = c->ip[0], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
     const int64_t ck = Ci * K, n = conv1d_cols(ck, Lo), nb = (Lo + n - 1) / n, slots = conv1d_slots(B * nb);
