@@ -201,3 +201,84 @@ def test_strided_conv_transpose_1d_equals_onnx(tmp_path, monkeypatch, k, stride,
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, **TOL)
     assert ops.count("conv2d") == 1 and "pad" not in ops  # one convolution, no zero upsampling
+
+
+TILED_CASES = [  # (cin, cout, k, padding, dilation, length, bias): conv1d.h's tiled kernel's corners
+    (32, 32, 7, 9, 3, 5000, True),     # Piper's resblock: padded, dilated, many units
+    (5, 7, 3, 1, 1, 333, False),       # channels not a multiple of the 4-row tile; a partial last tile
+    (200, 9, 3, 1, 1, 130, True),      # input channels in several chunks (the x window), partial tiles
+    (3, 6, 5, 40, 1, 70, True),        # padding wider than a whole tile: taps wholly outside x
+    (4, 5, 11, 2, 5, 130, False),      # reach (50) past both ends of one partial tile (84 columns)
+    (6, 4, 1, 0, 1, 1000, True),       # pointwise
+    (2, 3, 40, 20, 1, 300, True),      # more taps than the mask table (CT_KMAX): im2col + GEMM
+    (24, 40, 3, 1, 1, 48, True),       # Lout 48: the row layout's size, tiled from CT_ROWS_MIN columns
+]
+
+
+@needs_native
+@pytest.mark.parametrize("case", TILED_CASES, ids=lambda c: "x".join(map(str, c[:6])) + ("b" if c[6] else ""))
+def test_conv1d_tiled_kernel_and_im2col_path(case):
+    """Stride-1 convolutions past the row layout (and its outputs of 32-64 columns): the tiled
+    AVX-512 kernel (register tiles read x's rows in place, masked loads where taps leave x) and
+    the im2col + GEMM (or row layout) path it replaces where the CPU has AVX-512
+    (flare_conv1d_isa), both against the float64 reference, with a bias (conv2d over H = 1, as
+    imported graphs run Conv1d); 2 threads give 1 thread's bits."""
+    cin, cout, k, padding, dilation, length, with_bias = case
+    rng = np.random.default_rng(cin * 1000 + k)
+    x = rng.standard_normal((2, cin, 1, length)).astype(np.float32)
+    w = (rng.standard_normal((cout, cin, 1, k)) / np.sqrt(cin * k)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    params = dict(strides=[1, 1], dilations=[1, dilation], pads=[[0, 0], [padding, padding]])
+    srcs = [x, w, bias] if with_bias else [x, w]
+    want = OPS["conv2d"].reference(srcs, {**OPS["conv2d"].defaults, **params})
+    lib = native.load().lib
+    results = {}
+    try:
+        for isa, threads in ((0, 1), (1, 1), (1, 2)):
+            if lib.flare_conv1d_isa(isa) != isa:
+                continue
+
+            def entry(b, shapes):
+                args = [b.input("x", x.shape), b.weight("w", w)] + ([b.weight("b", bias)] if with_bias else [])
+                b.output("y", b.op("conv2d", *args, **params))
+
+            with Session(["cpu"], config={"cpu": {"threads": threads}}) as sess:
+                pg = sess.prepare({"full": entry}, {"full": {"x": x.shape}})
+                results[isa, threads] = pg.execute("full", x=x)["y"].copy()
+                assert not [n for p in pg.current_plan("full").programs if p is not None
+                            for n in p.describe().get("numpy_nodes", [])], "ran on NumPy instead of C"
+                pg.release()
+    finally:
+        lib.flare_conv1d_isa(-1)
+    assert results and want.shape[3] >= 32
+    for got in results.values():
+        np.testing.assert_allclose(got, want, **TOL)
+    if (1, 2) in results:  # each output is one FMA chain in (ci, k) order, whichever thread ran it
+        np.testing.assert_array_equal(results[1, 2], results[1, 1])
+
+
+@pytest.mark.parametrize("h,k,stride,dilation,pads", [
+    (1, (1, 3), (1, 1), (1, 1), ((0, 0), (1, 1))),     # Piper's duration predictor (dilations 1/3/9)
+    (1, (1, 3), (1, 1), (1, 9), ((0, 0), (9, 9))),
+    (1, (1, 3), (1, 2), (1, 3), ((0, 0), (0, 7))),     # strided, padding on one side only
+    (6, (3, 2), (2, 1), (2, 3), ((2, 1), (4, 0))),     # 2-D windows
+    (1, (1, 5), (1, 1), (1, 4), ((0, 0), (20, 20))),   # taps wholly outside x for some outputs
+])
+def test_depthwise_conv2d_numpy_kernel(h, k, stride, dilation, pads):
+    """Depthwise conv2d (one channel per group) in the CPU's NumPy kernel: a multiply-add per tap
+    over the outputs whose tap lands inside x (no padded copy), against the float64 reference.
+    The conformance suite has one such case; these cover strides, 2-D windows, wide padding."""
+    from flare.backends.cpu import kernels_spatial  # noqa: F401  (registers conv2d)
+    from flare.backends.cpu.kernels import KERNELS
+    from flare.core.ops.spatial import conv2d_ref, out_size
+
+    rng = np.random.default_rng(h * 10 + k[1])
+    x = rng.standard_normal((2, 5, h, 17)).astype(np.float32)
+    w = rng.standard_normal((5, 1, *k)).astype(np.float32)
+    bias = rng.standard_normal(5).astype(np.float32)
+    p = dict(pads=[list(pads[0]), list(pads[1])], strides=list(stride), dilations=list(dilation), groups=5)
+    shape = (2, 5, out_size(h, k[0], stride[0], dilation[0], *pads[0]),
+             out_size(17, k[1], stride[1], dilation[1], *pads[1]))
+    got = np.full(shape, np.nan, np.float32)
+    KERNELS["conv2d"](got, [x, w, bias], p)
+    np.testing.assert_allclose(got, conv2d_ref([x, w, bias], p), **TOL)

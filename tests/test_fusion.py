@@ -156,3 +156,46 @@ def test_random_attention_chains_fuse_to_their_reference(batch, length, lk, d, d
     got, want, fusions = _run(build, inputs)
     assert fusions == []
     np.testing.assert_allclose(got, want, **TOL)
+
+
+def _leaky_graph(alpha: float, beta: float, read_elsewhere: str | None):
+    """scale(x, alpha) + scale(relu(x), beta), the ONNX importer's LeakyRelu when beta = 1 - alpha;
+    `read_elsewhere` names a step that a second output also reads (so it must stay)."""
+    b = GraphBuilder()
+    x = b.input("x", (3, 50))
+    r = b.relu(x)
+    pos, neg = b.scale(r, scale=beta), b.scale(x, scale=alpha)
+    b.output("y", b.add(neg, pos))
+    if read_elsewhere:
+        b.output("z", b.neg({"relu": r, "pos": pos, "neg": neg}[read_elsewhere]))
+    return b.build()
+
+
+@needs_native
+@pytest.mark.parametrize("alpha", [0.1, 0.01, 0.2])
+def test_leaky_relu_chain_fuses_to_its_reference(alpha):
+    """The importer's LeakyRelu (four ops) becomes one leaky_relu node on the native CPU executor,
+    x > 0 ? x : alpha*x, within the conformance suite's ARITH tolerance of the unfused graph (a
+    positive x comes back exact where the chain rounds alpha*x + (1 - alpha)*x)."""
+    x = np.random.default_rng(7).uniform(-3, 3, (3, 50)).astype(np.float32)
+
+    def build(b, shapes=None):
+        t = b.input("x", x.shape)
+        b.output("y", b.add(b.scale(t, scale=alpha), b.scale(b.relu(t), scale=1.0 - alpha)))
+
+    got, want, fusions = _run(build, {"x": x})
+    assert len(fusions) == 1 and fusions[0].startswith("leaky_relu")
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    graph = _leaky_graph(alpha, 1.0 - alpha, None)
+    [f] = fuse(graph, lambda n, chain: True)
+    assert [n.op for n in graph.nodes] == ["leaky_relu"] and graph.nodes[0].params == {"alpha": alpha}
+    assert len(f.replaced) == 4
+
+
+@pytest.mark.parametrize("alpha,beta,shared", [(0.1, 0.8, None), (0.1, 0.9, "relu"), (0.1, 0.9, "pos"),
+                                               (0.1, 0.9, "neg")])
+def test_leaky_relu_lookalikes_are_not_fused(alpha, beta, shared):
+    """Slopes that do not sum to 1 (not a LeakyRelu), or a step read elsewhere, keep the chain."""
+    graph = _leaky_graph(alpha, beta, shared)
+    assert fuse(graph, lambda n, chain: True) == []
+    assert "leaky_relu" not in [n.op for n in graph.nodes]

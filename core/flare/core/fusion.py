@@ -19,6 +19,8 @@ Chains:
   the output's shape (residual)]: `linear`, when at least one step follows the matmul.
 - layer_norm | rms_norm -> mul by a row of the last axis -> [add such a row]: `norm_affine`.
 - matmul(q, k, transpose_b) -> softmax(scale[, mask]) -> matmul(., v): `attention`.
+- relu(x) -> scale(1 - alpha) -> add(scale(x, alpha), .): `leaky_relu` (the ONNX
+  importer's LeakyRelu); the scale of x, read by that add alone, leaves too.
 """
 from __future__ import annotations
 
@@ -127,6 +129,29 @@ def _attention(scores: Tensor, chains: _Chains) -> tuple[list[Tensor], list[Tens
     return [scores, soft, ctx], srcs, {"scale": soft.params["scale"], "has_mask": len(soft.srcs) == 2}
 
 
+def _scales(t: Tensor) -> float | None:
+    """The factor of a bias-free scale node, else None."""
+    if t.op != "scale" or float(t.params.get("bias", 0.0)) != 0.0:
+        return None
+    return float(t.params["scale"])
+
+
+def _leaky_relu(relu: Tensor, chains: _Chains) -> tuple[list[Tensor], list[Tensor], dict] | None:
+    x = relu.srcs[0]
+    pos = chains.sole_reader(relu)
+    if pos is None or _scales(pos) is None:
+        return None
+    add = chains.sole_reader(pos)
+    if add is None or add.op != "add":
+        return None
+    neg = _other(add, pos)
+    alpha = _scales(neg)
+    if alpha is None or neg.srcs[0] is not x or chains.sole_reader(neg) is not add or x.dtype != "f32" \
+            or abs(alpha + _scales(pos) - 1.0) > 1e-6 or tuple(add.shape) != tuple(x.shape):
+        return None
+    return [relu, pos, neg, add], [x], {"alpha": alpha}
+
+
 def _matmul_chain(mm: Tensor, chains: _Chains):
     """A matmul starts an attention chain (q k^T -> softmax -> . v) or a linear one."""
     found = _attention(mm, chains)
@@ -134,7 +159,7 @@ def _matmul_chain(mm: Tensor, chains: _Chains):
 
 
 _PATTERNS = {"matmul": ("linear", _linear), "layer_norm": ("norm_affine", _norm_affine),
-             "rms_norm": ("norm_affine", _norm_affine)}
+             "rms_norm": ("norm_affine", _norm_affine), "relu": ("leaky_relu", _leaky_relu)}
 
 
 def fusion_enabled() -> bool:

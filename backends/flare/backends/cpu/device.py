@@ -33,7 +33,7 @@ ALIGNMENT = 64
 # Fused ops the C executor takes. Not `attention`: a per-head C kernel measured 1.2-2.7x slower
 # than the unfused matmul / softmax / matmul commands (MiniLM b32 heads, moe decode), so the
 # chain stays unfused on the CPU.
-NATIVE_FUSED = ("linear", "norm_affine")
+NATIVE_FUSED = ("linear", "norm_affine", "leaky_relu")
 def _physical_available() -> int:
     try:
         with open("/proc/meminfo") as f:

@@ -160,6 +160,12 @@ def _rope(out, x, p):
     ob += b * cos
 
 
+@kernel("leaky_relu")
+def _leaky_relu(out, x, p):  # the fused chain's NumPy kernel (the device fuses it only when native)
+    np.multiply(x[0], np.float32(p["alpha"]), out=out)
+    np.copyto(out, x[0], where=x[0] > 0)
+
+
 @kernel("conv1d")
 def _conv1d(out, x, p):
     v, w = x

@@ -28,12 +28,15 @@ def _conv2d(out, x, p):
 
 def _conv2d_nobias(out, x, p):
     v, w = x
+    g = p["groups"]
+    if g > 1 and w.shape[1] == 1 and w.shape[0] == g and w.shape[2] * w.shape[3] <= 32:
+        _depthwise(out, v, w, p)
+        return
     (pt, pb), (pl, pr) = p["pads"]
     if pt or pb or pl or pr:
         v = np.pad(v, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
     ho, wo = out.shape[2:]
     win = windows(v, w.shape[2:], p["strides"], p["dilations"], (ho, wo))  # [B, C, Ho, Wo, kh, kw]
-    g = p["groups"]
     cg, og = w.shape[1], w.shape[0] // g
     if g > 4:  # many groups (depthwise): one einsum over all of them, not a tensordot per group
         b = win.shape[0]
@@ -44,6 +47,35 @@ def _conv2d_nobias(out, x, p):
     for i in range(g):
         part = np.tensordot(win[:, i * cg:(i + 1) * cg], w[i * og:(i + 1) * og], axes=([1, 4, 5], [1, 2, 3]))
         out[:, i * og:(i + 1) * og] = np.moveaxis(part, 3, 1)  # [B, Ho, Wo, O] -> [B, O, Ho, Wo]
+
+
+def _taps(n_out: int, n_in: int, step: int, offset: int) -> tuple[int, int]:
+    """Outputs [o0, o1) whose input o*step + offset lies in [0, n_in)."""
+    o0 = max(0, -(offset // step))  # ceil(-offset / step)
+    o1 = min(n_out, (n_in - 1 - offset) // step + 1) if n_in - 1 - offset >= 0 else 0
+    return o0, max(o0, o1)
+
+
+def _depthwise(out, v, w, p):
+    """One input channel per output channel (Piper's duration predictor: 192 channels, K 3,
+    dilations 1/3/9): a multiply-add of a strided view of x per tap, over the outputs whose tap
+    lands inside x (zero padding contributes nothing, so x is not padded). The grouped einsum
+    built the [B, G, 1, Ho, Wo, kh, kw] product per channel and cost ~20x this at those sizes,
+    np.pad as much again."""
+    (pt, _), (pl, _) = p["pads"]
+    (sh, sw), (dh, dw) = p["strides"], p["dilations"]
+    ho, wo = out.shape[2:]
+    h, wd = v.shape[2:]
+    out.fill(0)
+    for i in range(w.shape[2]):
+        h0, h1 = _taps(ho, h, sh, i * dh - pt)
+        for j in range(w.shape[3]):
+            w0, w1 = _taps(wo, wd, sw, j * dw - pl)
+            if h1 <= h0 or w1 <= w0:
+                continue
+            a, b = h0 * sh + i * dh - pt, w0 * sw + j * dw - pl
+            xs = v[:, :, a:a + (h1 - h0 - 1) * sh + 1:sh, b:b + (w1 - w0 - 1) * sw + 1:sw]
+            out[:, :, h0:h1, w0:w1] += xs * w[:, 0, i, j].reshape(1, -1, 1, 1)
 
 
 def _max_pool2d(out, x, p):

@@ -20,7 +20,7 @@ from flare.core.graph import Tensor
 KINDS = ("copy4 copy2 copy8 add sub mul div scale relu sigmoid silu gelu tanh exp sqrt neg sqr matmul "
          "layer_norm rms_norm softmax get_rows rope conv1d pad sum mean max argmax top_k gather mul_mat_id "
          "set_rows cast_f32_i32 cast_i32_f32 cast_f16_f32 linear norm_affine lstm "
-         "qmatmul dequantize get_rows_q mul_mat_id_q").split()
+         "qmatmul dequantize get_rows_q mul_mat_id_q leaky_relu").split()
 K = {name: i for i, name in enumerate(KINDS)}
 ACTIVATIONS = {"none": 0, "gelu": 1, "relu": 2, "sigmoid": 3}
 SMALL_GEMM = 4096      # M*N*K at or below which the plain C loop beats BLAS's dispatch
@@ -117,6 +117,12 @@ def _unary(node, out, srcs):
 @translator("scale")
 def _scale(node, out, srcs):
     return [elementwise("scale", out, srcs, fp=(node.params["scale"], node.params["bias"]))] if _f32(out, *srcs) else None
+
+
+@translator("leaky_relu")
+def _leaky_relu(node, out, srcs):
+    """The fused LeakyRelu chain: one pass, x > 0 ? x : alpha*x."""
+    return [elementwise("leaky_relu", out, srcs, fp=(node.params["alpha"],))] if _f32(out, *srcs) else None
 
 
 _COPY = {2: "copy2", 4: "copy4", 8: "copy8"}

@@ -13,6 +13,9 @@ never sees one: the pass fuses only where every device of the session says
   times gamma, plus beta (rows of the last axis' size).
 - `attention(q, k, v[, mask])`: matmul(q, k, transpose_b) -> softmax(scale,
   mask) -> matmul(., v), one head's scores kept in a row buffer.
+- `leaky_relu(x)`: scale(x, alpha) + scale(relu(x), 1 - alpha), how the ONNX
+  importer writes LeakyRelu with ops every backend has (four memory passes over
+  an audio decoder's longest tensors; fused, one).
 """
 from __future__ import annotations
 
@@ -116,5 +119,23 @@ register(OpDef("attention", (3, 4), _attention_infer, _attention_ref,
                defaults={"scale": 1.0, "has_mask": False},
                doc="softmax(q k^T * scale + mask) v per head, the scores never leaving cache", fused=True))
 
+
+def _leaky_relu_infer(node, srcs, params):
+    need_dtype(node, "leaky_relu", srcs[0], ("f32",))
+    return srcs[0].shape, "f32"
+
+
+def _leaky_relu_ref(x, p):
+    a = p["alpha"]
+    neg = OPS["scale"].reference(x[:1], {"scale": a, "bias": 0.0})
+    pos = OPS["scale"].reference([OPS["relu"].reference(x[:1], {})], {"scale": 1.0 - a, "bias": 0.0})
+    return OPS["add"].reference([neg, pos], {})
+
+
+register(OpDef("leaky_relu", (1, 1), _leaky_relu_infer, _leaky_relu_ref, required=("alpha",),
+               doc="alpha*x + (1 - alpha)*relu(x), i.e. x > 0 ? x : alpha*x (fused LeakyRelu)", fused=True))
+
+
 FUSED_OPS = tuple(name for name, op in OPS.items() if op.fused)
 __all__ = ["ACTIVATIONS", "FUSED_OPS"]
+

@@ -23,6 +23,7 @@ void flare_set_blas(void *sgemm, void *sgemv, int ilp64);
 int64_t flare_run(const flare_cmd *cmds, int64_t n, int32_t *err);
 int32_t flare_kind_count(void);
 int32_t flare_packed_isa(int32_t want);
+int32_t flare_conv1d_isa(int32_t want);
 int32_t flare_invariant_isa(int32_t want);
 int32_t flare_quant_isa(int32_t want);
 int64_t flare_qact_row_bytes(int32_t type, int64_t k);

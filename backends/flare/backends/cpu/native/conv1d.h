@@ -36,15 +36,18 @@ static int64_t conv1d_slots(int64_t blocks) { return blocks < CONV1D_SLOTS ? blo
  * (b, l), ONE product over all B*Lout rows, then a transpose into [B, Cout, Lout]. Column blocks
  * there would be B products of a few columns each. Phases: 0 im2col rows, 1 the product by rows
  * (or, for up to 16 rows, wdot by output channels), 2 the transpose (+ bias) by (b, co) rows. */
+static int conv1d_takes_tiled(const flare_cmd *c);  /* the tiled kernel (below) */
+static int64_t ctile_units(const flare_cmd *c);
 static int64_t conv1d_units(const flare_cmd *c, int phase, int64_t *grain) {
     const int64_t B = c->ne[1], Lo = c->ne[3], ck = c->ip[3] * c->ip[4];
-    if (c->ip[6]) {
+    if (c->ip[6] && !conv1d_takes_tiled(c)) {
         const int64_t rows = B * Lo;
         *grain = phase == 1 ? (rows <= 16 ? 4 : 16) : 1;
         return phase == 0 ? rows : phase == 1 ? (rows <= 16 ? c->ne[2] : rows) : B * c->ne[2];
     }
     const int64_t n = conv1d_cols(ck, Lo);
     *grain = 1;
+    if (phase == 1 && conv1d_takes_tiled(c)) return ctile_units(c);
     return phase == 1 ? conv1d_slots(B * ((Lo + n - 1) / n)) : 0;
 }
 /* The row layout's im2col row for K = 3, dilation 1 (the usual audio encoder conv): the taps'
@@ -158,11 +161,186 @@ HOT static void conv1d_plain(int64_t Co, int64_t n, int64_t ck, const float *w, 
  * pad 0, x's rows of unit stride; the product then reads x in place */
 static int conv1d_direct(const flare_cmd *c) { return c->ip[7] != 0; }
 
+/* ---- the tiled kernel: a direct convolution (AVX-512), no im2col, no GEMM call ---------------
+ * Stride 1, x's rows of unit stride, the column-block layout (ip[6] = 0): out[co, l] = bias[co] +
+ * sum over (ci, k) of w[co, ci*K + k] * x[ci, l + k*dil - pad], as a register tile of CT_MR output
+ * channels x CT_COLS (96) output columns: 24 zmm accumulators; per (ci, k) six loads of x's row
+ * shifted by k*dil (dilation is an offset, nothing copied) and one broadcast of w per channel.
+ * Why: Piper's HiFi-GAN decoder convolves 32-64 channels over 15k-65k samples (K 3-7, dilations
+ * 1-5, padded); im2col + sgemm there copied Cin*K rows per column block and called OpenBLAS on
+ * 32 x 288 x 224 products whose packing cost as much as their FMAs (~22 GFLOP/s of the core's
+ * ~100). Tiles whose taps reach past either end of x (the first and last few) and the last
+ * partial tile read x through AVX-512 masks (masked lanes are not read, so no padded copy and no
+ * scratch): there the taps run outer, each with its lane masks, the channels inner.
+ * Units (phase 1): (b, a block of CT_UNIT_COLS columns, a block of CT_UNIT_CO channels), channel
+ * blocks inner, so one thread's consecutive units reuse the block's x window from cache.
+ * Each output is the same sum in (ci, k) order whatever the units, so threads change no bits. */
+#define CT_MR 4
+#define CT_NV 6
+#define CT_COLS (16 * CT_NV)
+#define CT_UNIT_COLS (4 * CT_COLS)
+#define CT_UNIT_CO 64
+#define CT_KMAX 32
+#define CT_ROWS_MIN 32
+#define CT_WINDOW 4096
+
+typedef void (*ctile_block_t)(const flare_cmd *c, int64_t b, int64_t la, int64_t lb, int64_t c0, int64_t c1);
+static ctile_block_t g_ctile = 0;
+static int g_ctile_chosen = 0;
+int32_t flare_conv1d_isa(int32_t want);
+
+#ifdef PACKED_SIMD
+static inline __mmask16 ct_lanes(int64_t lo, int64_t hi) {  /* lanes t with lo <= t < hi, t in [0, 16) */
+    lo = lo < 0 ? 0 : lo > 16 ? 16 : lo;
+    hi = hi < 0 ? 0 : hi > 16 ? 16 : hi;
+    return hi <= lo ? 0 : (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
+/* o[r, j] (r < MR, j < ncols <= 16*NV; row stride ldo) for output columns l0 + j, over input
+ * channels [0, Ci) of xp0 (x's batch row at position l0 - pad, channel stride xcs) and w (rows
+ * co.., stride ck; ci's taps at ci*K); start: bias (or 0) where `first`, else what o holds (a
+ * later channel chunk). edge: x read through m[k][v], the lanes of tap k inside x (ctile_masks). */
+INL AVX512 void ctile_tile512(const int MR, const int NV, const int edge, int first, int64_t Ci, int64_t K,
+                              int64_t dil, const float *xp0, int64_t xcs, const __mmask16 (*m)[CT_NV],
+                              const float *w, int64_t ck, const float *bias, float *o, int64_t ldo, int64_t ncols) {
+    __m512 acc[CT_MR][CT_NV];
+    const int full = ncols >= 16 * NV;
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+        const __m512 bv = first && bias ? _mm512_set1_ps(bias[r]) : _mm512_setzero_ps();
+#pragma GCC unroll 6
+        for (int v = 0; v < NV; ++v)
+            acc[r][v] = first ? bv : full ? _mm512_loadu_ps(o + r * ldo + 16 * v)
+                                          : _mm512_maskz_loadu_ps(ct_lanes(0, ncols - 16 * v), o + r * ldo + 16 * v);
+    }
+    for (int64_t ci = 0; ci < Ci; ++ci) {
+        const float *xr = xp0 + ci * xcs, *wr = w + ci * K;
+        for (int64_t k = 0; k < K; ++k) {
+            const float *xp = xr + k * dil;
+            __m512 xv[CT_NV];
+#pragma GCC unroll 6
+            for (int v = 0; v < NV; ++v)
+                xv[v] = edge ? _mm512_maskz_loadu_ps(m[k][v], xp + 16 * v) : _mm512_loadu_ps(xp + 16 * v);
+#pragma GCC unroll 4
+            for (int r = 0; r < MR; ++r) {
+                const __m512 wv = _mm512_set1_ps(wr[r * ck + k]);
+#pragma GCC unroll 6
+                for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(wv, xv[v], acc[r][v]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 6
+        for (int v = 0; v < NV; ++v) {
+            if (full) _mm512_storeu_ps(o + r * ldo + 16 * v, acc[r][v]);
+            else _mm512_mask_storeu_ps(o + r * ldo + 16 * v, ct_lanes(0, ncols - 16 * v), acc[r][v]);
+        }
+}
+
+/* m[k][v]: lanes of vector v whose column j (< ncols) reads x at p0 + k*dil + j inside [0, L) */
+static void ctile_masks(__mmask16 (*m)[CT_NV], int64_t K, int64_t dil, int64_t p0, int64_t L, int64_t ncols) {
+    for (int64_t k = 0; k < K; ++k) {
+        const int64_t off = p0 + k * dil, lo = -off, hi = L - off < ncols ? L - off : ncols;
+        for (int v = 0; v < CT_NV; ++v) m[k][v] = ct_lanes(lo - 16 * v, hi - 16 * v);
+    }
+}
+
+#define CT_TILE_NV(MR, NV) do { \
+        if (edge) ctile_tile512(MR, NV, 1, first, nci, K, dil, xp0 + ci0 * xcs, xcs, (const __mmask16 (*)[CT_NV])m, \
+                                w + co * ck + ci0 * K, ck, bias ? bias + co : 0, ob + co * Lo, Lo, ncols); \
+        else ctile_tile512(MR, NV, 0, first, nci, K, dil, xp0 + ci0 * xcs, xcs, 0, w + co * ck + ci0 * K, ck, \
+                           bias ? bias + co : 0, ob + co * Lo, Lo, ncols); \
+    } while (0)
+#define CT_TILE(MR) do { \
+        switch (nv) { \
+        case 6: CT_TILE_NV(MR, 6); break; case 5: CT_TILE_NV(MR, 5); break; case 4: CT_TILE_NV(MR, 4); break; \
+        case 3: CT_TILE_NV(MR, 3); break; case 2: CT_TILE_NV(MR, 2); break; default: CT_TILE_NV(MR, 1); break; \
+        } \
+    } while (0)
+
+/* Taps up to CT_KMAX (the masks' table); longer kernels take im2col + GEMM. Input channels in
+ * chunks whose x window (chunk x (CT_COLS + reach) floats) stays about CT_WINDOW floats (16 KiB,
+ * in L1 while every channel tile of the unit passes over it); each later chunk adds to the sums
+ * already in o, in the same (ci, k) order. */
+
+/* output columns [la, lb) x channels [c0, c1) of batch row b */
+AVX512 static void ctile_block512(const flare_cmd *c, int64_t b, int64_t la, int64_t lb, int64_t c0, int64_t c1) {
+    const int64_t Lo = c->ne[3], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
+    const int64_t ck = Ci * K, xcs = c->ss[0][2], reach = (K - 1) * dil;
+    const float *w = (const float *)c->src[1], *bias = (const float *)c->src[2];
+    const float *xb = (const float *)c->src[0] + b * c->ss[0][1];
+    float *o = (float *)c->out + b * c->ne[2] * Lo;
+    int64_t chunk = CT_WINDOW / (CT_COLS + reach);
+    chunk = chunk < 8 ? 8 : chunk;
+    if (Ci - chunk < chunk / 2) chunk = Ci;   /* no small last chunk */
+    __mmask16 m[CT_KMAX][CT_NV];
+    for (int64_t l0 = la; l0 < lb; l0 += CT_COLS) {
+        const int64_t ncols = lb - l0 < CT_COLS ? lb - l0 : CT_COLS, p0 = l0 - pad, nv = (ncols + 15) / 16;
+        const int edge = p0 < 0 || p0 + 16 * nv + reach > L;   /* a full-width load past x's end */
+        if (edge) ctile_masks(m, K, dil, p0, L, ncols);
+        const float *xp0 = xb + p0;   /* may point before x: edge tiles read it only through masks */
+        float *ob = o + l0;
+        for (int64_t ci0 = 0; ci0 < Ci; ci0 += chunk) {
+            const int64_t nci = Ci - ci0 < chunk ? Ci - ci0 : chunk;
+            const int first = ci0 == 0;
+            int64_t co = c0;
+            for (; co + CT_MR <= c1; co += CT_MR) CT_TILE(4);
+            switch (c1 - co) {
+            case 3: CT_TILE(3); break;
+            case 2: CT_TILE(2); break;
+            case 1: CT_TILE(1); break;
+            default: break;
+            }
+        }
+    }
+}
+#undef CT_TILE
+#undef CT_TILE_NV
+#endif
+
+/* which conv1d path the column-block layout takes: 1 the tiled AVX-512 kernel (stride 1, x rows
+ * of unit stride), 0 im2col + GEMM. `want` < 0 the best the CPU has (tests run both). */
+int32_t flare_conv1d_isa(int32_t want) {
+    g_ctile = 0;
+    g_ctile_chosen = 1;
+#ifdef PACKED_SIMD
+    __builtin_cpu_init();
+    if (want != 0 && __builtin_cpu_supports("avx512f")) { g_ctile = ctile_block512; return 1; }
+#endif
+    return 0;
+}
+
+static int conv1d_takes_tiled(const flare_cmd *c) {
+    if (!g_ctile_chosen) flare_conv1d_isa(-1);
+    /* the row layout's outputs (Lout <= 64) from CT_ROWS_MIN columns on, unless its weight is packed:
+     * Piper's encoder (Lout 48, 192 -> 768 channels) ran ~5x slower as one 48-row product */
+    return g_ctile && (!c->ip[6] || (c->ne[3] >= CT_ROWS_MIN && !(c->flags & 2))) && c->ip[0] == 1 &&
+           c->ss[0][3] == 1 && c->ip[4] <= CT_KMAX;
+}
+
+static int64_t ctile_units(const flare_cmd *c) {
+    return c->ne[1] * ((c->ne[3] + CT_UNIT_COLS - 1) / CT_UNIT_COLS) * ((c->ne[2] + CT_UNIT_CO - 1) / CT_UNIT_CO);
+}
+
+static void ctile_phase(const flare_cmd *c, int64_t u0, int64_t u1) {
+    const int64_t Co = c->ne[2], Lo = c->ne[3];
+    const int64_t nco = (Co + CT_UNIT_CO - 1) / CT_UNIT_CO, ncol = (Lo + CT_UNIT_COLS - 1) / CT_UNIT_COLS;
+    for (int64_t u = u0; u < u1; ++u) {
+        const int64_t b = u / (ncol * nco), j = u % (ncol * nco) / nco, q = u % nco;
+        const int64_t la = j * CT_UNIT_COLS, c0 = q * CT_UNIT_CO;
+        const int64_t lb = la + CT_UNIT_COLS < Lo ? la + CT_UNIT_COLS : Lo, c1 = c0 + CT_UNIT_CO < Co ? c0 + CT_UNIT_CO : Co;
+        g_ctile(c, b, la, lb, c0, c1);
+    }
+}
+
 /* Phase 1, units [r0, r1) = slots (above): each of a slot's blocks (b, j) gets its im2col rows
  * into the slot's part of the scratch, then its product. */
 static int conv1d_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
-    if (c->ip[6]) return conv1d_rows_phase(c, phase, r0, r1);
+    const int tiled = conv1d_takes_tiled(c);
+    if (c->ip[6] && !tiled) return conv1d_rows_phase(c, phase, r0, r1);
     if (phase != 1) return 0;
+    if (tiled) { ctile_phase(c, r0, r1); return 0; }
     const int64_t B = c->ne[1], Co = c->ne[2], Lo = c->ne[3];
     const int64_t s = c->ip[0], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
     const int64_t ck = Ci * K, n = conv1d_cols(ck, Lo), nb = (Lo + n - 1) / n, slots = conv1d_slots(B * nb);

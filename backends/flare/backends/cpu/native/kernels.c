@@ -49,6 +49,7 @@ enum {
     K_LSTM,
     /* block-quantized weights (quant.c) */
     K_QMATMUL, K_DEQUANTIZE, K_GET_ROWS_Q, K_MUL_MAT_ID_Q,
+    K_LEAKY_RELU,  /* fused: x > 0 ? x : fp0 * x (flare.core.ops.fused) */
     K_COUNT
 };
 
@@ -197,6 +198,7 @@ HOT static void NAME(const flare_cmd *c, int64_t ob, int64_t oe, int64_t jb, int
 }
 UNARY(k_scale, x * p0 + p1)
 UNARY(k_relu, x > 0.0f ? x : 0.0f)
+UNARY(k_leaky_relu, x > 0.0f ? x : x * p0)
 UNARY(k_sigmoid, sigmoid_f(x))
 UNARY(k_silu, x / (1.0f + vexp(-x)))
 UNARY(k_gelu, gelu_f(x))
@@ -1481,6 +1483,7 @@ static int run_slice(const flare_cmd *c, int64_t ob, int64_t oe, int64_t jb, int
     case K_DIV: k_div(c, ob, oe, jb, je); return 0;
     case K_SCALE: k_scale(c, ob, oe, jb, je); return 0;
     case K_RELU: k_relu(c, ob, oe, jb, je); return 0;
+    case K_LEAKY_RELU: k_leaky_relu(c, ob, oe, jb, je); return 0;
     case K_SIGMOID: k_sigmoid(c, ob, oe, jb, je); return 0;
     case K_SILU: k_silu(c, ob, oe, jb, je); return 0;
     case K_GELU: k_gelu(c, ob, oe, jb, je); return 0;
@@ -1508,7 +1511,8 @@ static int run_slice(const flare_cmd *c, int64_t ob, int64_t oe, int64_t jb, int
 }
 
 static int is_elementwise(int kind) {
-    return (kind >= K_COPY4 && kind <= K_SQR) || (kind >= K_CAST_F32_I32 && kind <= K_CAST_F16_F32);
+    return (kind >= K_COPY4 && kind <= K_SQR) || (kind >= K_CAST_F32_I32 && kind <= K_CAST_F16_F32) ||
+           kind == K_LEAKY_RELU;
 }
 
 static int run_one(const flare_cmd *c) {

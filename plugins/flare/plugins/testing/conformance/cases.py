@@ -306,13 +306,18 @@ def _fused_cases() -> list[Case]:
         heads = [b.permute(_in(b, i, n, f32(r, 4 if n == "q" else 9, 2, 8)), axes=(1, 0, 2)) for n in ("q", "k", "v")]
         return b.matmul(b.softmax(b.matmul(heads[0], heads[1], transpose_b=True), scale=0.5), heads[2])
 
+    def leaky_relu_chain(b, r, i):  # the ONNX importer's LeakyRelu (alpha 0.1, as HiFi-GAN decoders)
+        x = _in(b, i, "x", f32(r, 3, 8, 37))
+        return b.add(b.scale(x, scale=0.1), b.scale(b.relu(x), scale=0.9))
+
     return [simple("linear_bias_gelu_residual", "linear", ACCUM, linear_chain),
             simple("linear_residual_only", "linear", ACCUM, residual_chain),
             simple("linear_bias_sigmoid", "linear", ACCUM, head_chain),
             simple("norm_affine_layer", "norm_affine", ACCUM, layer_norm_chain),
             simple("norm_affine_rms", "norm_affine", ACCUM, rms_norm_chain),
             simple("attention_mask", "attention", ACCUM, attention_chain),
-            simple("attention_heads_of_views", "attention", ACCUM, attention_of_views)]
+            simple("attention_heads_of_views", "attention", ACCUM, attention_of_views),
+            simple("leaky_relu_chain", "leaky_relu", ARITH, leaky_relu_chain)]
 
 
 FUSED_CASES = _fused_cases()
