@@ -55,13 +55,26 @@ class Dim(int):
         return (Dim, (int(self), self.dim_name))
 
 
+_STRIDES: dict[tuple, tuple[int, ...]] = {}  # shape -> its strides (asked for every tensor made)
+_STRIDES_MAX = 8192
+
+
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    """Row-major element strides of `shape`."""
+    """Row-major element strides of `shape` (remembered per shape: a traced graph makes thousands
+    of tensors of a few hundred shapes; the dict is bounded and safe to share between threads)."""
+    key = shape if type(shape) is tuple else tuple(shape)
+    hit = _STRIDES.get(key)
+    if hit is not None:
+        return hit
     strides, acc = [], 1
-    for dim in reversed(shape):
+    for dim in reversed(key):
         strides.append(acc)
         acc *= max(int(dim), 1)
-    return tuple(reversed(strides))
+    out = tuple(reversed(strides))
+    if len(_STRIDES) >= _STRIDES_MAX:
+        _STRIDES.clear()
+    _STRIDES[key] = out
+    return out
 
 
 @dataclass(eq=False)
@@ -322,11 +335,9 @@ class GraphBuilder:
     # ops ----------------------------------------------------------------
     def op(self, op_name: str, *srcs: Tensor, name: str | None = None, **params: Any) -> Tensor:
         """Append one op node; its rule is checked now, naming the node on failure."""
-        from .ops import OPS
-
-        if op_name not in OPS:
+        opdef = _ops().get(op_name)
+        if opdef is None:
             raise GraphError(f"unknown op {op_name!r}", name or op_name)
-        opdef = OPS[op_name]
         name = name or f"{op_name}_{next(self._counter)}"
         if self._scopes:
             name = "/".join(self._scopes) + "/" + name
@@ -336,10 +347,9 @@ class GraphBuilder:
             if not isinstance(src, Tensor):
                 raise GraphError(f"source of type {type(src).__name__} is not a Tensor", name)
         srcs_list = list(srcs)
-        if opdef.view and op_name == "reshape" and not srcs_list[0].is_contiguous:
+        if op_name == "reshape" and not srcs_list[0].is_contiguous:
             srcs_list[0] = self.op("contiguous", srcs_list[0])
-        params = opdef.with_defaults(name, params)
-        out = opdef.make(name, srcs_list, params, next(self._ids))
+        out = opdef.node(name, srcs_list, params, next(self._ids))  # with_defaults + make, remembered
         self._names.add(name)
         self._tensors.append(out)
         return out
@@ -407,6 +417,19 @@ class GraphBuilder:
             raise GraphError("graph has no outputs")
         graph = Graph(self._tensors, self._outputs, self._dims)
         return graph
+
+
+_OPS: dict | None = None
+
+
+def _ops() -> dict:
+    """The op registry (imported on first use: the ops import this module for its types)."""
+    global _OPS
+    if _OPS is None:
+        from .ops import OPS
+
+        _OPS = OPS
+    return _OPS
 
 
 def integer_shape(shape: Any, where: str) -> tuple[int, ...]:
