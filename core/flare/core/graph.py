@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -434,8 +435,12 @@ def _ops() -> dict:
 
 def integer_shape(shape: Any, where: str) -> tuple[int, ...]:
     """A shape of integers only: 4.5, '4' or True are refused (ShapeError naming `where`), never truncated."""
-    import operator
-
+    if type(shape) is tuple:  # the common case, asked for every leaf a trace declares: plain ints already
+        for d in shape:
+            if type(d) is not int:
+                break
+        else:
+            return shape
     try:
         dims = list(shape)
         if any(isinstance(d, (bool, np.bool_)) for d in dims):
