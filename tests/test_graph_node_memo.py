@@ -62,6 +62,9 @@ def test_typed_params_are_not_confused_by_equal_values():
     b.reshape(x, shape=[6, 4])
     with pytest.raises(GraphError, match="must be a list of 1..4 integers"):
         b.reshape(x, shape=[6.0, 4])
+    b.permute(x, axes=[1, 0])
+    with pytest.raises(GraphError, match="axes=\\[True, False\\] must be a list of integers"):
+        b.permute(x, axes=[True, False])  # [1, 0] == [True, False]
 
 
 def test_refusals_are_never_remembered():

@@ -134,8 +134,26 @@ def _param_key(value: Any) -> Any:
     if kind is float:
         return (_FLOAT, value)
     if kind is list or kind is tuple:
-        return (kind, tuple(_param_key(v) for v in value))
+        out = [kind]
+        for v in value:
+            out.append(v if type(v) is int else _param_key(v))
+        return tuple(out)
     raise _NoKey
+
+
+def _node_key(params: Mapping[str, Any], srcs: Sequence[Any]) -> tuple:
+    """`OpDef.node`'s memo key: parameter names and typed values, then each source's shape, dtype
+    and strides, in one flat tuple (a node is built per call: no nested tuples, no comprehension)."""
+    key: list[Any] = []
+    for k, v in params.items():
+        key.append(k)
+        key.append(v if type(v) is int or type(v) is str else _param_key(v))
+    key.append(len(key))  # where the sources begin
+    for s in srcs:
+        key.append(s.shape)
+        key.append(s.dtype)
+        key.append(s.strides)
+    return tuple(key)
 
 
 @dataclass(frozen=True)
@@ -175,11 +193,10 @@ class OpDef:
         dict read or write, under the GIL; a lost write costs a check)."""
         memo = self._memo  # type: ignore[attr-defined]
         try:
-            key = (tuple([(k, _param_key(v)) for k, v in params.items()]),
-                   tuple([(s.shape, s.dtype, s.strides) for s in srcs]))
-        except (_NoKey, TypeError):
-            key = None
-        hit = memo.get(key) if key is not None else None
+            key = _node_key(params, srcs)
+            hit = memo.get(key)
+        except (_NoKey, TypeError):  # TypeError: an unhashable shape or strides
+            key = hit = None
         if hit is None:
             merged = self.with_defaults(node, params)
             out = self.make(node, srcs, merged, tensor_id)
