@@ -287,7 +287,7 @@ class GraphBuilder:
         Declaring the same weight name again returns the same tensor."""
         if isinstance(data, np.ndarray):
             shape = data.shape if shape is None else shape
-            dtype = from_numpy(data.dtype) if dtype is None else dtype
+            dtype = _dtype_name(data.dtype) if dtype is None else dtype
             if tuple(shape) != data.shape:
                 raise ShapeError(f"weight data has shape {data.shape}, declared {tuple(shape)}", name)
         elif shape is None or dtype is None:
@@ -326,7 +326,7 @@ class GraphBuilder:
         if dtype not in DTYPES:
             raise DTypeError(f"unknown dtype {dtype!r}", name)
         shape = integer_shape(shape, name)
-        if not 1 <= len(shape) <= MAX_RANK or any(d < 0 for d in shape):
+        if not 1 <= len(shape) <= MAX_RANK or min(shape) < 0:
             raise ShapeError(f"shape {shape} must have rank 1..{MAX_RANK} and no negative sizes", name)
         t = Tensor(next(self._ids), name, shape, dtype, role)
         self._names.add(name)
@@ -421,6 +421,14 @@ class GraphBuilder:
 
 
 _OPS: dict | None = None
+_DTYPE_NAMES: dict[np.dtype, str] = {}  # NumPy dtype -> Flare dtype name (from_numpy walks the table)
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = from_numpy(dtype)  # raises for a dtype Flare lacks
+    return name
 
 
 def _ops() -> dict:
