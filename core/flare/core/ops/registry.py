@@ -241,7 +241,7 @@ class OpDef:
                 raise DTypeError(f"{self.name}: input {src.name!r} is block-quantized ({src.dtype}); only "
                                  f"matmul (right operand), get_rows, mul_mat_id and dequantize read such weights", node)
         shape, dtype = self.infer(node, srcs, params)
-        shape = tuple(int(d) for d in shape)
+        shape = tuple(map(int, shape))
         if not 1 <= len(shape) <= 4:
             raise ShapeError(f"{self.name} would produce rank {len(shape)} (1..4 supported)", node)
         return shape, dtype

@@ -678,7 +678,7 @@ class Tracer:
 
     def val(self, tensor: Tensor, shape: tuple[int, ...], dtype: np.dtype, name: str = "") -> Val:
         """Wrap a Flare tensor as the ONNX value of `shape`/`dtype` (reshaping a scalar's (1,) etc.)."""
-        shape = tuple(int(d) for d in shape)
+        shape = tuple(map(int, shape))
         if tuple(tensor.shape) != flare_shape(shape):
             tensor = self.op("reshape", tensor, shape=list(flare_shape(shape)))
         v = Val(name, shape, np.dtype(dtype), tensor=tensor)
