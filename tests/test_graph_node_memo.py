@@ -117,3 +117,33 @@ def test_a_graph_built_twice_computes_the_same():
     want = 3.0 * np.maximum(x, 0).reshape(6, 4).T[:, 1:5]
     np.testing.assert_array_equal(first, want)
     np.testing.assert_array_equal(second, want)
+
+
+def test_builders_on_several_threads_share_the_memo():
+    """The memo is process-wide: threads building at once (and clearing it when full) each get
+    the nodes the full path makes."""
+    import threading
+
+    from flare.core.ops import registry
+
+    def build(out: list, sizes: range) -> None:
+        b = GraphBuilder()
+        x = b.input("x", (4, 64))
+        for stop in sizes:
+            s = b.slice(x, axis=1, start=1, stop=stop)
+            out.append(_fields(b.scale(b.contiguous(s), scale=float(stop))))
+
+    want: list = []
+    build(want, range(2, 64))
+    old = registry.NODE_MEMO_MAX
+    registry.NODE_MEMO_MAX = 16  # clears often while the others read and write
+    try:
+        results = [[] for _ in range(6)]
+        threads = [threading.Thread(target=build, args=(r, range(2, 64))) for r in results]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        registry.NODE_MEMO_MAX = old
+    assert all(r == want for r in results)
