@@ -15,8 +15,8 @@ allocating anything.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 import bisect
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Mapping, NamedTuple
 
 from .errors import AllocationError
