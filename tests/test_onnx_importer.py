@@ -239,6 +239,27 @@ def test_unsupported_op_is_named_with_its_node(tmp_path):
         OnnxRunner(load_model(path), None)
 
 
+def test_a_wide_computed_value_is_refused_where_an_op_cannot_take_it(tmp_path):
+    """Rank-5 values pass same-shape elementwise ops; Softmax of one is refused naming node and value."""
+    shape = [1, 2, 3, 2, 2]
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                           helper.make_node("Add", ["r", "x"], ["s"], name="add"),
+                           helper.make_node("Softmax", ["s"], ["y"], name="the_softmax", axis=-1)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    path = save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "wide.onnx")
+    from flare.core.session import Session
+
+    with Session(["cpu"]) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        try:
+            with pytest.raises(OnnxError, match=r"node 'the_softmax' \(Softmax\): input 's' has rank 5"):
+                # its own generator: RNG's draws are what later tests' inputs are
+                runner.run({"x": np.random.default_rng(5).standard_normal(shape).astype(np.float32)})
+        finally:
+            runner.release()
+
+
 def test_cli_run_writes_outputs_and_describe_reports_segments(tmp_path, capsys):
     path = save(nonzero_model(), tmp_path / "nz.onnx")
     x = np.array([1.0, -2.0, 3.0], np.float32)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -55,13 +56,26 @@ class Dim(int):
         return (Dim, (int(self), self.dim_name))
 
 
+_STRIDES: dict[tuple, tuple[int, ...]] = {}  # shape -> its strides (asked for every tensor made)
+_STRIDES_MAX = 8192
+
+
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    """Row-major element strides of `shape`."""
+    """Row-major element strides of `shape` (remembered per shape: a traced graph makes thousands
+    of tensors of a few hundred shapes; the dict is bounded and safe to share between threads)."""
+    key = shape if type(shape) is tuple else tuple(shape)
+    hit = _STRIDES.get(key)
+    if hit is not None:
+        return hit
     strides, acc = [], 1
-    for dim in reversed(shape):
+    for dim in reversed(key):
         strides.append(acc)
         acc *= max(int(dim), 1)
-    return tuple(reversed(strides))
+    out = tuple(reversed(strides))
+    if len(_STRIDES) >= _STRIDES_MAX:
+        _STRIDES.clear()
+    _STRIDES[key] = out
+    return out
 
 
 @dataclass(eq=False)
@@ -273,7 +287,7 @@ class GraphBuilder:
         Declaring the same weight name again returns the same tensor."""
         if isinstance(data, np.ndarray):
             shape = data.shape if shape is None else shape
-            dtype = from_numpy(data.dtype) if dtype is None else dtype
+            dtype = _dtype_name(data.dtype) if dtype is None else dtype
             if tuple(shape) != data.shape:
                 raise ShapeError(f"weight data has shape {data.shape}, declared {tuple(shape)}", name)
         elif shape is None or dtype is None:
@@ -312,7 +326,7 @@ class GraphBuilder:
         if dtype not in DTYPES:
             raise DTypeError(f"unknown dtype {dtype!r}", name)
         shape = integer_shape(shape, name)
-        if not 1 <= len(shape) <= MAX_RANK or any(d < 0 for d in shape):
+        if not 1 <= len(shape) <= MAX_RANK or min(shape) < 0:
             raise ShapeError(f"shape {shape} must have rank 1..{MAX_RANK} and no negative sizes", name)
         t = Tensor(next(self._ids), name, shape, dtype, role)
         self._names.add(name)
@@ -322,11 +336,9 @@ class GraphBuilder:
     # ops ----------------------------------------------------------------
     def op(self, op_name: str, *srcs: Tensor, name: str | None = None, **params: Any) -> Tensor:
         """Append one op node; its rule is checked now, naming the node on failure."""
-        from .ops import OPS
-
-        if op_name not in OPS:
+        opdef = _ops().get(op_name)
+        if opdef is None:
             raise GraphError(f"unknown op {op_name!r}", name or op_name)
-        opdef = OPS[op_name]
         name = name or f"{op_name}_{next(self._counter)}"
         if self._scopes:
             name = "/".join(self._scopes) + "/" + name
@@ -336,10 +348,9 @@ class GraphBuilder:
             if not isinstance(src, Tensor):
                 raise GraphError(f"source of type {type(src).__name__} is not a Tensor", name)
         srcs_list = list(srcs)
-        if opdef.view and op_name == "reshape" and not srcs_list[0].is_contiguous:
+        if op_name == "reshape" and not srcs_list[0].is_contiguous:
             srcs_list[0] = self.op("contiguous", srcs_list[0])
-        params = opdef.with_defaults(name, params)
-        out = opdef.make(name, srcs_list, params, next(self._ids))
+        out = opdef.node(name, srcs_list, params, next(self._ids))  # with_defaults + make, remembered
         self._names.add(name)
         self._tensors.append(out)
         return out
@@ -409,10 +420,35 @@ class GraphBuilder:
         return graph
 
 
+_OPS: dict | None = None
+_DTYPE_NAMES: dict[np.dtype, str] = {}  # NumPy dtype -> Flare dtype name (from_numpy walks the table)
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = from_numpy(dtype)  # raises for a dtype Flare lacks
+    return name
+
+
+def _ops() -> dict:
+    """The op registry (imported on first use: the ops import this module for its types)."""
+    global _OPS
+    if _OPS is None:
+        from .ops import OPS
+
+        _OPS = OPS
+    return _OPS
+
+
 def integer_shape(shape: Any, where: str) -> tuple[int, ...]:
     """A shape of integers only: 4.5, '4' or True are refused (ShapeError naming `where`), never truncated."""
-    import operator
-
+    if type(shape) is tuple:  # the common case, asked for every leaf a trace declares: plain ints already
+        for d in shape:
+            if type(d) is not int:
+                break
+        else:
+            return shape
     try:
         dims = list(shape)
         if any(isinstance(d, (bool, np.bool_)) for d in dims):

@@ -15,8 +15,9 @@ allocating anything.
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping, NamedTuple
 
 from .errors import AllocationError
 from .ops import OPS
@@ -43,8 +44,10 @@ class Interval:
     inplace_of: int | None = None  # key of a tensor whose block this one may take over
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(NamedTuple):
+    """Where one tensor lives: chunk index, byte offset, bytes. A named tuple (immutable, as the
+    frozen dataclass it was): a new plan makes one per tensor, ~3x cheaper to make."""
+
     chunk: int
     offset: int
     nbytes: int
@@ -72,20 +75,26 @@ class _Chunk:
     free: list[tuple[int, int]] = field(default_factory=list)  # (offset, size), sorted, merged
 
     def take(self, offset: int, size: int) -> None:
-        for i, (o, s) in enumerate(self.free):
-            if o == offset:
-                self.free[i:i + 1] = [] if s == size else [(o + size, s - size)]
-                return
-        raise AssertionError("planner: block not free")
+        free = self.free
+        i = bisect.bisect_left(free, (offset,))
+        if i == len(free) or free[i][0] != offset:
+            raise AssertionError("planner: block not free")
+        s = free[i][1]
+        free[i:i + 1] = [] if s == size else [(offset + size, s - size)]
 
     def give(self, offset: int, size: int) -> None:
-        merged: list[tuple[int, int]] = []
-        for o, s in sorted(self.free + [(offset, size)]):
-            if merged and merged[-1][0] + merged[-1][1] == o:
-                merged[-1] = (merged[-1][0], merged[-1][1] + s)
-            else:
-                merged.append((o, s))
-        self.free = merged
+        """Return a block, merged with the free blocks it touches (the list stays sorted and
+        merged: no two free blocks touch), by bisection rather than a sort per free."""
+        free = self.free
+        i = bisect.bisect_left(free, (offset,))
+        if i > 0 and free[i - 1][0] + free[i - 1][1] == offset:
+            i -= 1
+            offset, size = free[i][0], free[i][1] + size
+            del free[i]
+        if i < len(free) and offset + size == free[i][0]:
+            size += free[i][1]
+            del free[i]
+        free.insert(i, (offset, size))
 
 
 class _Allocator:
@@ -166,23 +175,26 @@ def _plan_greedy_by_size(intervals: list[Interval], alignment: int):
         span = blocks.setdefault(r, [by_key[key].start, by_key[key].end])
         span[0] = min(span[0], by_key[key].start)
         span[1] = max(span[1], by_key[key].end)
-    placed: list[tuple[int, int, int, int]] = []   # (offset, size, start, end)
+    # blocks placed so far, kept in (offset, end) order: those live at the same time as the next
+    # block are then met in the order the gap search walks them (no sort per block)
+    placed: list[tuple[int, int, int, int]] = []   # (offset, offset + size, start, end)
     offset_of: dict[int, int] = {}
+    total = 0
     for r in sorted(blocks, key=lambda r: (-sizes[r], blocks[r][0])):
         start, end = blocks[r]
         size = sizes[r]
-        busy = sorted((o, o + sz) for o, sz, s0, e0 in placed if s0 <= end and start <= e0)
-        best, cursor = None, 0
-        for lo, hi in busy:
+        best_gap, best_at, cursor = -1, 0, 0
+        for lo, hi in [(lo, hi) for lo, hi, s0, e0 in placed if s0 <= end and start <= e0]:
             gap = lo - cursor
-            if gap >= size and (best is None or gap < best[0]):
-                best = (gap, cursor)
-            cursor = max(cursor, hi)
-        offset = best[1] if best is not None else cursor
-        placed.append((offset, size, start, end))
+            if gap >= size and (best_gap < 0 or gap < best_gap):
+                best_gap, best_at = gap, cursor
+            if hi > cursor:
+                cursor = hi
+        offset = best_at if best_gap >= 0 else cursor
+        bisect.insort(placed, (offset, offset + size, start, end))
         offset_of[r] = offset
+        total = max(total, offset + size)
     placements = {key: Placement(0, offset_of[r], by_key[key].nbytes) for key, r in root.items()}
-    total = max((o + sz for o, sz, _, _ in placed), default=0)
     return placements, total, sum(1 for key, r in root.items() if key != r)
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..dtypes import is_quant
 from ..errors import DTypeError, GraphError, ShapeError
+from ..graph import INTERMEDIATE, Tensor, contiguous_strides
 
 # infer(name, srcs, params) -> (shape, dtype)
 InferFn = Callable[[str, Sequence[Any], Mapping[str, Any]], tuple[tuple[int, ...], str]]
@@ -111,6 +112,49 @@ def check_params(op: str, node: str, params: Mapping[str, Any]) -> None:
 
 _KNOWN_PARAMS: dict[str, tuple[Any, frozenset[str]]] = {}  # op name -> (OpDef, its parameter names)
 
+NODE_MEMO_MAX = 4096  # entries per op before its memo starts over (distinct shapes x params seen)
+
+
+class _NoKey(Exception):
+    """A parameter value the node memo does not key (a Dim, a NumPy scalar, a dict): check it in full."""
+
+
+_BOOL, _FLOAT = object(), object()
+
+
+def _param_key(value: Any) -> Any:
+    """A hashable stand-in for a parameter value that equals another's only when both pass or fail
+    the same checks: bools and floats are tagged (True == 1 and 1.0 == 1 in Python, but `keepdims=1`
+    or `axis=1.0` must be refused), lists and tuples are tagged and keyed element by element."""
+    kind = type(value)
+    if kind is int or kind is str or value is None:
+        return value
+    if kind is bool:
+        return (_BOOL, value)
+    if kind is float:
+        return (_FLOAT, value)
+    if kind is list or kind is tuple:
+        out = [kind]
+        for v in value:
+            out.append(v if type(v) is int else _param_key(v))
+        return tuple(out)
+    raise _NoKey
+
+
+def _node_key(params: Mapping[str, Any], srcs: Sequence[Any]) -> tuple:
+    """`OpDef.node`'s memo key: parameter names and typed values, then each source's shape, dtype
+    and strides, in one flat tuple (a node is built per call: no nested tuples, no comprehension)."""
+    key: list[Any] = []
+    for k, v in params.items():
+        key.append(k)
+        key.append(v if type(v) is int or type(v) is str else _param_key(v))
+    key.append(len(key))  # where the sources begin
+    for s in srcs:
+        key.append(s.shape)
+        key.append(s.dtype)
+        key.append(s.strides)
+    return tuple(key)
+
 
 @dataclass(frozen=True)
 class OpDef:
@@ -130,6 +174,47 @@ class OpDef:
     # positions of the sources that may have a block-quantized dtype (flare.core.dtypes.QUANT);
     # every other op refuses them, so no kernel ever sees a block where it expects a number
     quant_srcs: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        # (params key, sources' shape/dtype/strides) -> what `make` derived from them; not a field
+        object.__setattr__(self, "_memo", {})
+
+    def node(self, node: str, srcs: list[Any], params: Mapping[str, Any], tensor_id: int):
+        """`make(node, srcs, with_defaults(node, params), tensor_id)`, remembering what succeeded.
+
+        Why: a traced graph (an ONNX model's new input length) builds thousands of nodes whose
+        op, parameters and source shapes were all seen before; the checks and the shape rule
+        then give the same answer again (~10 us a node). What they read is keyed exactly:
+        the given parameters (typed, `_param_key`) and each source's shape, dtype and strides
+        (a view's layout follows its source's strides; an op writing into its first source
+        also reads that source's role, so those are never remembered). Failures are not
+        remembered: a refused node is checked in full every time and raises as before. The
+        memo is per op, bounded (`NODE_MEMO_MAX`), and safe to share between threads (one
+        dict read or write, under the GIL; a lost write costs a check)."""
+        memo = self._memo  # type: ignore[attr-defined]
+        try:
+            key = _node_key(params, srcs)
+            hit = memo.get(key)
+        except (_NoKey, TypeError):  # TypeError: an unhashable shape or strides
+            key = hit = None
+        if hit is None:
+            merged = self.with_defaults(node, params)
+            out = self.make(node, srcs, merged, tensor_id)
+            if key is not None and not self.writes_src0:
+                if len(memo) >= NODE_MEMO_MAX:
+                    memo.clear()
+                view = (out.shape, out.strides, out.offset - srcs[0].offset) if self.view is not None else None
+                memo[key] = (out.shape, out.dtype, view)
+            return out
+        shape, dtype, view = hit
+        merged = {**self.defaults, **params}
+        if view is None:
+            return Tensor(tensor_id, node, shape, dtype, INTERMEDIATE, self.name, tuple(srcs), merged,
+                          contiguous_strides(shape))
+        vshape, vstrides, voffset = view
+        src = srcs[0]
+        return Tensor(tensor_id, node, vshape, dtype, INTERMEDIATE, self.name, tuple(srcs), merged,
+                      vstrides, src.offset + voffset, src)
 
     def with_defaults(self, node: str, params: Mapping[str, Any]) -> dict[str, Any]:
         hit = _KNOWN_PARAMS.get(self.name)  # (frozen: a side table, not a field) asked per node built
@@ -156,27 +241,22 @@ class OpDef:
                 raise DTypeError(f"{self.name}: input {src.name!r} is block-quantized ({src.dtype}); only "
                                  f"matmul (right operand), get_rows, mul_mat_id and dequantize read such weights", node)
         shape, dtype = self.infer(node, srcs, params)
-        shape = tuple(int(d) for d in shape)
+        shape = tuple(map(int, shape))
         if not 1 <= len(shape) <= 4:
             raise ShapeError(f"{self.name} would produce rank {len(shape)} (1..4 supported)", node)
         return shape, dtype
 
     def make(self, node: str, srcs: list[Any], params: dict[str, Any], tensor_id: int):
         """Create the output tensor of this op (used by the builder and deserializer)."""
-        from ..graph import INTERMEDIATE, Tensor
-
         shape, dtype = self.check(node, srcs, params)
-        out = Tensor(tensor_id, node, shape, dtype, INTERMEDIATE, self.name, tuple(srcs), dict(params))
         if self.view is not None:
             vshape, vstrides, voffset = self.view(node, srcs[0], params)
-            out.shape, out.strides = tuple(vshape), tuple(vstrides)
-            out.offset = srcs[0].offset + voffset
-            out.view_of = srcs[0]
-        elif self.writes_src0:
-            out.view_of = srcs[0]
-            out.offset = srcs[0].offset
-            out.strides = srcs[0].strides
-        return out
+            return Tensor(tensor_id, node, tuple(vshape), dtype, INTERMEDIATE, self.name, tuple(srcs), dict(params),
+                          tuple(vstrides), srcs[0].offset + voffset, srcs[0])
+        if self.writes_src0:
+            return Tensor(tensor_id, node, shape, dtype, INTERMEDIATE, self.name, tuple(srcs), dict(params),
+                          srcs[0].strides, srcs[0].offset, srcs[0])
+        return Tensor(tensor_id, node, shape, dtype, INTERMEDIATE, self.name, tuple(srcs), dict(params))
 
 
 OPS: dict[str, OpDef] = {}

@@ -433,7 +433,7 @@ class OnnxRunner:
     def node_facts(self, node: Any, lw: Any) -> tuple:
         """What `Tracer.step` reads of a node that no call changes: its op type, input and output
         names, how it runs (FOLDABLE when its inputs are constants, HOST, or LOWERED only), whether
-        it takes values of rank > 4, and its fold key. Once per node of the model (a new Piper
+        it takes values of rank > 4, its fold key and how many outputs it names. Once per node of the model (a new Piper
         sentence steps ~1,300 nodes, each reading these from the proto several times); nodes of
         If branches (protos made per trace) are read every time."""
         key = id(node)
@@ -448,7 +448,8 @@ class OnnxRunner:
             how = LOWERED
         else:
             how = FOLDABLE
-        facts = (op_type, inputs, outputs, how, op_type in lw.WIDE_OK, (op_type, inputs, outputs))
+        facts = (op_type, inputs, outputs, how, op_type in lw.WIDE_OK, (op_type, inputs, outputs),
+                 sum(1 for o in outputs if o))
         if key in self._node_ids:
             self._facts[key] = (node, facts)
         return facts
@@ -677,7 +678,7 @@ class Tracer:
 
     def val(self, tensor: Tensor, shape: tuple[int, ...], dtype: np.dtype, name: str = "") -> Val:
         """Wrap a Flare tensor as the ONNX value of `shape`/`dtype` (reshaping a scalar's (1,) etc.)."""
-        shape = tuple(int(d) for d in shape)
+        shape = tuple(map(int, shape))
         if tuple(tensor.shape) != flare_shape(shape):
             tensor = self.op("reshape", tensor, shape=list(flare_shape(shape)))
         v = Val(name, shape, np.dtype(dtype), tensor=tensor)
@@ -703,16 +704,26 @@ class Tracer:
     def step(self, node: Any, label: str) -> None:
         """Fold, lower or host-run one node and bind its outputs (also for the nodes of an If branch)."""
         lw = self.lowering
-        op_type, inputs, outputs, how, wide_ok, fold_key = self.runner.node_facts(node, lw)
+        op_type, inputs, outputs, how, wide_ok, fold_key, named = self.runner.node_facts(node, lw)
         env = self.env
         ins = [env[n] if n else None for n in inputs]
+        folds = how == FOLDABLE
+        for v in ins:  # one pass over the inputs: a wide computed value, and whether all are constants
+            if v is None:
+                continue
+            if v.const is None:
+                folds = False
+                if not wide_ok and len(v.shape) > MAX_RANK:
+                    wide_ok = _same_shape_elementwise(op_type, ins)
+                    if not wide_ok:
+                        wide = next(v for v in ins if v is not None and is_wide(v.shape))
+                        raise OnnxError(f"{self.model.path}: node {label!r} ({op_type}): input {wide.name!r} has "
+                                        f"rank {len(wide.shape)}; Flare tensors have rank <= 4 and only "
+                                        f"reshape-like ops and Expand take wider values")
+            elif v.runtime:
+                folds = False
         try:
-            if not wide_ok and any(v is not None and len(v.shape) > MAX_RANK and v.const is None for v in ins) \
-                    and not _same_shape_elementwise(op_type, ins):
-                wide = next(v for v in ins if v is not None and is_wide(v.shape))
-                raise OnnxError(f"input {wide.name!r} has rank {len(wide.shape)}; Flare tensors have rank <= 4 "
-                                f"and only reshape-like ops and Expand take wider values")
-            if how == FOLDABLE and all(v is None or (v.const is not None and not v.runtime) for v in ins):
+            if folds:
                 outs = self._fold_cached(node, ins, lw.fold, fold_key)
                 self.runner.stats["folded"] += 1
             elif how == HOST:
@@ -731,7 +742,7 @@ class Tracer:
             if isinstance(exc, FlareError):
                 raise OnnxError(f"{self.model.path}: node {label!r} ({op_type}): {exc}") from None
             raise
-        if len(outs) < sum(1 for o in outputs if o):
+        if len(outs) < named:
             raise OnnxError(f"{self.model.path}: node {label!r} ({op_type}): produced {len(outs)} outputs, "
                             f"the node names {len(outputs)}")
         last_use, live, position = self.last_use, self.live_tensors, self.position
