@@ -68,26 +68,27 @@ mostly those copies and the round trips; a guard that skipped the callback in
 the native CPU walk when every selected expert is resident (a slot table as a
 cache tensor the graph gathers from) would remove most of the round trips.
 
-On the moe-lm `mid` bench pair (bench/configs/moe_{resident,offload}.toml: 2 layers,
-64 experts of 393 KB f32, 12 slots per layer; a request is a 48-token prompt in 4-token
-chunks and 16 decode steps, so 27 executes and 54 staging calls) the copies are what
-is left. Per request, thread CPU, p10 of alternated runs in one process: resident
-6.6 ms; offload 8.3 ms; offload with the copies skipped (slots pre-filled, outputs
-wrong, a bound only) 6.2 ms, i.e. the round trips and the bookkeeping cost no more
-than the small cache's locality gives back; offload with every expert resident
-(64 slots, all hits) 7.8 ms against resident's 6.8 in another run, ~8 us per host
-node: ~3.8 us the host step (this callback ~3.5) and ~4 us for leaving and
-re-entering the native walk. The copies: ~75 experts (29.5 MB) per request, 52 in
-the prompt's prefill, ~21-28 us each (a single core's copy bandwidth, ~15-18 GB/s;
-non-temporal or prefetching copy loops measured slower than NumPy's). Eviction is
-near its limit on that routing: an offline replay gives LRU 96, this order 75,
-Belady's optimum 62 copies per request; age periods 16-256, weighting decode or
-prefill uses and an exponential decay all land within 74-76, one pool of 24 slots
-shared by both layers at 71. Only a quarter of the staging calls are all hits, so a guard
-that skipped them in the native walk would save ~0.1 ms per request (~1.5%). What
-would move the ratio is not copying: a miss read in place from the mapped source
-by the CPU matmul (a per-slot source pointer; the cache then holds what is reused)
-or a larger cache (a replay: 14 slots 61 copies, 16 slots 51).
+On the moe-lm `mid` bench pair (bench/configs/moe_{resident,offload}.toml: 2 layers, 64
+experts of 393 KB f32, 12 slots per layer; a request is a 48-token prompt in 4-token
+chunks and 16 decode steps, so 27 executes and 54 staging calls) the copies are what is
+left. Per request, thread CPU, p10 of alternated runs in one process: resident 6.6 ms;
+offload 8.3 ms; offload with the copies skipped (slots pre-filled, outputs wrong, a
+bound only) 6.2 ms, i.e. the round trips and the bookkeeping cost no more than the small
+cache's locality gives back; offload with every expert resident (64 slots, all hits, no
+locality gain) 7.8 ms against resident's 6.8 in another run, ~18 us per staging call
+over a request; timed alone, a decode execute takes ~8 us more per host node: ~3.8 us
+the host step (this callback ~3.5) and ~4 us for leaving and re-entering the native
+walk. The copies: ~75 experts (29.5 MB) per request, 52 in the prompt's prefill, ~21-28
+us each (a single core's copy bandwidth, ~15-18 GB/s; non-temporal or prefetching copy
+loops measured slower than NumPy's). Eviction is near its limit on that routing: an
+offline replay gives LRU 96, this order 75, Belady's optimum 62 copies per request; age
+periods 16-256, weighting decode or prefill uses and an exponential decay all land
+within 74-76, one pool of 24 slots shared by both layers at 71. Only a quarter of the
+staging calls are all hits, so a guard that skipped them in the native walk would save
+~0.1-0.25 ms a request (2-4%), less the copies that use counts it skipped would cost.
+What would move the ratio is not copying: a miss read in place from the mapped source by
+the CPU matmul (a per-slot source pointer; the cache then holds what is reused) or a
+larger cache (a replay: 14 slots 61 copies, 16 slots 51).
 
 Prefetch saves little of that: it avoids ~0.1 (GGUF, hit rate 0.85 ->
 0.89) to ~0.6 (moe-lm `mid` prefill, 0.66 -> 0.78) demand copies per staging
