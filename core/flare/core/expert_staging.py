@@ -88,7 +88,7 @@ staging calls are all hits, so a guard that skipped them in the native walk woul
 ~0.1-0.25 ms a request (2-4%), less the copies that use counts it skipped would cost.
 What would move the ratio is not copying: a miss read in place from the mapped source by
 the CPU matmul (a per-slot source pointer; the cache then holds what is reused) or a
-larger cache (a replay: 14 slots 61 copies, 16 slots 51; 16 slots, 0.27x the resident
+larger cache (a replay: 14 slots 61 copies, 16 slots 51; 16 slots, 0.28x the resident
 device bytes, took 6% less time per request than 12, alternated).
 
 Prefetch saves little of that: it avoids ~0.1 (GGUF, hit rate 0.85 ->
