@@ -369,3 +369,76 @@ def test_models_with_prefetch_leave_no_thread_behind_after_many_loads(tmp_path):
         assert model.stager._helper is not None and model.stager.stats.prefetched > 0
         model.release()
         assert threads() == before and model.stager._helper is None
+
+
+def test_run_writer_copies_every_run_and_refuses_what_does_not_fit(tmp_path):
+    """row_byte_run_writer (a staging call's copies, one call per tensor) writes the bytes of each
+    (first, row, count) run, checks every run against both the cache and the source, and fails
+    once the graph is released instead of writing freed memory."""
+    from flare.core.errors import InputError
+    from flare.models.moe_lm import MoeLM
+    from flare.models.moe_lm import weights as moe_weights
+    from flare.models.moe_lm.config import get_config
+
+    cfg = get_config("tiny")
+    path = moe_weights.ensure(cfg, 0, tmp_path)
+    with MoeLM.load("tiny", experts="offload", weights_path=path) as model:
+        g = model.graph
+        name = "L1.experts.up"
+        src = np.arange(5 * cfg.d_ff * cfg.d_model, dtype=np.float32).reshape(5, cfg.d_ff, cfg.d_model) + 0.5
+        write = g.row_byte_run_writer(name, src)
+        src_bytes = src.reshape(5, -1).view(np.uint8)
+        write([(0, 6, 2), (4, 1, 1)], src_bytes)
+        np.testing.assert_array_equal(g.read_rows(name, 6, 2), src[0:2])
+        np.testing.assert_array_equal(g.read_rows(name, 1, 1), src[4:5])
+        slots = g.state(name).shape[0]
+        before = g.state(name)
+        for runs in ([(0, slots - 1, 2)], [(4, 0, 2)], [(-1, 0, 1)], [(0, -1, 1)]):
+            with pytest.raises(InputError, match="do not fit"):
+                write(runs, src_bytes)
+        with pytest.raises(InputError, match="are not rows of"):
+            write([(0, 0, 1)], src_bytes[:, :-4])
+        np.testing.assert_array_equal(g.state(name), before)      # nothing half-written
+        with pytest.raises(InputError, match="are not"):
+            g.row_byte_run_writer(name, src[:, :, :-1])
+    with pytest.raises(InputError, match="released"):
+        write([(0, 0, 1)], src_bytes)
+
+
+def _reference_victims(cache, count, keep):
+    """The eviction order as first written (a scan of every slot and a full sort per call): the
+    lean path (an empty-slot count, min for one victim) must pick exactly the same slots."""
+    out = [s for s, e in enumerate(cache.expert_in) if e is None][:count]
+    if len(out) < count:
+        order = sorted((e for e in cache.slot_of if e not in keep), key=lambda e: (cache.uses[e], cache.last[e], e))
+        out += [cache.slot_of[e] for e in order[: count - len(out)]]
+    return out
+
+
+def test_lean_victim_choice_equals_the_full_sort_with_prefetch_freeing_slots():
+    """Random steps (1-4 tokens) with prefetch guesses whose unused slots are freed again: before
+    every staging call the victims equal the reference's for every count, and the empty-slot count
+    matches the slots that hold nothing."""
+    st, src, _ = _stager(slots=6, prefetch=2)          # settling may free wrong guesses' slots
+    ctx = ArrayCtx(6)
+    rng = np.random.default_rng(7)
+    for step in range(300):
+        layer = step % LAYERS
+        t = int(rng.integers(1, 4))
+        ids = rng.choice(E, size=(t, 2), replace=False).astype(np.int32) if t * 2 <= E else None
+        st.drain()
+        cache = st._layers[layer]
+        keep = set(ids.ravel().tolist())
+        assert cache.empty == cache.expert_in.count(None)
+        for count in range(1, 4):
+            assert cache.victims(count, keep) == _reference_victims(cache, count, keep)
+        hidden = rng.standard_normal((t, D)).astype(np.float32)
+        st(_node(layer), ids, np.zeros(t, np.int32), hidden, ctx=ctx)
+    st.drain()
+    _check_cache(st, src, ctx)
+    cache = st._layers[0]
+    assert cache.empty == 0 or None in cache.expert_in
+    cache.take(4)                                      # a freed slot is taken before any eviction
+    assert cache.empty == cache.expert_in.count(None) >= 1
+    assert cache.victims(1, set()) == _reference_victims(cache, 1, set()) == [cache.expert_in.index(None)]
+    st.close()

@@ -104,7 +104,8 @@ def test_staging_copies_only_the_routers_choices(tiny_path):
             assert len(resident[layer]) <= model.slots
             copies += len(rec.runs)
         st = model.stager.stats
-        assert st.copies == copies and st.writes == 3 * copies
+        # caches in host memory: one write per tensor for all of a staging call's runs
+        assert st.copies == copies and st.writes == 3 * sum(1 for rec in records if rec.runs)
         assert st.bytes_staged == st.experts_staged * CFG.expert_bytes
         print(f"\nstaging: {st.calls} calls, {st.selected} experts selected, {st.experts_staged} staged in "
               f"{st.copies} copies, hit rate {st.hit_rate:.2f}")

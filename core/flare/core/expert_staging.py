@@ -67,6 +67,30 @@ a `count = "decode"` ratio carries the prompt's staging too. What is left is
 mostly those copies and the round trips; a guard that skipped the callback in
 the native CPU walk when every selected expert is resident (a slot table as a
 cache tensor the graph gathers from) would remove most of the round trips.
+
+On the moe-lm `mid` bench pair (bench/configs/moe_{resident,offload}.toml: 2 layers, 64
+experts of 393 KB f32, 12 slots per layer; a request is a 48-token prompt in 4-token
+chunks and 16 decode steps, so 27 executes and 54 staging calls) the copies are what is
+left. Per request, thread CPU, p10 of alternated runs in one process: resident 6.6 ms;
+offload 8.3 ms; offload with the copies skipped (slots pre-filled, outputs wrong, a
+bound only) 6.2 ms, i.e. the round trips and the bookkeeping cost no more than the small
+cache's locality gives back; offload with every expert resident (64 slots, all hits, no
+locality gain) 7.8 ms against resident's 6.8 in another run, ~18 us per staging call
+over a request; timed alone, a decode execute takes ~8 us more per host node: ~3.8 us
+the host step (this callback ~3.5) and ~4 us for leaving and re-entering the native
+walk. The copies: ~75 experts (29.5 MB) per request, 52 in the prompt's prefill, ~21-28
+us each (a single core's copy bandwidth, ~15-18 GB/s; non-temporal or prefetching copy
+loops measured slower than NumPy's). Eviction is near its limit on that routing: an
+offline replay gives LRU 96, this order 75, Belady's optimum 62 copies per request; age
+periods 16-256, weighting decode or prefill uses and an exponential decay all land
+within 74-76, one pool of 24 slots shared by both layers at 71. Only a quarter of the
+staging calls are all hits, so a guard that skipped them in the native walk would save
+~0.1-0.25 ms a request (2-4%), less the copies that use counts it skipped would cost.
+What would move the ratio is not copying: a miss read in place from the mapped source by
+the CPU matmul (a per-slot source pointer; the cache then holds what is reused) or a
+larger cache (a replay: 14 slots 61 copies, 16 slots 51; 16 slots, 0.28x the resident
+device bytes, took 6% less time per request than 12, alternated).
+
 Prefetch saves little of that: it avoids ~0.1 (GGUF, hit rate 0.85 ->
 0.89) to ~0.6 (moe-lm `mid` prefill, 0.66 -> 0.78) demand copies per staging
 call, but each job costs the staging thread the hand-over (waking the helper:
@@ -120,8 +144,9 @@ class ExpertCacheError(ModelError):
 @dataclass
 class StagingStats:
     """Counters since the last `reset_stats()`. `experts_staged` counts demand misses (including
-    guessed experts the helper had not copied yet); `copies` (merged runs), `writes` (write_rows
-    calls) and `bytes_staged` include the helper's copies."""
+    guessed experts the helper had not copied yet); `copies` (merged runs), `writes` (writer calls:
+    one per tensor and run, or per tensor and staging call where the caches are in host memory) and
+    `bytes_staged` include the helper's copies."""
 
     calls: int = 0
     selected: int = 0
@@ -132,6 +157,7 @@ class StagingStats:
     bytes_staged: int = 0
     evictions: int = 0
     seconds: float = 0.0                # in staging calls, including their demand copies
+    copy_seconds: float = 0.0           # of which the demand copies (the source's bytes into the slots)
     prefetched: int = 0                 # experts the helper copied ahead of time
     prefetch_hits: int = 0              # selected experts resident only thanks to the helper
     prefetch_seconds: float = 0.0       # the helper's guessing and copying (off the critical path)
@@ -167,6 +193,7 @@ class _LayerCache:
 
     def __init__(self, slots: int, n_experts: int):
         self.expert_in: list[int | None] = [None] * slots
+        self.empty = slots                                # slots holding no expert (none once warm)
         self.slot_of: dict[int, int] = {}
         self.table = np.zeros(n_experts, np.int32)        # expert -> slot (valid where resident)
         self.uses = [0.0] * n_experts
@@ -179,18 +206,23 @@ class _LayerCache:
         old = self.expert_in[slot]
         if old is not None:
             del self.slot_of[old]
-            self.unused_prefetch.discard(old)
+            if self.unused_prefetch:
+                self.unused_prefetch.discard(old)
             self.expert_in[slot] = None
+            self.empty += 1
         return old
 
     def place(self, runs: list[Run]) -> None:
         tick = self.calls + 0.5                           # newer than the last call's uses, older than the next's
+        expert_in, slot_of, table, last = self.expert_in, self.slot_of, self.table, self.last
         for first, slot, count in runs:
             for j in range(count):
-                self.expert_in[slot + j] = first + j
-                self.slot_of[first + j] = slot + j
-                self.table[first + j] = slot + j
-                self.last[first + j] = tick
+                if expert_in[slot + j] is None:
+                    self.empty -= 1
+                expert_in[slot + j] = first + j
+                slot_of[first + j] = slot + j
+                table[first + j] = slot + j
+                last[first + j] = tick
 
     def use(self, needed: list[int]) -> None:
         """Count a step's selections (halving all counts every AGE_EVERY calls); most recent last."""
@@ -205,11 +237,17 @@ class _LayerCache:
     def victims(self, count: int, keep: set[int]) -> list[int]:
         """Up to `count` slots: free ones first, then the least used experts not in `keep`
         (ties: least recently used first)."""
-        out = [s for s, e in enumerate(self.expert_in) if e is None][:count]
-        if len(out) < count:
-            uses, last = self.uses, self.last
-            order = sorted((e for e in self.slot_of if e not in keep), key=lambda e: (uses[e], last[e], e))
-            out += [self.slot_of[e] for e in order[: count - len(out)]]
+        out = [s for s, e in enumerate(self.expert_in) if e is None][:count] if self.empty else []
+        need = count - len(out)
+        if need > 0:
+            uses, last, slot_of = self.uses, self.last, self.slot_of
+            key = lambda e: (uses[e], last[e], e)   # noqa: E731  (unique keys: min is sorted's first)
+            if need == 1:                          # the common miss (a decode step): one pass, no sort
+                rest = [e for e in slot_of if e not in keep]
+                if rest:
+                    out.append(slot_of[min(rest, key=key)])
+            else:
+                out += [slot_of[e] for e in sorted((e for e in slot_of if e not in keep), key=key)[:need]]
         return out
 
 
@@ -269,6 +307,8 @@ class ExpertStager:
         self._job: _PrefetchJob | None = None
         self._writer_ctx: Any = None
         self._writers: list[tuple[tuple[Callable[[int, np.ndarray], None], np.ndarray], ...]] = []
+        # per layer: (runs writer, source bytes) per tensor where the caches are in host memory, else None
+        self._run_writers: list[tuple[tuple[Callable[[list[Run], np.ndarray], None], np.ndarray], ...] | None] = []
         # False: settling waits for the whole job instead of taking unstarted copies back (the
         # counters then do not depend on thread timing: tests use it to check the guesses)
         self.take_back = True
@@ -295,7 +335,7 @@ class ExpertStager:
         """Forget what the caches hold (a new prepared graph starts empty)."""
         self.drain()
         self._layers = self._empty_layers()
-        self._writer_ctx, self._writers = None, []
+        self._writer_ctx, self._writers, self._run_writers = None, [], []
 
     def drain(self) -> None:
         """Settle a pending prefetch (before anything else reads the caches or counters): cancel
@@ -402,13 +442,20 @@ class ExpertStager:
     def _copy(self, layer: int, runs: list[Run], ctx: Any) -> None:
         """Copy `runs` of `layer` from the source into the caches (staging thread, inside the
         execute: the graph's lock is held, so its lock-free row writers are safe here too)."""
+        t0 = time.perf_counter()
         writers = self._layer_writers(layer, ctx)
-        for first, slot, count in runs:
-            for write, src in writers:
-                write(slot, src[first: first + count])
-            self.stats.bytes_staged += self._expert_bytes[layer] * count
+        batched = self._run_writers[layer]
+        if batched is not None:               # one call per tensor for all the runs
+            for write_runs, src in batched:
+                write_runs(runs, src)
+        else:
+            for first, slot, count in runs:
+                for write, src in writers:
+                    write(slot, src[first: first + count])
+        self.stats.bytes_staged += self._expert_bytes[layer] * sum(count for _, _, count in runs)
         self.stats.copies += len(runs)
-        self.stats.writes += len(runs) * len(self._names[layer])
+        self.stats.writes += len(batched) if batched is not None else len(runs) * len(self._names[layer])
+        self.stats.copy_seconds += time.perf_counter() - t0
 
     # -- prefetch -------------------------------------------------------------------
     def prefetch_layer(self, layer: int, hidden: np.ndarray | Callable[[], np.ndarray], ctx: Any) -> None:
@@ -432,20 +479,26 @@ class ExpertStager:
         `ctx.write_rows` fed the source as stored (caches on another device, whose writes
         prefetch never makes; tests and the reference ctx, which have no row writers)."""
         if ctx is not self._writer_ctx:
-            self._writer_ctx, self._writers = ctx, []
+            self._writer_ctx, self._writers, self._run_writers = ctx, [], []
         while len(self._writers) <= layer:
             i = len(self._writers)
             make = getattr(ctx, "row_byte_writer", None)
+            make_runs = getattr(ctx, "row_byte_run_writer", None)
             byte_sources = [_bytes_of(src) for src in self._sources[i]]
+            run_writers = None
             try:
                 if make is None or any(b is None for b in byte_sources):
                     raise InputError("no row_byte_writer")
                 writers = tuple((make(name, like), src) for name, like, src
                                 in zip(self._names[i], self._sources[i], byte_sources))
+                if make_runs is not None:      # demand copies: all of a call's runs per tensor at once
+                    run_writers = tuple((make_runs(name, like), src) for name, like, src
+                                        in zip(self._names[i], self._sources[i], byte_sources))
             except InputError:                # not in host memory: the guarded write
                 writers = tuple(((lambda n: lambda row, a: ctx.write_rows(n, row, a))(name), src)
                                 for name, src in zip(self._names[i], self._sources[i]))
             self._writers.append(writers)
+            self._run_writers.append(run_writers)
         return self._writers[layer]
 
     def _start_prefetch(self, layer: int, hidden: np.ndarray | Callable[[], np.ndarray], ctx: Any,

@@ -263,13 +263,23 @@ class PreparedGraph:
         for copying rows stored exactly as the tensor holds them (quantized experts of a mapped
         file) with no per-call conversion (`state_rows.byte_row_writer`). `like`: rows the caller
         will take the bytes of; InputError unless their dtype and row shape are the tensor's."""
+        self._check_byte_rows(name, like)
+        return state_rows.byte_row_writer(self.persistent, self.devices, name)
+
+    def row_byte_run_writer(self, name: str, like: np.ndarray | None = None) -> Callable[..., None]:
+        """`row_byte_writer` taking several runs per call: `write(runs, source_bytes)` with runs of
+        (first source row, first row, count) (`state_rows.byte_run_writer`): expert staging's
+        copies of one step, one call per tensor."""
+        self._check_byte_rows(name, like)
+        return state_rows.byte_run_writer(self.persistent, self.devices, name)
+
+    def _check_byte_rows(self, name: str, like: np.ndarray | None) -> None:
         self._check_host_state(name)
         if like is not None:
             t = self.persistent.states[name][2]
             if like.dtype != np.dtype(to_numpy(t.dtype)) or tuple(like.shape[1:]) != tuple(t.shape[1:]):
                 raise InputError(f"{self.name}: rows {like.dtype} {like.shape[1:]} are not {name!r}'s "
                                  f"{t.dtype} {t.shape[1:]}")
-        return state_rows.byte_row_writer(self.persistent, self.devices, name)
 
     def __enter__(self) -> "PreparedGraph":
         return self
