@@ -276,67 +276,6 @@ def test_serve_http_reads_a_process_cpu_time() -> None:
     assert process_cpu_seconds(2**22 + 1) is None
 
 
-def test_metrics_report_the_step_loop_threads_cpu_time(core_path) -> None:
-    """`flare_step_loop_cpu_seconds` (what `flare bench`'s serve-http compares between servers): none
-    before the loop runs, then the loop thread's own CPU clock, which grows with the steps it runs."""
-    server = Server(CoreRuntime(load_core(core_path)), name="tiny.core")
-    try:
-        assert server.loop.cpu_seconds() is None
-        assert "flare_step_loop_cpu_seconds" not in server.metrics.text().decode()
-        server.loop.start()
-        before = server.loop.cpu_seconds()
-        events: queue.Queue = queue.Queue()
-        server.loop.submit(Job("a", _ids(BASE), 9, SamplingParams(0.0), (), events.put))
-        while "token" in events.get(timeout=60):
-            pass
-        after = server.loop.cpu_seconds()
-        assert before is not None and after is not None and after > before
-        line = [ln for ln in server.metrics.text().decode().splitlines()
-                if ln.startswith("flare_step_loop_cpu_seconds ")]
-        assert len(line) == 1 and float(line[0].split()[1]) >= after
-    finally:
-        server.close()
-    assert server.loop.cpu_seconds() is None
-
-
-def _resident_pages(raw: np.ndarray) -> tuple[int, int]:
-    """(resident, all) 4 KiB pages wholly inside `raw`, by mincore(2)."""
-    import ctypes
-    import mmap
-
-    page = mmap.PAGESIZE
-    lo = -(-raw.ctypes.data // page) * page
-    hi = (raw.ctypes.data + raw.nbytes) // page * page
-    n = (hi - lo) // page
-    vec = (ctypes.c_ubyte * n)()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-    assert libc.mincore(lo, hi - lo, vec) == 0, ctypes.get_errno()
-    return sum(v & 1 for v in vec), n
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="Linux madvise / mincore")
-def test_a_new_slab_is_faulted_in_when_carved_not_by_its_block_copies() -> None:
-    """block_memory.prefault: a fresh mapping (never touched: no page resident) has every whole
-    page resident after it, before any block is copied in (the copies then take no page faults:
-    what the prefix cache cost at a 0% hit rate over HTTP); the bytes are not changed."""
-    import mmap
-
-    from flare.plugins.serve.block_memory import prefault
-
-    region = mmap.mmap(-1, (4 << 20) + 8192, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    raw = np.frombuffer(region, np.uint8)[100: 100 + (4 << 20)]     # not page-aligned, like a malloc'd slab
-    try:
-        assert _resident_pages(raw)[0] == 0
-        if not prefault(raw):
-            pytest.skip("this kernel refuses MADV_POPULATE_WRITE (Linux < 5.14)")
-        resident, pages = _resident_pages(raw)
-        assert pages > 1000 and resident == pages
-        assert not raw.any()
-    finally:
-        del raw
-
-
 def test_a_full_device_only_stops_caching(core_path, reference, monkeypatch) -> None:
     """Fault injection: the prefix cache's first block allocation fails; the request is still served
     (uncached, same tokens) and nothing leaks. Slabs of one block, so that each new block allocates."""

@@ -9,22 +9,18 @@ buffer per device (one trip through the ledger, tag `prefix-cache`, for up to
 each block's views made when its slab is. Nothing is reserved up front (a cache
 that is never filled costs nothing; an up-front, touched reservation of the
 whole budget was tried and did not pay), and slabs never hold more blocks than
-the cache's budget (`limit`). A new slab's host memory is faulted in when it
-is carved (`prefault`: its whole 2 MiB pages advised as transparent huge pages,
-then the kernel populates the range in one call), not a 4 KiB page at a time
-by the block copies: those faults were what the cache cost at a 0% hit rate over
-HTTP (a server that has not filled its budget stores every block in fresh
-memory). Here, 11 720 KiB blocks copied into a fresh 8 MiB mapping: 4.5-5.0 ms
-of faults and copies in small pages, 1.0-1.1 ms with huge pages faulted by the
-copies, 0.2 ms populate + 0.2 ms copies with both; in `flare serve smollm2` at a
-0% hit rate `store` took 2.2 ms a request in fresh small pages and 0.6 ms with
-a full cache's recycled memory (`gc`-free thread CPU, 33-43 requests). Where
-the kernel refuses the advice (no THP, before Linux 5.14's MADV_POPULATE_WRITE)
-the memory is faulted by the copies as before. A dropped block's memory goes to
-a free list that the next block takes first: a full cache evicts one block to
-store one, with no allocation and no fault (~0.15 ms a block, all of it
-copies). Slabs are released by `close()` only (their blocks are the cache's
-budget, which a serving process keeps).
+the cache's budget (`limit`). Fresh memory still faults in a page at a time on
+its first copy (~0.3-0.45 ms of a 720 KiB SmolLM2 block here; transparent huge
+pages, tried, measured no better). Faulting a new slab in when it is carved was
+tried too: 12 malloc'd 8 MiB slabs, 11 block copies each, thread CPU per slab:
+1.97-2.52 ms faulted by the copies, 2.27-9.48 ms after MADV_POPULATE_WRITE, 17-31
+ms after MADV_HUGEPAGE + MADV_POPULATE_WRITE (three rounds, load ~3.7; a fresh
+2 MiB-aligned mmap of its own looked far better, 0.4 vs 4.7 ms, but a slab is
+`device.alloc`'s memory). A dropped block's memory goes to a free list
+that the next block takes first: a full cache evicts one block to store one,
+with no allocation and no fault (~0.15 ms a block, all of it copies). Slabs are
+released by `close()` only (their blocks are the cache's budget, which a serving
+process keeps).
 
 Only the serving loop's thread uses an arena (like everything of the step engine);
 `nbytes` may be read from any thread (/metrics): a sum over a list that thread
@@ -32,11 +28,7 @@ only appends to or replaces, so a reader sees some recent total.
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import math
-import mmap
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -48,8 +40,6 @@ from flare.core.dtypes import to_numpy
 ALIGN = 256                 # byte alignment of each part (and each block) inside a slab
 SLAB_BYTES = 8 << 20        # most bytes a slab holds (per device): 11 SmolLM2 blocks
 BLOCK_TAG = "prefix-cache"
-HUGE_PAGE = 2 << 20         # x86-64 / arm64 transparent huge page
-MADV_POPULATE_WRITE = 23    # Linux >= 5.14 (Python 3.11's mmap module does not name it)
 
 Part = tuple[str, int, tuple[int, ...], str]          # (state, byte offset in the block, shape of its rows, dtype)
 
@@ -124,8 +114,6 @@ class BlockArena:
                 buf = device.alloc(stride * count, tag=BLOCK_TAG)
                 bufs.append(buf)
                 raw = host_bytes(device, buf)
-                if raw is not None:
-                    prefault(raw)
                 for i, mem in enumerate(blocks):
                     for name, off, rows, dtype in parts:
                         at, host = i * stride + off, src.get(name)
@@ -148,39 +136,3 @@ def host_bytes(device: Any, buf: Buffer) -> np.ndarray | None:
     words = buf.nbytes // 4              # slabs hold whole ALIGN-byte blocks: whole 4-byte words
     view = device.host_view(Binding(buf, 0, (words,), (1,), "f32")) if words else None
     return None if view is None else view.view(np.uint8)
-
-
-def _libc() -> Any:
-    name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
-    if name is None:
-        return None
-    libc = ctypes.CDLL(name, use_errno=True)
-    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    libc.madvise.restype = ctypes.c_int
-    return libc
-
-
-_LIBC = _libc()
-
-
-def _advise(start: int, end: int, advice: int) -> bool:
-    """madvise(2) on [start, end) of this process's memory (page-aligned by the caller); False where
-    the kernel refuses it or there is no libc to ask."""
-    return _LIBC is not None and end > start and _LIBC.madvise(start, end - start, advice) == 0
-
-
-def prefault(raw: np.ndarray) -> bool:
-    """Fault a new slab's host memory in now, in as few faults as the kernel allows: its whole
-    2 MiB pages advised as transparent huge pages (MADV_HUGEPAGE), then the whole range populated
-    for writing (MADV_POPULATE_WRITE), instead of one fault per 4 KiB page inside the first copy
-    of each block (see the module docstring for the figures). Only the buffer's own whole pages
-    are advised: the bytes around it (another allocation's) are never touched. Returns whether the
-    range was populated; False (the copies fault it in, as before) is never an error."""
-    if _LIBC is None or raw.nbytes == 0:
-        return False
-    page = mmap.PAGESIZE
-    lo, hi = raw.ctypes.data, raw.ctypes.data + raw.nbytes
-    huge_lo, huge_hi = -(-lo // HUGE_PAGE) * HUGE_PAGE, hi // HUGE_PAGE * HUGE_PAGE
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        _advise(huge_lo, huge_hi, mmap.MADV_HUGEPAGE)
-    return _advise(-(-lo // page) * page, hi // page * page, MADV_POPULATE_WRITE)
