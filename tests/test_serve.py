@@ -276,6 +276,29 @@ def test_serve_http_reads_a_process_cpu_time() -> None:
     assert process_cpu_seconds(2**22 + 1) is None
 
 
+def test_metrics_report_the_step_loop_threads_cpu_time(core_path) -> None:
+    """`flare_step_loop_cpu_seconds` (what `flare bench`'s serve-http compares between servers): none
+    before the loop runs, then the loop thread's own CPU clock, which grows with the steps it runs."""
+    server = Server(CoreRuntime(load_core(core_path)), name="tiny.core")
+    try:
+        assert server.loop.cpu_seconds() is None
+        assert "flare_step_loop_cpu_seconds" not in server.metrics.text().decode()
+        server.loop.start()
+        before = server.loop.cpu_seconds()
+        events: queue.Queue = queue.Queue()
+        server.loop.submit(Job("a", _ids(BASE), 9, SamplingParams(0.0), (), events.put))
+        while "token" in events.get(timeout=60):
+            pass
+        after = server.loop.cpu_seconds()
+        assert before is not None and after is not None and after > before
+        line = [ln for ln in server.metrics.text().decode().splitlines()
+                if ln.startswith("flare_step_loop_cpu_seconds ")]
+        assert len(line) == 1 and float(line[0].split()[1]) >= after
+    finally:
+        server.close()
+    assert server.loop.cpu_seconds() is None
+
+
 def test_a_full_device_only_stops_caching(core_path, reference, monkeypatch) -> None:
     """Fault injection: the prefix cache's first block allocation fails; the request is still served
     (uncached, same tokens) and nothing leaks. Slabs of one block, so that each new block allocates."""

@@ -9,8 +9,9 @@ end. One benchmark request is a whole burst: `clients` concurrent greedy
 requests (streaming or not); its time is the burst's wall time, its speed
 generated tokens per second, and each burst also reports the clients' mean
 time to first token, their decode speed (tokens after the first over the time
-after it), the server process's CPU seconds (Linux: steadier than wall time on a
-shared machine), the prompt tokens served from the prefix cache and the
+after it), the server process's CPU seconds (Linux /proc, in 10 ms ticks: steadier
+than wall time on a shared machine) and its step loop thread's CPU milliseconds
+(the server's /metrics, ns resolution: the work of serving itself), the prompt tokens served from the prefix cache and the
 speculative acceptance (accepted / proposed draft tokens, from /metrics). The
 output compared is every generated token id: greedy answers must be identical
 across mixed prefill, prefix cache and speculative decoding on or off.
@@ -149,6 +150,9 @@ class HttpRunner:
                   "acceptance (accepted / proposed)": accepted / proposed if proposed else 0.0}
         if cpu0 is not None and cpu1 is not None:
             extras["server CPU seconds per burst"] = cpu1 - cpu0
+        if "flare_step_loop_cpu_seconds " in before and "flare_step_loop_cpu_seconds " in after:
+            extras["step-loop CPU ms per burst"] = 1000.0 * (_metric(after, "flare_step_loop_cpu_seconds")
+                                                            - _metric(before, "flare_step_loop_cpu_seconds"))
         return Timed(np.asarray(ids, np.float32), seconds, extras)
 
     def memory_plan(self) -> dict[str, Any] | None:

@@ -11,7 +11,12 @@ that is never filled costs nothing; an up-front, touched reservation of the
 whole budget was tried and did not pay), and slabs never hold more blocks than
 the cache's budget (`limit`). Fresh memory still faults in a page at a time on
 its first copy (~0.3-0.45 ms of a 720 KiB SmolLM2 block here; transparent huge
-pages, tried, measured no better). A dropped block's memory goes to a free list
+pages, tried, measured no better). Faulting a new slab in when it is carved was
+tried too: 12 malloc'd 8 MiB slabs, 11 block copies each, thread CPU per slab:
+1.97-2.52 ms faulted by the copies, 2.27-9.48 ms after MADV_POPULATE_WRITE, 17-31
+ms after MADV_HUGEPAGE + MADV_POPULATE_WRITE (three rounds, load ~3.7; a fresh
+2 MiB-aligned mmap of its own looked far better, 0.4 vs 4.7 ms, but a slab is
+`device.alloc`'s memory). A dropped block's memory goes to a free list
 that the next block takes first: a full cache evicts one block to store one,
 with no allocation and no fault (~0.15 ms a block, all of it copies). Slabs are
 released by `close()` only (their blocks are the cache's budget, which a serving

@@ -2,7 +2,8 @@
 
 Counters and the time-to-first-token histogram are updated by the step loop;
 gauges that describe state owned elsewhere (prefix cache, speculative
-acceptance, ledger bytes per device) are read when `/metrics` is scraped.
+acceptance, ledger bytes per device, the step loop thread's CPU seconds) are
+read when `/metrics` is scraped.
 """
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ class _Live(Collector):
                 if kind in m:
                     mem.add_metric([dev, kind.removesuffix("_bytes")], float(m[kind]))
         yield mem
+        cpu = s.get("step_loop_cpu_seconds")
+        if cpu is not None:
+            yield GaugeMetricFamily("flare_step_loop_cpu_seconds", "CPU seconds of the step loop's thread so far",
+                                    value=float(cpu))
         pc = s.get("prefix_cache") or {}
         for key, doc in (("blocks", "Prefix-cache blocks held"), ("bytes", "Prefix-cache bytes"),
                          ("memory_bytes", "Prefix-cache memory allocated (slabs, in the ledger)"),

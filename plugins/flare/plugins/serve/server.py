@@ -56,7 +56,8 @@ class Server:
                 f"{f'K={self.speculative}, {self.spec.draft} draft' if self.spec else 'off'}")
 
     def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"memory": {} if self.runtime.released else self.runtime.memory()}
+        out: dict[str, Any] = {"memory": {} if self.runtime.released else self.runtime.memory(),
+                               "step_loop_cpu_seconds": self.loop.cpu_seconds()}
         if self.cache is not None:
             out["prefix_cache"] = self.cache.stats()
         if self.spec is not None:
