@@ -113,6 +113,13 @@ def _scale(b):
     return {"x": f32(7)}
 
 
+@case("leaky_relu")
+def _leaky_relu(b):
+    src = b.permute(b.input("x", (3, 4, 5)), axes=(2, 0, 1))  # the fused op over a strided view
+    b.output("y", b.op("leaky_relu", src, alpha=0.1))
+    return {"x": f32(3, 4, 5, lo=-3.0, hi=3.0)}
+
+
 for _op in ("add", "sub", "mul", "div"):
     def _binary(b, op=_op):
         x, y = b.input("x", (2, 3, 4)), b.input("y", (3, 1))

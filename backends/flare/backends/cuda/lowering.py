@@ -30,7 +30,7 @@ BLOCK = 256
 
 # op codes, in step with the enums of elementwise.cu and reduce.cu
 UNARY_CODES = {"relu": 0, "gelu": 1, "silu": 2, "sigmoid": 3, "tanh": 4, "exp": 5, "sqrt": 6, "neg": 7, "sqr": 8,
-               "scale": 9}
+               "scale": 9, "leaky_relu": 10}
 BINARY_CODES = {"add": 0, "sub": 1, "mul": 2, "div": 3}
 REDUCE_CODES = {"sum": 0, "mean": 1, "max": 2, "argmax": 3}
 VIEW_OPS = frozenset({"slice", "reshape", "permute", "transpose"})
@@ -123,7 +123,12 @@ def _launch(module: str, kernel: str, n: int, node: Tensor, *tensors, ints=(), f
 
 def _unary(node: Tensor, b: BindingOf) -> list[Launch]:
     x, out = b(node.srcs[0]), b(node)
-    floats = (node.params["scale"], node.params.get("bias", 0.0)) if node.op == "scale" else ()
+    if node.op == "scale":
+        floats = (node.params["scale"], node.params.get("bias", 0.0))
+    elif node.op == "leaky_relu":  # one pass of the chain alpha*x + (1 - alpha)*relu(x) (flare.core.ops.fused)
+        floats = (node.params["alpha"], 1.0 - node.params["alpha"])
+    else:
+        floats = ()
     return _launch("elementwise", "flare_unary", _size(out.shape), node, x, out,
                    ints=(UNARY_CODES[node.op],), floats=floats)
 

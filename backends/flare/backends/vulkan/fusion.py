@@ -22,6 +22,7 @@ MAX_OPS = 8
 N_SLOTS = 16
 N_BUFFERS = 6
 SCALE_MODE = 10
+PARAM_MODES = (SCALE_MODE, 20)  # modes whose two factors are params (scale; leaky_relu)
 
 
 def _key(a: TensorArg) -> tuple:
@@ -112,7 +113,7 @@ class _Chain:
         for d, refs, out in self.ops:
             enc = [N_SLOTS + r[1] if isinstance(r, tuple) else r for r in refs]
             spec += [d.spec[0], enc[0], enc[-1], out]
-            params += [d.params[0], d.params[1]] if d.spec[0] == SCALE_MODE else [f32_bits(1.0), 0]
+            params += [d.params[0], d.params[1]] if d.spec[0] in PARAM_MODES else [f32_bits(1.0), 0]
         spec += [0, 0, 0, 0] * (MAX_OPS - len(self.ops))
         slots = self.slots + [self.slots[0]] * (N_SLOTS - len(self.slots))
         spec += [self.buffers.index(s.binding.buffer) for s in slots]

@@ -216,12 +216,15 @@ def _flat(out: Binding, *srcs: TensorArg) -> int:
     return sum(1 << i for i, t in enumerate(srcs) if tuple(t.strides) == strides or _numel(out.shape) <= 1)
 
 
-@lowering("scale", *UNARY)
+@lowering("scale", "leaky_relu", *UNARY)
 def _unary(node, program, device):
     a = _b(program, node.srcs[0])
     out = _b(program, node)
     if node.op == "scale":
         mode, params = 10, [f32_bits(node.params.get("scale", 1.0)), f32_bits(node.params.get("bias", 0.0))]
+    elif node.op == "leaky_relu":  # the chain's two factors (flare.core.ops.fused), one pass
+        alpha = float(node.params["alpha"])
+        mode, params = 20, [f32_bits(alpha), f32_bits(1.0 - alpha)]
     else:
         mode, params = UNARY[node.op], []
     ta = broadcast_to(a, out.shape)
@@ -772,6 +775,7 @@ SRC_DTYPES: dict[str, tuple[tuple[str, ...], ...]] = {
     "set_rows": (ANY, INDEX, ANY),
     "linear": (FLOAT_IN, FLOAT_IN + QUANT, ("f32",)),  # bias and residual: f32 (flare.core.ops.fused)
     "norm_affine": (FLOAT_IN, ("f32",)),
+    "leaky_relu": (("f32",),),
     "attention": (FLOAT_IN, FLOAT_IN, FLOAT_IN, ("f32", "f16")),
     "lstm": (("f32",),),
 }

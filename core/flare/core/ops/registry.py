@@ -74,6 +74,7 @@ PARAMS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "scale": (_is_num, "a number finite in float32"),
     "bias": (_is_num, "a number finite in float32"),
     "value": (_is_num, "a number finite in float32"),
+    "alpha": (_is_num, "a number finite in float32"),
     "base": (lambda v: _is_num(v) and 1 < float(v) <= 1e9, "a number in (1, 1e9]"),
     "k": (lambda v: _is_int(v) and 1 <= v <= 1 << 20, "an integer in 1..2^20"),
     "stride": (lambda v: _is_int(v) and 1 <= v <= 1 << 16, "an integer in 1..65536"),

@@ -2,7 +2,7 @@
 #include "common.cuh"
 
 // op codes: keep in step with flare/backends/cuda/lowering.py (UNARY_CODES, BINARY_CODES)
-enum { U_RELU = 0, U_GELU, U_SILU, U_SIGMOID, U_TANH, U_EXP, U_SQRT, U_NEG, U_SQR, U_SCALE };
+enum { U_RELU = 0, U_GELU, U_SILU, U_SIGMOID, U_TANH, U_EXP, U_SQRT, U_NEG, U_SQR, U_SCALE, U_LEAKY_RELU };
 enum { B_ADD = 0, B_SUB, B_MUL, B_DIV };
 
 FLARE_DEVICE float flare_unary_op(int op, float x, float scale, float bias) {
@@ -16,6 +16,8 @@ FLARE_DEVICE float flare_unary_op(int op, float x, float scale, float bias) {
         case U_SQRT: return sqrtf(x);
         case U_NEG: return -x;
         case U_SQR: return x * x;
+        // the fused leaky_relu: scale = alpha, bias = 1 - alpha (the chain's two factors)
+        case U_LEAKY_RELU: return x * scale + (x > 0.0f ? x : 0.0f) * bias;
         default: return x * scale + bias;  // U_SCALE
     }
 }

@@ -149,6 +149,7 @@ float eltwise_op(uint mode, float x, float y, float scale, float bias) {
     if (mode == 2u) return x * y;
     if (mode == 3u) return x / y;
     if (mode == 10u) return x * scale + bias;
+    if (mode == 20u) return x * scale + max(x, 0.0) * bias;  // leaky_relu: scale alpha, bias 1 - alpha
     if (mode == 11u) return max(x, 0.0);
     if (mode == 12u) return gelu_erf(x);
     if (mode == 13u) return x * sigmoid(x);

@@ -1,7 +1,8 @@
 #version 450
 // Elementwise ops: binary (add sub mul div, NumPy broadcasting through stride-0 input
 // descriptors laid out on the output's shape) and unary (scale relu gelu silu sigmoid
-// tanh exp sqrt neg sqr). MODE selects the op; unary dispatches bind `a` twice.
+// tanh exp sqrt neg sqr, and 20 the fused leaky_relu: x * alpha + relu(x) * (1 - alpha), both factors
+// as parameters). MODE selects the op; unary dispatches bind `a` twice.
 // Operands laid out exactly like the output skip the index arithmetic (FLAT).
 #define NT 3u
 layout(local_size_x = 256) in;
@@ -23,6 +24,7 @@ void main() {
     uvec4 c = (FLAT & 3u) == 3u ? uvec4(0u) : coords_of(e, to);
     float x = LOADF(a, DT0, (FLAT & 1u) != 0u ? ta.off + e : offset_at(ta, c));
     float y = MODE < 10u ? LOADF(b, DT1, (FLAT & 2u) != 0u ? tb.off + e : offset_at(tb, c)) : 0.0;
-    float r = MODE == 10u ? eltwise_op(MODE, x, y, param_f(0u), param_f(1u)) : eltwise_op(MODE, x, y, 1.0, 0.0);
+    bool params = MODE == 10u || MODE == 20u;
+    float r = params ? eltwise_op(MODE, x, y, param_f(0u), param_f(1u)) : eltwise_op(MODE, x, y, 1.0, 0.0);
     STOREF(o, DT2, to.off + e, r)
 }
