@@ -6,7 +6,9 @@
 Both synthesize the same 10 sentences (espeak-ng phonemes, ids computed once and
 shared) with noise scales 0, one thread each (Flare's CPU pool, OMP/OpenBLAS
 threads and onnxruntime's intra/inter-op threads set to 1). Reported per runtime: the best
-of `--repeat` passes over all 10 sentences, and the largest waveform difference.
+of `--repeat` passes over all 10 sentences, and the largest waveform difference; wall time,
+and the process's CPU time on a line of its own (one thread each: the steadier figure on a
+shared machine, where wall time also counts the waits for a core).
 Two passes are shown apart: the first (cold: Flare folds the file's constants,
 uploads weights, traces every sentence and prepares a plan per segment family and
 length bucket), and one over 10 NEW sentences on the warm runner (what synthesizing
@@ -74,17 +76,20 @@ def main() -> int:
         ids = [piper.ids(s) for s in SENTENCES]
         new_ids = [piper.ids(s) for s in NEW_SENTENCES]
         timings = {"flare": [], "onnxruntime": []}
+        cpu = {"flare": [], "onnxruntime": []}   # process CPU time: steadier than wall time on a shared machine
         worst = 0.0
 
         def both(batch: list) -> list:
             nonlocal worst
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             ours = [piper.synthesize_ids(i) for i in batch]
             timings["flare"].append(time.perf_counter() - start)
-            start = time.perf_counter()
+            cpu["flare"].append(time.process_time() - start_cpu)
+            start, start_cpu = time.perf_counter(), time.process_time()
             theirs = [ref.run(None, {"input": i, "input_lengths": np.array([i.shape[1]], np.int64),
                                      "scales": scales})[0].reshape(-1) for i in batch]
             timings["onnxruntime"].append(time.perf_counter() - start)
+            cpu["onnxruntime"].append(time.process_time() - start_cpu)
             worst = max(worst, max(float(np.abs(a - b).max()) for a, b in zip(ours, theirs)))
             return theirs
 
@@ -103,6 +108,10 @@ def main() -> int:
           f"= {f[1] / o[1]:.2f}x")
     print(f"  first pass (cold: loads, traces, prepares): flare {f[0]:.3f} s   onnxruntime {o[0]:.3f} s   "
           f"= {f[0] / o[0]:.2f}x")
+    fc, oc = cpu["flare"], cpu["onnxruntime"]
+    print(f"  CPU time (process): seen flare {min(fc[2:]):.3f} s / onnxruntime {min(oc[2:]):.3f} s = "
+          f"{min(fc[2:]) / min(oc[2:]):.2f}x;  new {fc[1]:.3f} / {oc[1]:.3f} s = {fc[1] / oc[1]:.2f}x;  "
+          f"cold {fc[0]:.3f} / {oc[0]:.3f} s = {fc[0] / oc[0]:.2f}x")
     print(f"  max |waveform difference| {worst:.2e}")
     return 0
 

@@ -367,3 +367,33 @@ def test_a_build_says_what_it_builds_once(tmp_path, monkeypatch, capsys):
     assert err.startswith("building the test kernel (once, cached in ") and str(tmp_path) in err and err.count("\n") == 1
     assert build("_flare_test_twice", source, cdef, announce="building the test kernel").lib.twice(2) == 4
     assert capsys.readouterr().err == ""
+
+
+@needs_native
+def test_command_records_are_laid_out_as_cffi_lays_out_flare_cmd():
+    """CommandList builds its records as a NumPy array (split.record_dtype): every field, short
+    lists zero-padded, must read back through cffi's `flare_cmd` exactly as the command said."""
+    from flare.backends.cpu.split import CommandList, record_dtype
+
+    nat = native.load()
+    ffi = nat.ffi
+    assert record_dtype(ffi).itemsize == ffi.sizeof("flare_cmd")
+    out, a, b = np.zeros(8, np.float32), np.ones(8, np.float32), np.ones(8, np.float32)
+    scratch = np.zeros(64, np.uint8)
+    cmds = [{"kind": 3, "flags": 5, "out": out, "src": [a, None, b], "ne": [1, 1, 2, 4], "os": [0, 0, 4, 1],
+             "ss": [[0, 0, 4, 1], [9, 8, 7, 6]], "ip": [11, -12], "fp": [0.5], "scratch": 16},
+            {"kind": 7, "flags": 0, "out": a, "src": [b], "ne": [1, 1, 1, 8], "os": [0, 0, 0, 1],
+             "ss": [[0, 0, 0, 1]], "ip": [], "fp": [], "scratch": 0}]
+    cl = CommandList(nat, cmds, ["x", "y"], scratch)
+    ptr = lambda arr: int(ffi.cast("uintptr_t", arr))  # noqa: E731
+    for i, c in enumerate(cmds):
+        rec = cl._arr[i]
+        assert (rec.kind, rec.flags) == (c["kind"], c["flags"])
+        assert ptr(rec.out) == c["out"].ctypes.data
+        assert [ptr(rec.src[j]) for j in range(4)] == [s.ctypes.data if s is not None else 0 for s in c["src"]] \
+            + [0] * (4 - len(c["src"]))
+        assert list(rec.ne) == c["ne"] and list(rec.os) == c["os"]
+        assert [list(rec.ss[j]) for j in range(4)] == c["ss"] + [[0] * 4] * (4 - len(c["ss"]))
+        assert list(rec.ip) == c["ip"] + [0] * (8 - len(c["ip"]))
+        assert list(rec.fp) == c["fp"] + [0.0] * (4 - len(c["fp"]))
+        assert ptr(rec.scratch) == (scratch.ctypes.data if c["scratch"] else 0)

@@ -52,14 +52,28 @@ def test_waveform_equals_onnxruntime(backend):
 def test_a_new_sentence_of_a_seen_bucket_resumes_the_trace_and_equals_onnxruntime(backend):
     """Hello (33 ids) is traced; Good night (41 ids, the same bucket of 48) replays the encoder
     and duration predictor, gives up where its durations differ, and resumes the trace there
-    (only the decoder's nodes walked); both within 1e-3 of onnxruntime's unpadded run."""
+    (only the decoder's nodes walked); both within 1e-3 of onnxruntime's unpadded run. No segment
+    runs twice in that call: it executes as many segments as its own replay later does (the trace
+    takes the replay's random draw, so the duration predictor's segment is reused, not run again)."""
     ref = ort.InferenceSession(str(VOICE.model_path), providers=["CPUExecutionProvider"])
+    stats = None
+
+    def executed() -> int:
+        return stats["segments_run"] - stats.get("reused", 0)
+
     with backend.session(*([] if backend.name == "cpu" else ["cpu"])) as sess, \
             Piper(sess, VOICE, noise_scale=0.0, noise_w=0.0) as piper:
+        stats = piper.runner.stats
         for k, text in enumerate(["Hello, world.", "Good night, world."]):
             ids = piper.ids(text)
+            before = executed()
             got = piper.synthesize_ids(ids)
             assert piper.runner.stats.get("resumed", 0) == k
+            if k == 1:
+                traced, before = executed() - before, executed()
+                again = piper.synthesize_ids(ids)
+                assert stats["replayed"] == 1 and executed() - before == traced
+                np.testing.assert_array_equal(again, got)
             want = ref.run(None, {"input": ids, "input_lengths": np.array([ids.shape[1]], np.int64),
                                   "scales": np.array([0.0, 1.0, 0.0], np.float32)})[0].reshape(-1)
             assert got.shape == want.shape

@@ -304,3 +304,41 @@ def test_threads_sharing_a_runner_take_turns(tmp_path):
         errors = run_threads(work, 4)
         runner.release()
     assert not errors, errors[0]
+
+
+def test_a_trace_after_a_failed_replay_takes_its_draws_and_reuses_its_segments(tmp_path, monkeypatch):
+    """y = x + 0 * RandomNormalLike(x), then NonZero(y > 1) -> Gather. With no checkpoint taken,
+    a replay that diverges at NonZero is traced whole; the segment the replay ran (y, fed the
+    draw) is reused by the trace instead of run again, because the trace adopts the replay's draw
+    (`runner.reuse_draws`) rather than drawing another (a different feed would not match)."""
+    from flare.models.onnx.replay import Recording
+    monkeypatch.setattr(Recording, "checkpoint", lambda self, cp: None)  # as where a replay diverges before any
+    f = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("RandomNormalLike", ["x"], ["r"]),
+        helper.make_node("Mul", ["r", "zerof"], ["noise"]),
+        helper.make_node("Add", ["x", "noise"], ["y"]),
+        helper.make_node("Greater", ["y", "onef"], ["g"]),
+        helper.make_node("NonZero", ["g"], ["nz"]),
+        helper.make_node("Squeeze", ["nz", "zero1"], ["idx"]),
+        helper.make_node("Gather", ["y", "idx"], ["z"], axis=0),
+    ]
+    inits = [numpy_helper.from_array(np.array([0], np.int64), "zero1"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "zerof"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "onef")]
+    model, path = _save(tmp_path, "noisy_nonzero", nodes, [helper.make_tensor_value_info("x", f, ["L"])],
+                        [helper.make_tensor_value_info("z", f, ["K"])], inits)
+    keep_odd = np.where(np.arange(6) % 2 == 1, 1.5, 0.0).astype(np.float32)
+    keep_first = np.where(np.arange(6) < 2, 1.5, 0.0).astype(np.float32)
+    with Session(["cpu"]) as sess:
+        runner = OnnxRunner(load_model(path), sess)
+        _check(model, runner, keep_odd)                       # traced: two segments
+        segments = runner.stats["segments_run"]
+        _check(model, runner, keep_first)                     # replay runs the first, diverges at NonZero
+        assert runner.stats.get("resumed", 0) == 0 and runner.stats["replayed"] == 0
+        assert runner.stats.get("reused", 0) == 1             # the trace took the replay's first segment
+        assert runner.stats["segments_run"] == segments + 3   # replay 1 + trace 2 (one of them reused)
+        assert runner.reuse == {} and runner.reuse_draws == {}
+        _check(model, runner, keep_first + 0.5)               # its recording replays
+        assert runner.stats["replayed"] == 1
+        runner.release()

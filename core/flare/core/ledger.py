@@ -109,8 +109,14 @@ class Ledger:
             return DeviceStats(**vars(st))
 
     def live_bytes(self, device: str | None = None) -> int:
+        """Bytes live on `device` (all devices: None), from the running totals `record_alloc` and
+        `record_free` keep: devices ask it on every allocation (`memory()`), and summing every live
+        record there made each allocation cost O(live buffers) (a Piper runner holds thousands)."""
         with self._lock:
-            return sum(r.nbytes for r in self._live.values() if device is None or r.device == device)
+            if device is not None:
+                st = self._stats.get(device)
+                return st.live_bytes if st is not None else 0
+            return sum(st.live_bytes for st in self._stats.values())
 
     def live_records(self, device: str | None = None) -> list[Record]:
         with self._lock:

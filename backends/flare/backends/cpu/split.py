@@ -48,34 +48,69 @@ _ERRORS = {1: IndexError, 2: RuntimeError, 3: RuntimeError}
 _MESSAGES = {1: "index out of range", 2: "unknown kernel id", 3: "no BLAS installed"}
 
 
+_RECORD_DTYPES: dict[int, np.dtype] = {}  # id(ffi) -> the NumPy twin of `flare_cmd`
+
+
+def record_dtype(ffi: Any) -> np.dtype:
+    """A structured dtype laid out as cffi lays out `flare_cmd` (offsets and size asked of cffi,
+    so the two cannot drift apart): the records are built as one NumPy array from tuples instead
+    of field by field through cffi, which was most of `CommandList.__init__`'s cost."""
+    dt = _RECORD_DTYPES.get(id(ffi))
+    if dt is None:
+        fields = (("kind", "<i4"), ("flags", "<i4"), ("out", "<u8"), ("src", ("<u8", (4,))), ("ne", ("<i8", (4,))),
+                  ("os", ("<i8", (4,))), ("ss", ("<i8", (4, 4))), ("ip", ("<i8", (8,))), ("fp", ("<f8", (4,))),
+                  ("scratch", "<u8"))
+        dt = np.dtype({"names": [n for n, _ in fields], "formats": [f for _, f in fields],
+                       "offsets": [ffi.offsetof("flare_cmd", n) for n, _ in fields],
+                       "itemsize": ffi.sizeof("flare_cmd")})
+        _RECORD_DTYPES[id(ffi)] = dt
+    return dt
+
+
+_NO_ROW = (0, 0, 0, 0)
+
+
+def _record(c: Cmd, scratch_ptr: int, ptrs: dict[int, int]) -> tuple:
+    """One command dict as a `flare_cmd` tuple (pointers as integers, short lists zero-padded).
+    `ptrs`: id(array) -> its data pointer, for the arrays of one list (kept alive meanwhile): the
+    same arena views recur from command to command, and `.ctypes.data` builds an object per call."""
+    src = [0 if a is None else _ptr(a, ptrs) for a in c["src"]]
+    ss = [list(st) for st in c["ss"]]
+    ip, fp = list(c["ip"]), list(c["fp"])
+    return (c["kind"], int(c["flags"]), _ptr(c["out"], ptrs), src + [0] * (4 - len(src)), c["ne"], c["os"],
+            ss + [_NO_ROW] * (4 - len(ss)), ip + [0] * (8 - len(ip)), fp + [0.0] * (4 - len(fp)),
+            scratch_ptr if c["scratch"] else 0)
+
+
+def _ptr(a: np.ndarray, ptrs: dict[int, int]) -> int:
+    p = ptrs.get(id(a))
+    if p is None:
+        p = ptrs[id(a)] = a.ctypes.data
+    return p
+
+
 class CommandList:
-    """One `flare_cmd[]` built from command dicts; keeps every array it points into alive."""
+    """One `flare_cmd[]` built from command dicts; keeps every array it points into alive.
+
+    The records live in a NumPy array of `record_dtype` (cffi sees them through a cast pointer):
+    read-only to the C side, alive as long as this object."""
 
     def __init__(self, native: Native, cmds: Sequence[Cmd], names: Sequence[str], scratch: np.ndarray | None,
                  pool: ThreadPool | None = None):
         ffi = native.ffi
         self._lib, self._n, self._names = native.lib, len(cmds), list(names)
         self._pool = pool
-        self._arr = ffi.new("flare_cmd[]", max(len(cmds), 1))
+        scratch_ptr = scratch.ctypes.data if scratch is not None else 0
+        self._records = np.zeros(max(len(cmds), 1), record_dtype(ffi))
+        if cmds:
+            ptrs: dict[int, int] = {}
+            self._records[:] = [_record(c, scratch_ptr, ptrs) for c in cmds]
+        self._arr = ffi.cast("flare_cmd *", ffi.from_buffer(self._records))
         self._err = ffi.new("int32_t *")
         self._keep: list[Any] = [scratch]
-        for rec, c in zip(self._arr, cmds):
-            rec.kind, rec.flags = c["kind"], int(c["flags"])
-            rec.out = ffi.cast("void *", c["out"].ctypes.data)
-            for i, s in enumerate(c["src"]):
-                rec.src[i] = ffi.cast("void *", 0 if s is None else s.ctypes.data)
-            for i in range(4):
-                rec.ne[i], rec.os[i] = int(c["ne"][i]), int(c["os"][i])
-            for i, st in enumerate(c["ss"]):
-                for j in range(4):
-                    rec.ss[i][j] = int(st[j])
-            for i, v in enumerate(c["ip"]):
-                rec.ip[i] = int(v)
-            for i, v in enumerate(c["fp"]):
-                rec.fp[i] = float(v)
-            if c["scratch"]:
-                rec.scratch = ffi.cast("void *", scratch.ctypes.data)
-            self._keep.extend([c["out"], *c["src"]])
+        for c in cmds:
+            self._keep.append(c["out"])
+            self._keep.extend(c["src"])
 
     def split_commands(self) -> int:
         """Commands that run split across the pool's threads (0 with one thread)."""

@@ -13,7 +13,10 @@ another recording with the same history that read that value, or gives up, and t
 traces the call (recording it too). Giving up after some segments ran wastes nothing: a
 segment has no side effects, and the trace that follows takes their results (`runner.reuse`)
 where it closes a segment of the same structure and place on equal feeds (a new sentence of
-a length seen before: its encoder ran in the replay, up to the durations that differ).
+a length seen before: its encoder ran in the replay, up to the durations that differ). The
+feeds are only equal if the trace draws what the replay drew (Piper's duration predictor takes a
+RandomNormalLike draw, scaled by noise_w): the trace adopts the replay's draw of each random node
+(`runner.reuse_draws`) instead of drawing again, else it ran Piper's encoder a second time.
 
 Giving up does not mean walking the nodes again from the start: a recording keeps a
 *checkpoint* at each segment it closed at the top level (`Checkpoint`: the node whose host
@@ -207,6 +210,7 @@ class Recordings:
         def give_up(at: int) -> None:
             """Trace from the last checkpoint before event `at` (the segments so far are reused)."""
             runner.reuse = ran
+            runner.reuse_draws = draws        # the trace draws what the replay drew: its feeds then match `ran`'s
             marks = [j for j in rec.checkpoints if j <= at]
             if marks:
                 j = max(marks)

@@ -263,6 +263,19 @@ def _same_feeds(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> boo
         a[n].shape == b[n].shape and a[n].dtype == b[n].dtype and np.array_equal(a[n], b[n]) for n in a)
 
 
+def _adopt_draw(drawn: list | None, outs: list) -> None:
+    """Overwrite a random host step's fresh outputs with the draw a failed replay made of the same
+    node (`runner.reuse_draws`), where shapes and dtypes agree: one draw per node per call, so the
+    segments the replay ran on it are reused by the trace (`runner.reuse`) instead of run again."""
+    if drawn is None or len(drawn) != len(outs):
+        return
+    pairs = [(o, d) for o, d in zip(outs, drawn) if o is not None and d is not None]
+    if all(isinstance(o.const, np.ndarray) and o.const.flags.writeable and np.shape(d) == o.const.shape
+           and np.asarray(d).dtype == o.const.dtype for o, d in pairs):
+        for o, d in pairs:
+            np.copyto(o.const, d)
+
+
 def _shape_key(seg: Segment) -> tuple:
     return tuple(sorted((n, tuple(a.shape), a.dtype.str) for n, a in seg.feeds.items()))
 
@@ -298,6 +311,8 @@ class OnnxRunner:
         self.recordings = Recordings()  # traces replayed for later calls of the same input shapes (replay.py)
         # segments a failed replay ran, for the trace that follows: (key, ordinal) -> (feeds, results)
         self.reuse: dict[tuple, tuple] = {}
+        # random draws a failed replay made, for the trace that follows: id(node) -> output arrays
+        self.reuse_draws: dict[int, list] = {}
         self.resume: Resume | None = None  # where a failed replay lets the trace start (replay.py)
         # a traced call's plans are frozen out of the collector's full passes (collector.py)
         self.collector = FreezePolicy(freeze_gc)
@@ -315,7 +330,7 @@ class OnnxRunner:
             try:
                 out = Tracer(self, inputs, rec, resume).run()
             finally:
-                self.reuse = {}
+                self.reuse, self.reuse_draws = {}, {}
             rec.host_steps = self.stats["host_steps"] - host_steps + (resume.checkpoint.host_steps if resume else 0)
             self.recordings.add(key, rec)
             self.collector.after_trace()
@@ -729,6 +744,8 @@ class Tracer:
             elif how == HOST:
                 host = lw.HOST_STEPS[op_type]
                 outs = host(self, node, ins)
+                if self.runner.reuse_draws:
+                    _adopt_draw(self.runner.reuse_draws.pop(id(node), None), outs)
                 self.rec.host_step(node, host, ins, outs)
             else:
                 fn = lw.LOWERINGS.get(op_type)
