@@ -19,12 +19,13 @@ greedy tokens, and that the ledger is back to zero after the runtime is released
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 from collections import defaultdict
 from typing import Any, Callable
+
+from summary_json import emit  # bench/, the script's own folder
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
@@ -165,10 +166,7 @@ def main() -> int:
         "same greedy tokens": same_tokens, "same steps (kind, program, tokens)": same_steps,
         "cache": stats, "ledger live bytes after release (vs before load)": live,
     }
-    print(json.dumps(summary, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"summary": summary, "rows": rows}, f, indent=1)
+    emit(summary, rows, args.json)
     return 0 if same_tokens and same_steps else 1
 
 

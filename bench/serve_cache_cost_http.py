@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
-import time
 from typing import Any
+
+from summary_json import emit  # bench/, the script's own folder
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
@@ -117,10 +117,7 @@ def main() -> int:
         "CPU ms per request by thread": {key: by_role(key) for key in rows},
         "same greedy tokens": same, "ledger live bytes after stop (live, at start)": ledgers,
     }
-    print(json.dumps(summary, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"summary": summary, "rows": rows}, f, indent=1)
+    emit(summary, rows, args.json)
     return 0 if same and clean else 1
 
 
