@@ -238,6 +238,12 @@ def array_digest(arr: np.ndarray) -> str:
     return h.hexdigest()[:32]
 
 
+def _label_text(node: Any, label: str | int) -> str:
+    """A stepped node's label in error messages: `label`, or for a position the node's name
+    (else its position and op type)."""
+    return (node.name or f"#{label} ({node.op_type})") if type(label) is int else label
+
+
 class _Family:
     """The PreparedGraph of the segments at one place of the trace, a plan per input shape.
 
@@ -299,6 +305,7 @@ class OnnxRunner:
         self._folded_by_value_bytes = 0
         self._fold_ops: dict[tuple, Any] = {}  # (node bytes, opset) -> onnx.reference kernel (lowering.base.fold)
         self._walk: tuple[list[Any], dict[str, int]] | None = None
+        self._labels: list[str] | None = None
         self._attrs: dict[int, tuple[Any, dict[str, Any]]] = {}
         self._facts: dict[int, tuple[Any, tuple]] = {}  # id(node) -> (node, Tracer.step's facts of it)
         self._live: dict[int, tuple[str, ...]] = {}  # node position -> what a checkpoint there keeps (live_at)
@@ -469,6 +476,12 @@ class OnnxRunner:
             self._facts[key] = (node, facts)
         return facts
 
+    def node_labels(self) -> list[str]:
+        """Each walked node's prefix of its Flare op names (its name, else its op type): once per runner."""
+        if self._labels is None:
+            self._labels = [node.name or node.op_type for node in self.walk_plan()[0]]
+        return self._labels
+
     def live_at(self, pos: int) -> tuple[str, ...]:
         """The values a checkpoint at node `pos` keeps: the call's inputs and the outputs of the
         nodes before it that a node at `pos` or later reads (not the file's initializers), in
@@ -550,6 +563,7 @@ class Tracer:
         self.lowering = lowering
         self.env: dict[str, Val] = {}
         self.nodes, last_use = runner.walk_plan()
+        self.labels = runner.node_labels()
         self.last_use: dict[str, int] = dict(last_use)
         for name, arr in self.model.initializers.items():
             self.env[name] = Val(name, tuple(arr.shape), arr.dtype, const=arr, fixed=True)
@@ -687,8 +701,8 @@ class Tracer:
 
     def _name(self, op: str) -> str:
         self._count += 1
-        node = self.nodes[self.position] if 0 <= self.position < len(self.nodes) else None
-        label = (node.name or node.op_type) if node is not None else "io"
+        pos = self.position
+        label = self.labels[pos] if 0 <= pos < len(self.labels) else "io"
         return f"{label}/{op}_{self._count}"
 
     def val(self, tensor: Tensor, shape: tuple[int, ...], dtype: np.dtype, name: str = "") -> Val:
@@ -702,11 +716,11 @@ class Tracer:
     # -- the walk ----------------------------------------------------------------
     def run(self) -> dict[str, np.ndarray]:
         self.runner.last_segments = self._prefix_summaries
-        for i in range(self.start, len(self.nodes)):
-            node = self.nodes[i]
+        step, nodes = self.step, self.nodes
+        for i in range(self.start, len(nodes)):
             self.position = i
             self._count_at_node, self._anon_at_node = self._count, self._anon
-            self.step(node, node.name or f"#{i} ({node.op_type})")
+            step(nodes[i], i)  # the node's label is made only for an error message
         self.position = len(self.nodes)
         final = [self.env[n] for n in self.model.output_names]
         if any(v.tensor is not None for v in final):
@@ -716,8 +730,10 @@ class Tracer:
         return {n: np.asarray(self.env[n].const).reshape(self.env[n].shape).astype(self.env[n].dtype, copy=False)
                 for n in self.model.output_names}
 
-    def step(self, node: Any, label: str) -> None:
-        """Fold, lower or host-run one node and bind its outputs (also for the nodes of an If branch)."""
+    def step(self, node: Any, label: str | int) -> None:
+        """Fold, lower or host-run one node and bind its outputs (also for the nodes of an If branch).
+        `label` names the node in errors; an int is its position in the walk (the name is made only
+        when an error needs it: a sentence steps ~1,600 nodes)."""
         lw = self.lowering
         op_type, inputs, outputs, how, wide_ok, fold_key, named = self.runner.node_facts(node, lw)
         env = self.env
@@ -732,7 +748,7 @@ class Tracer:
                     wide_ok = _same_shape_elementwise(op_type, ins)
                     if not wide_ok:
                         wide = next(v for v in ins if v is not None and is_wide(v.shape))
-                        raise OnnxError(f"{self.model.path}: node {label!r} ({op_type}): input {wide.name!r} has "
+                        raise OnnxError(f"{self.model.path}: node {_label_text(node, label)!r} ({op_type}): input {wide.name!r} has "
                                         f"rank {len(wide.shape)}; Flare tensors have rank <= 4 and only "
                                         f"reshape-like ops and Expand take wider values")
             elif v.runtime:
@@ -753,14 +769,14 @@ class Tracer:
                     raise UnsupportedOpError(f"unsupported ONNX op {op_type}")
                 outs = fn(self, node, ins, self.runner.attributes(node, lw.attributes))
         except OnnxError as exc:
-            raise type(exc)(f"{self.model.path}: node {label!r} ({op_type}): {exc}") from None
+            raise type(exc)(f"{self.model.path}: node {_label_text(node, label)!r} ({op_type}): {exc}") from None
         except Exception as exc:
             from flare.core.errors import FlareError
             if isinstance(exc, FlareError):
-                raise OnnxError(f"{self.model.path}: node {label!r} ({op_type}): {exc}") from None
+                raise OnnxError(f"{self.model.path}: node {_label_text(node, label)!r} ({op_type}): {exc}") from None
             raise
         if len(outs) < named:
-            raise OnnxError(f"{self.model.path}: node {label!r} ({op_type}): produced {len(outs)} outputs, "
+            raise OnnxError(f"{self.model.path}: node {_label_text(node, label)!r} ({op_type}): produced {len(outs)} outputs, "
                             f"the node names {len(outputs)}")
         last_use, live, position = self.last_use, self.live_tensors, self.position
         for name, v in zip(outputs, outs):
