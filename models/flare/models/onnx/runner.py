@@ -238,6 +238,12 @@ def array_digest(arr: np.ndarray) -> str:
     return h.hexdigest()[:32]
 
 
+def _label_text(node: Any, label: str | int) -> str:
+    """A stepped node's label in error messages: `label`, or for a position the node's name
+    (else its position and op type)."""
+    return (node.name or f"#{label} ({node.op_type})") if type(label) is int else label
+
+
 class _Family:
     """The PreparedGraph of the segments at one place of the trace, a plan per input shape.
 
@@ -299,6 +305,9 @@ class OnnxRunner:
         self._folded_by_value_bytes = 0
         self._fold_ops: dict[tuple, Any] = {}  # (node bytes, opset) -> onnx.reference kernel (lowering.base.fold)
         self._walk: tuple[list[Any], dict[str, int]] | None = None
+        self._labels: list[str] | None = None
+        self._walk_facts: list[tuple] | None = None
+        self._flare_arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(file value) -> (it, its Flare array)
         self._attrs: dict[int, tuple[Any, dict[str, Any]]] = {}
         self._facts: dict[int, tuple[Any, tuple]] = {}  # id(node) -> (node, Tracer.step's facts of it)
         self._live: dict[int, tuple[str, ...]] = {}  # node position -> what a checkpoint there keeps (live_at)
@@ -434,6 +443,14 @@ class OnnxRunner:
             hit = self._digests[id(value)] = (value, array_digest(arr))
         return hit[1]
 
+    def flare_array(self, value: np.ndarray, name: str) -> np.ndarray:
+        """to_flare_array of a value derived from the file (the same object every call: an
+        initializer, or a fold of them), made once per runner (a new segment re-reads ~40)."""
+        hit = self._flare_arrays.get(id(value))
+        if hit is None or hit[0] is not value:
+            hit = self._flare_arrays[id(value)] = (value, to_flare_array(value, f"value {name!r}"))
+        return hit[1]
+
     def attributes(self, node: Any, read: Any) -> dict[str, Any]:
         """A node's attributes as Python values (`read(node)`), once per node of the model: lowerings
         only read them. Nodes of If branches (protos made per trace) are read every time."""
@@ -448,7 +465,8 @@ class OnnxRunner:
     def node_facts(self, node: Any, lw: Any) -> tuple:
         """What `Tracer.step` reads of a node that no call changes: its op type, input and output
         names, how it runs (FOLDABLE when its inputs are constants, HOST, or LOWERED only), whether
-        it takes values of rank > 4, its fold key and how many outputs it names. Once per node of the model (a new Piper
+        it takes values of rank > 4, its fold key, how many outputs it names and its lowering (None:
+        an op or domain the table lacks). Once per node of the model (a new Piper
         sentence steps ~1,300 nodes, each reading these from the proto several times); nodes of
         If branches (protos made per trace) are read every time."""
         key = id(node)
@@ -463,11 +481,24 @@ class OnnxRunner:
             how = LOWERED
         else:
             how = FOLDABLE
+        lowering = lw.LOWERINGS.get(op_type) if node.domain in DEFAULT_DOMAINS else None  # None: unsupported
         facts = (op_type, inputs, outputs, how, op_type in lw.WIDE_OK, (op_type, inputs, outputs),
-                 sum(1 for o in outputs if o))
+                 sum(1 for o in outputs if o), lowering)
         if key in self._node_ids:
             self._facts[key] = (node, facts)
         return facts
+
+    def walk_facts(self, lw: Any) -> list[tuple]:
+        """`node_facts` of each walked node, by position: once per runner."""
+        if self._walk_facts is None:
+            self._walk_facts = [self.node_facts(node, lw) for node in self.walk_plan()[0]]
+        return self._walk_facts
+
+    def node_labels(self) -> list[str]:
+        """Each walked node's prefix of its Flare op names (its name, else its op type): once per runner."""
+        if self._labels is None:
+            self._labels = [node.name or node.op_type for node in self.walk_plan()[0]]
+        return self._labels
 
     def live_at(self, pos: int) -> tuple[str, ...]:
         """The values a checkpoint at node `pos` keeps: the call's inputs and the outputs of the
@@ -550,6 +581,7 @@ class Tracer:
         self.lowering = lowering
         self.env: dict[str, Val] = {}
         self.nodes, last_use = runner.walk_plan()
+        self.labels = runner.node_labels()
         self.last_use: dict[str, int] = dict(last_use)
         for name, arr in self.model.initializers.items():
             self.env[name] = Val(name, tuple(arr.shape), arr.dtype, const=arr, fixed=True)
@@ -656,7 +688,7 @@ class Tracer:
             v.name = f"const{self._anon}@{self.position}"
         leaf = self.leaves.get(v.name)
         if leaf is None:
-            arr = to_flare_array(v.const, f"value {v.name!r}")
+            arr = self.runner.flare_array(v.const, v.name) if v.fixed else to_flare_array(v.const, f"value {v.name!r}")
             if v.runtime:
                 leaf_name = f"v:{v.name}"
                 leaf = self.b.input(leaf_name, arr.shape, flare_dtype(arr.dtype if v.dtype != BOOL else v.dtype, v.name))
@@ -687,8 +719,8 @@ class Tracer:
 
     def _name(self, op: str) -> str:
         self._count += 1
-        node = self.nodes[self.position] if 0 <= self.position < len(self.nodes) else None
-        label = (node.name or node.op_type) if node is not None else "io"
+        pos = self.position
+        label = self.labels[pos] if 0 <= pos < len(self.labels) else "io"
         return f"{label}/{op}_{self._count}"
 
     def val(self, tensor: Tensor, shape: tuple[int, ...], dtype: np.dtype, name: str = "") -> Val:
@@ -702,11 +734,11 @@ class Tracer:
     # -- the walk ----------------------------------------------------------------
     def run(self) -> dict[str, np.ndarray]:
         self.runner.last_segments = self._prefix_summaries
-        for i in range(self.start, len(self.nodes)):
-            node = self.nodes[i]
+        step, nodes, facts = self.step, self.nodes, self.runner.walk_facts(self.lowering)
+        for i in range(self.start, len(nodes)):
             self.position = i
             self._count_at_node, self._anon_at_node = self._count, self._anon
-            self.step(node, node.name or f"#{i} ({node.op_type})")
+            step(nodes[i], i, facts[i])  # the node's label is made only for an error message
         self.position = len(self.nodes)
         final = [self.env[n] for n in self.model.output_names]
         if any(v.tensor is not None for v in final):
@@ -716,10 +748,13 @@ class Tracer:
         return {n: np.asarray(self.env[n].const).reshape(self.env[n].shape).astype(self.env[n].dtype, copy=False)
                 for n in self.model.output_names}
 
-    def step(self, node: Any, label: str) -> None:
-        """Fold, lower or host-run one node and bind its outputs (also for the nodes of an If branch)."""
+    def step(self, node: Any, label: str | int, facts: tuple | None = None) -> None:
+        """Fold, lower or host-run one node and bind its outputs (also for the nodes of an If branch).
+        `label` names the node in errors; an int is its position in the walk (the name is made only
+        when an error needs it: a sentence steps ~1,600 nodes). `facts`: `runner.node_facts(node)`,
+        which the walk has by position."""
         lw = self.lowering
-        op_type, inputs, outputs, how, wide_ok, fold_key, named = self.runner.node_facts(node, lw)
+        op_type, inputs, outputs, how, wide_ok, fold_key, named, fn = facts or self.runner.node_facts(node, lw)
         env = self.env
         ins = [env[n] if n else None for n in inputs]
         folds = how == FOLDABLE
@@ -732,7 +767,7 @@ class Tracer:
                     wide_ok = _same_shape_elementwise(op_type, ins)
                     if not wide_ok:
                         wide = next(v for v in ins if v is not None and is_wide(v.shape))
-                        raise OnnxError(f"{self.model.path}: node {label!r} ({op_type}): input {wide.name!r} has "
+                        raise OnnxError(f"{self.model.path}: node {_label_text(node, label)!r} ({op_type}): input {wide.name!r} has "
                                         f"rank {len(wide.shape)}; Flare tensors have rank <= 4 and only "
                                         f"reshape-like ops and Expand take wider values")
             elif v.runtime:
@@ -748,19 +783,18 @@ class Tracer:
                     _adopt_draw(self.runner.reuse_draws.pop(id(node), None), outs)
                 self.rec.host_step(node, host, ins, outs)
             else:
-                fn = lw.LOWERINGS.get(op_type)
-                if fn is None or node.domain not in DEFAULT_DOMAINS:
+                if fn is None:
                     raise UnsupportedOpError(f"unsupported ONNX op {op_type}")
                 outs = fn(self, node, ins, self.runner.attributes(node, lw.attributes))
         except OnnxError as exc:
-            raise type(exc)(f"{self.model.path}: node {label!r} ({op_type}): {exc}") from None
+            raise type(exc)(f"{self.model.path}: node {_label_text(node, label)!r} ({op_type}): {exc}") from None
         except Exception as exc:
             from flare.core.errors import FlareError
             if isinstance(exc, FlareError):
-                raise OnnxError(f"{self.model.path}: node {label!r} ({op_type}): {exc}") from None
+                raise OnnxError(f"{self.model.path}: node {_label_text(node, label)!r} ({op_type}): {exc}") from None
             raise
         if len(outs) < named:
-            raise OnnxError(f"{self.model.path}: node {label!r} ({op_type}): produced {len(outs)} outputs, "
+            raise OnnxError(f"{self.model.path}: node {_label_text(node, label)!r} ({op_type}): produced {len(outs)} outputs, "
                             f"the node names {len(outputs)}")
         last_use, live, position = self.last_use, self.live_tensors, self.position
         for name, v in zip(outputs, outs):

@@ -53,6 +53,9 @@ WRAPPING = {"Add", "Sub", "Mul", "Div", "Neg", "Abs", "Sum", "Pow", "BitShift", 
             "ReduceSum", "ReduceProd", "ReduceSumSquare", "Einsum", "BitwiseNot"}
 
 
+_NATIVE = frozenset({F32, I64, I32, BOOL})  # dtypes a lowering sees as they are (no carrier)
+
+
 def _carried(fn: Lowering) -> Lowering:
     """Run a lowering over values of dtypes Flare lacks (values.CARRIER) as their carriers.
 
@@ -61,6 +64,11 @@ def _carried(fn: Lowering) -> Lowering:
     ONNX dtypes back and each output the dtype ONNX's own type inference gives it; a narrow
     integer result of arithmetic is wrapped to its width, as the ONNX op would."""
     def run(tr, node, ins, attrs):
+        for v in ins:  # the common case first: every input of a dtype Flare has (no dict, no np.dtype())
+            if v is not None and v.dtype not in _NATIVE:
+                break
+        else:
+            return fn(tr, node, ins, attrs)
         narrowed = {id(v): (v, v.dtype) for v in ins if v is not None and np.dtype(v.dtype) in CARRIER}
         if not narrowed:
             return fn(tr, node, ins, attrs)
