@@ -28,7 +28,7 @@ for g in "$@"; do case $g in
        echo "=== fresh-process RSS decode t1" | tee -a $out; timeout 900 python bench/fresh_rss.py $C/smollm2_decode_llamacpp_t1.toml $C/smollm2_decode_cpu_t1.toml --blocks 1 2>&1 | tail -2 | tee -a $out;;
  serve) pair $C/serve_smollm2_repeat_plain.toml $C/serve_smollm2_repeat_ngram.toml repeat; pair $C/serve_smollm2_nocopy_plain.toml $C/serve_smollm2_nocopy_ngram.toml nocopy
         pair $C/serve_smollm2_unique_cache_off.toml $C/serve_smollm2_unique_cache_on.toml cache0hit "--requests 8"
-        echo "=== cache at 0% hits, both servers side by side" | tee -a $out; timeout 1200 python bench/serve_cache_cost_http.py --requests 30 2>&1 | tail -12 | tee -a $out
+        echo "=== cache at 0% hits, both servers side by side" | tee -a $out; timeout 1200 python bench/serve_cache_cost_http.py --requests 30 --json ${out%.txt}-cache0http.json 2>&1 | grep -E "B / A|same greedy" | tee -a $out
         echo "=== prefix smollm2" | tee -a $out; timeout 1200 python bench/serve_prefix.py --model smollm2 --rounds 2 --json ${out%.txt}-prefix.json 2>&1 | tail -30 | tee -a $out;;
  load) echo "=== serve_load 32 chat clients 60 s" | tee -a $out; timeout 1500 python bench/serve_load.py --model smollm2 --chat --clients 32 --seconds 60 --json ${out%.txt}-load.json > ${out%.txt}-load.log 2>&1; cat ${out%.txt}-load.json | tee -a $out;;
  piper) pair $C/piper_onnx_onnxruntime.toml $C/piper_onnx_flare.toml t1; echo "=== piper_onnx.py" | tee -a $out; timeout 900 python bench/piper_onnx.py 2>&1 | tail -6 | tee -a $out;;
