@@ -135,6 +135,7 @@ Source = Callable[[str], np.ndarray]
 # layer -> (router weight [E, D], bias [E] or None, FFN RMS-norm weight [D]), for prefetch guesses
 Router = Callable[[int], "tuple[np.ndarray, np.ndarray | None, np.ndarray]"]
 Run = tuple[int, int, int]   # (first expert, first slot, count)
+RunWriter = Callable[[Sequence[Run], np.ndarray], None]   # write(runs, source): source rows into slots
 
 
 class ExpertCacheError(ModelError):
@@ -259,7 +260,8 @@ class _PrefetchJob:
     thread may cancel it while QUEUED, waits while PLANNING (the helper then edits the layer's
     cache records), takes back the runs not yet started while COPYING and waits for `busy`."""
 
-    def __init__(self, stager: "ExpertStager", layer: int, hidden: np.ndarray | Callable[[], np.ndarray], writers: Sequence[Callable[[int, np.ndarray], None]]):
+    def __init__(self, stager: "ExpertStager", layer: int, hidden: np.ndarray | Callable[[], np.ndarray],
+                 writers: Sequence[tuple[RunWriter, np.ndarray]]):
         self.stager = stager                 # the helper reaches the stager only through a pending job
         self.layer = layer
         self.hidden = hidden
@@ -306,9 +308,8 @@ class ExpertStager:
         self._stop_helper: weakref.finalize | None = None
         self._job: _PrefetchJob | None = None
         self._writer_ctx: Any = None
-        self._writers: list[tuple[tuple[Callable[[int, np.ndarray], None], np.ndarray], ...]] = []
-        # per layer: (runs writer, source bytes) per tensor where the caches are in host memory, else None
-        self._run_writers: list[tuple[tuple[Callable[[list[Run], np.ndarray], None], np.ndarray], ...] | None] = []
+        # per layer: (in host memory, ((runs writer, source) per tensor))
+        self._writers: list[tuple[bool, tuple[tuple[RunWriter, np.ndarray], ...]]] = []
         # False: settling waits for the whole job instead of taking unstarted copies back (the
         # counters then do not depend on thread timing: tests use it to check the guesses)
         self.take_back = True
@@ -335,7 +336,7 @@ class ExpertStager:
         """Forget what the caches hold (a new prepared graph starts empty)."""
         self.drain()
         self._layers = self._empty_layers()
-        self._writer_ctx, self._writers, self._run_writers = None, [], []
+        self._writer_ctx, self._writers = None, []
 
     def drain(self) -> None:
         """Settle a pending prefetch (before anything else reads the caches or counters): cancel
@@ -443,18 +444,12 @@ class ExpertStager:
         """Copy `runs` of `layer` from the source into the caches (staging thread, inside the
         execute: the graph's lock is held, so its lock-free row writers are safe here too)."""
         t0 = time.perf_counter()
-        writers = self._layer_writers(layer, ctx)
-        batched = self._run_writers[layer]
-        if batched is not None:               # one call per tensor for all the runs
-            for write_runs, src in batched:
-                write_runs(runs, src)
-        else:
-            for first, slot, count in runs:
-                for write, src in writers:
-                    write(slot, src[first: first + count])
+        host, writers = self._layer_writers(layer, ctx)
+        for write_runs, src in writers:       # one call per tensor for all the runs
+            write_runs(runs, src)
         self.stats.bytes_staged += self._expert_bytes[layer] * sum(count for _, _, count in runs)
         self.stats.copies += len(runs)
-        self.stats.writes += len(batched) if batched is not None else len(runs) * len(self._names[layer])
+        self.stats.writes += len(writers) if host else len(runs) * len(writers)
         self.stats.copy_seconds += time.perf_counter() - t0
 
     # -- prefetch -------------------------------------------------------------------
@@ -471,34 +466,29 @@ class ExpertStager:
         self.drain()
         self._start_prefetch(layer, hidden, ctx)
 
-    def _layer_writers(self, layer: int, ctx: Any) -> tuple[tuple[Callable[[int, np.ndarray], None], np.ndarray], ...]:
-        """How `layer`'s caches are written, as (writer, source) per tensor: the graph's
-        lock-free `row_byte_writer` fed the source's bytes where the cache is in host memory
-        (the helper's copies may outlive the execute that queued them; demand copies skip
-        write_rows' guard and conversions: a staged expert is three plain copies), else
-        `ctx.write_rows` fed the source as stored (caches on another device, whose writes
-        prefetch never makes; tests and the reference ctx, which have no row writers)."""
+    def _layer_writers(self, layer: int, ctx: Any) -> tuple[bool, tuple[tuple[RunWriter, np.ndarray], ...]]:
+        """How `layer`'s caches are written: (in host memory, (runs writer, source) per tensor),
+        a writer taking (first source row, slot, count) runs. Where the cache is in host memory,
+        the graph's lock-free `row_byte_run_writer` fed the source's bytes (the helper's copies
+        may outlive the execute that queued them; demand copies skip write_rows' guard and
+        conversions, and a staging call's runs are one call per tensor), else `ctx.write_rows`
+        per run fed the source as stored (caches on another device, whose writes prefetch never
+        makes; tests and the reference ctx, which have no row writers)."""
         if ctx is not self._writer_ctx:
-            self._writer_ctx, self._writers, self._run_writers = ctx, [], []
+            self._writer_ctx, self._writers = ctx, []
         while len(self._writers) <= layer:
             i = len(self._writers)
-            make = getattr(ctx, "row_byte_writer", None)
-            make_runs = getattr(ctx, "row_byte_run_writer", None)
+            make = getattr(ctx, "row_byte_run_writer", None)
             byte_sources = [_bytes_of(src) for src in self._sources[i]]
-            run_writers = None
             try:
                 if make is None or any(b is None for b in byte_sources):
-                    raise InputError("no row_byte_writer")
-                writers = tuple((make(name, like), src) for name, like, src
-                                in zip(self._names[i], self._sources[i], byte_sources))
-                if make_runs is not None:      # demand copies: all of a call's runs per tensor at once
-                    run_writers = tuple((make_runs(name, like), src) for name, like, src
-                                        in zip(self._names[i], self._sources[i], byte_sources))
-            except InputError:                # not in host memory: the guarded write
-                writers = tuple(((lambda n: lambda row, a: ctx.write_rows(n, row, a))(name), src)
-                                for name, src in zip(self._names[i], self._sources[i]))
-            self._writers.append(writers)
-            self._run_writers.append(run_writers)
+                    raise InputError("no row_byte_run_writer")
+                entry = (True, tuple((make(name, like), src) for name, like, src
+                                     in zip(self._names[i], self._sources[i], byte_sources)))
+            except InputError:                # not in host memory: the guarded write, a run at a time
+                entry = (False, tuple((_guarded_run_writer(ctx, name), src)
+                                      for name, src in zip(self._names[i], self._sources[i])))
+            self._writers.append(entry)
         return self._writers[layer]
 
     def _start_prefetch(self, layer: int, hidden: np.ndarray | Callable[[], np.ndarray], ctx: Any,
@@ -512,7 +502,7 @@ class ExpertStager:
                                             name=f"{self.label}-expert-prefetch", daemon=True)
             self._helper.start()
             self._stop_helper = weakref.finalize(self, jobs.put, None)
-        job = _PrefetchJob(self, layer, hidden, self._layer_writers(layer, ctx))
+        job = _PrefetchJob(self, layer, hidden, self._layer_writers(layer, ctx)[1])
         if queued_by_stage and self.trace and self.records:
             job.record = len(self.records) - 1
         self._job = job
@@ -542,9 +532,8 @@ class ExpertStager:
                 job.next += 1
                 job.busy = True
             try:
-                first, slot, count = run
-                for write, src in job.writers:
-                    write(slot, src[first: first + count])
+                for write_runs, src in job.writers:
+                    write_runs([run], src)
                 job.copied.append(run)
             except BaseException as exc:
                 job.error = exc
@@ -663,6 +652,14 @@ def _helper_loop(jobs: queue.SimpleQueue) -> None:
         if stager is not None:
             stager._run_job(job)
         job = stager = None                    # hold nothing while waiting
+
+
+def _guarded_run_writer(ctx: Any, name: str) -> RunWriter:
+    """A runs writer over `ctx.write_rows` (its checks and conversions, and its lock): one call per run."""
+    def write(runs: Sequence[Run], source: np.ndarray) -> None:
+        for first, slot, count in runs:
+            ctx.write_rows(name, slot, source[first: first + count])
+    return write
 
 
 def _bytes_of(source: np.ndarray) -> np.ndarray | None:
