@@ -462,6 +462,10 @@ def test_draft_length_follows_acceptance_and_measured_step_costs() -> None:
     for rows in (1, 1, 4, 4, 8, 8):
         gpu.observe(rows, 0.010 + 0.0001 * rows)
     assert gpu.current(seq(3, 1)) == 7                    # verify ~ decode: the longest draft
+    floored = DraftLength(7, [2, 4, 8, 10], minimum=2)    # --draft-min 2: the next rung up, 3, at the least
+    for rows, ms in ((1, 900.0), (1, 12.0), (4, 900.0), (4, 28.0)):
+        floored.observe(rows, ms / 1000)
+    assert floored.floor == 3 and floored.current(seq(0.5, 3)) == 3 and floored.current(seq(40, 0.2)) == 7
     s = seq(3, 0)
     DraftLength.update(s, 3, 1)
     assert (s.draft_accepted, s.draft_rejected) == (pytest.approx(3.4), 1)

@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", choices=("ngram", "self"), default="ngram",
                    help="who proposes under --speculative: ngram (prompt lookup: tokens that followed the same "
                         "n-gram earlier in the prompt or answer; default) or self (the core's draft programs)")
+    p.add_argument("--draft-min", type=int, default=0, metavar="N",
+                   help="prompt lookup: propose at least N tokens whenever the n-gram matches, whatever the measured "
+                        "step costs say (default 0: the draft length follows the costs, and may be none)")
     add_backends_option(p, dest="backend", default=None, help="backend to run on (default: the core's first)")
     p.add_argument("--ranks", type=int, default=None, help="run on N MPI ranks (spawns mpirun; experts are split)")
     p.add_argument("--max-queue", type=int, default=256, help="most requests waiting for a slot; more get 429")
@@ -191,7 +194,7 @@ def build(core: Any, args: argparse.Namespace, comm: Any = None, rank: int = 0, 
     try:
         return Server(runtime, comm=comm, name=Path(args.core).name, prefix_cache=args.prefix_cache,
                       prefix_cache_bytes=int(args.prefix_cache_mib * 2**20), prefix_block=args.prefix_block,
-                      speculative=args.speculative or 0, draft=args.draft, max_queue=args.max_queue,
+                      speculative=args.speculative or 0, draft=args.draft, draft_min=args.draft_min, max_queue=args.max_queue,
                       limits=Limits(args.max_body_kib << 10, body_seconds=args.read_timeout))
     except BaseException:
         runtime.release()
@@ -291,6 +294,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
     out = [args.core, "--host", args.host, "--port", str(args.port), "--max-queue", str(args.max_queue),
            "--prefix-cache-mib", str(args.prefix_cache_mib), "--prefix-block", str(args.prefix_block),
            "--graceful-seconds", str(args.graceful_seconds), "--log-level", args.log_level, "--draft", args.draft,
+           "--draft-min", str(args.draft_min),
            "--max-body-kib", str(args.max_body_kib), "--read-timeout", str(args.read_timeout),
            "--prefix-cache" if args.prefix_cache else "--no-prefix-cache"]
     if args.mixed_prefill is not None:

@@ -12,7 +12,9 @@ Drafters (`--draft`):
   sequence proposes anything is a plain `decode` step (nothing is verified in vain).
   The draft length is chosen per sequence and round for the most tokens per
   second (`DraftLength`: its acceptance rate so far against the measured cost
-  of verify steps of each size), and a sequence whose proposals all miss backs
+  of verify steps of each size; `--draft-min N` puts a floor under it, as
+  llama.cpp's option of that name does, for a device or a test where step
+  times are too noisy to go by), and a sequence whose proposals all miss backs
   off.
 - `self`: the core's `draft` programs (the exporter writes them: the model's
   first layers and its head, sharing the model's KV state by name), K batched
@@ -135,9 +137,11 @@ class DraftLength:
     a decode step (a GPU) long drafts win, and where its cost grows with its rows (the CPU's quantized
     products) drafts stay short unless the text is being copied almost token for token."""
 
-    def __init__(self, k: int, verify_tokens: Sequence[int]):
+    def __init__(self, k: int, verify_tokens: Sequence[int], minimum: int = 0):
         self.rungs = sorted({t - 1 for t in verify_tokens if 1 <= t - 1 <= k} | {k})
         self.start = max((r for r in self.rungs if r <= START_DRAFT), default=self.rungs[0])
+        # `--draft-min`: the shortest rung of at least `minimum` proposals, whatever the costs say (0: none)
+        self.floor = min((r for r in self.rungs if r >= minimum), default=self.rungs[-1]) if minimum > 0 else 0
         self.seconds: dict[int, float] = {}        # step rows -> seconds (moving average)
         self._seen: dict[int, int] = {}
 
@@ -171,7 +175,11 @@ class DraftLength:
         return (s.draft_accepted + PRIOR_ACCEPTED) / (s.draft_accepted + s.draft_rejected + PRIOR_ACCEPTED + 1)
 
     def current(self, s: Speculating) -> int:
-        """The draft length for `s` this round; 0 when a plain decode step is expected to be faster."""
+        """The draft length for `s` this round; 0 when a plain decode step is expected to be faster
+        (never below the floor `--draft-min` sets)."""
+        return max(self._by_cost(s), self.floor)
+
+    def _by_cost(self, s: Speculating) -> int:
         p = min(self.rate(s), 0.999)
         best, best_speed = self.start, 0.0
         for d in self.rungs[self.rungs.index(self.start):]:    # shorter drafts: too noisy to be worth it
@@ -193,9 +201,11 @@ class DraftLength:
 
 
 class Speculator:
-    def __init__(self, engine: StepEngine, k: int, draft: str = "ngram"):
+    def __init__(self, engine: StepEngine, k: int, draft: str = "ngram", draft_min: int = 0):
         if k < 1:
             raise ValueError("speculative K must be >= 1")
+        if not 0 <= draft_min <= k:
+            raise ValueError(f"draft_min must be within 0..K ({k}), got {draft_min}")
         if draft not in DRAFTERS:
             raise ValueError(f"draft must be one of {DRAFTERS}, got {draft!r}")
         self.engine = engine
@@ -203,7 +213,7 @@ class Speculator:
         self.draft = draft
         self.stats = SpecStats()
         self.max_ctx = engine.serving.max_ctx
-        self.lengths = DraftLength(k, [b.tokens for b in engine.buckets.get("verify", [])])
+        self.lengths = DraftLength(k, [b.tokens for b in engine.buckets.get("verify", [])], draft_min)
 
     def _k(self, s: Speculating) -> int:
         """Proposals for `s`: at most K (prompt lookup: its current draft length), never past its token
