@@ -42,6 +42,14 @@ def _kernel_arg(prefix: str) -> str | None:
         return None
 
 
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 def _hot_scratch(nbytes: int) -> None:
     """Touch and free `nbytes` of fresh memory: its pages go back to the guest's free lists, still backed."""
     m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -125,7 +133,7 @@ def main() -> int:
                 "minor faults per slab, again": span([r["reused_faults"] for r in sel])}
     summary = {"slab": f"{args.blocks} blocks of {args.block_kib} KiB", "rounds": args.rounds, "idle s": args.idle,
                "free page reporting": _kernel_arg("page_reporting."),
-               "THP mode": open("/sys/kernel/mm/transparent_hugepage/enabled").read().strip(),
+               "THP mode": _read("/sys/kernel/mm/transparent_hugepage/enabled"),
                "per block": per_block}
     emit(summary, rows, args.json)
     return 0
