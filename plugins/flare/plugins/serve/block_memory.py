@@ -12,9 +12,11 @@ the cache's budget (`limit`). Fresh memory costs its first touch, and on this
 VM that cost is the host's, not the allocator's (`bench/first_touch.py`, one
 process, allocators alternated, 11 blocks of 720 KiB a slab): a block's first
 copy takes ~0.13-0.15 ms where the host backs the guest's pages and ~1.7-2.5 ms
-where it does not (a host fault per page: the VM backs memory lazily and takes
-free memory back, `page_reporting_order=11` on its kernel line), with the same
-minor-fault counts (447 a slab) in both modes; copied again, 0.02 ms. Same
+where it does not (most likely a host fault per page: the VM backs memory
+lazily and takes free memory back, `page_reporting_order=11` on its kernel
+line; a 64 MiB mapping touched again at once cost 0.1 ms a 2 MiB page, after
+5 s idle 2.5-4.9 ms, three rounds), with the same minor-fault counts (447 a
+slab) in both modes; copied again, 0.02 ms. Same
 allocator, same faults, ~15x the time: which mode a slab gets is the host's
 doing, and it flips within one process (the bimodal ~0.4 vs ~3 ms store of a
 block per run). Tried and not kept: MADV_HUGEPAGE and
