@@ -7,18 +7,36 @@ left is the memory. Blocks are carved from slabs of up to SLAB_BYTES, one
 buffer per device (one trip through the ledger, tag `prefix-cache`, for up to
 11 SmolLM2 blocks; a block allocated on its own measured ~0.3 ms more), with
 each block's views made when its slab is. Nothing is reserved up front (a cache
-that is never filled costs nothing; an up-front, touched reservation of the
-whole budget was tried and did not pay), and slabs never hold more blocks than
-the cache's budget (`limit`). Fresh memory still faults in a page at a time on
-its first copy (~0.3-0.45 ms of a 720 KiB SmolLM2 block here; transparent huge
-pages, tried, measured no better). Faulting a new slab in when it is carved was
-tried too: 12 malloc'd 8 MiB slabs, 11 block copies each, thread CPU per slab:
-1.97-2.52 ms faulted by the copies, 2.27-9.48 ms after MADV_POPULATE_WRITE, 17-31
-ms after MADV_HUGEPAGE + MADV_POPULATE_WRITE (three rounds, load ~3.7; a fresh
-2 MiB-aligned mmap of its own looked far better, 0.4 vs 4.7 ms, but a slab is
-`device.alloc`'s memory). A dropped block's memory goes to a free list
+that is never filled costs nothing), and slabs never hold more blocks than
+the cache's budget (`limit`). Fresh memory costs its first touch, and on this
+VM that cost is the host's, not the allocator's (`bench/first_touch.py`, one
+process, allocators alternated, 11 blocks of 720 KiB a slab): a block's first
+copy takes ~0.13-0.15 ms where the host backs the guest's pages and ~1.7-2.5 ms
+where it does not (most likely a host fault per page: the VM backs memory
+lazily and takes free memory back, `page_reporting_order=11` on its kernel
+line; a 64 MiB mapping touched again at once cost 0.1 ms a 2 MiB page, after
+5 s idle 2.5-4.9 ms, three rounds), with the same minor-fault counts (447 a
+slab) in both modes; copied again, 0.02 ms. Same
+allocator, same faults, ~15x the time: which mode a slab gets is the host's
+doing, and it flips within one process (the bimodal ~0.4 vs ~3 ms store of a
+block per run). Tried and not kept: MADV_HUGEPAGE and
+MADV_POPULATE_WRITE on malloc'd slabs (1.97-2.52 ms a slab faulted by the
+copies, 2.27-9.48 ms populated, 17-31 ms huge + populated; NumPy already advises
+huge pages from 4 MiB up); an up-front touched reservation of the whole budget
+(it moves the same touches to start-up and makes the budget resident in a server
+that may never fill it); a 2 MiB-aligned mmap of whole huge pages (the lead
+"0.4 vs 4.7 ms" was the host's two modes: 8 MiB slabs of 4 huge-page faults
+took 0.26-0.27 ms a 512 KiB block against 0.06-0.12 for `device.alloc`'s, both
+up to 1.6-2.0 ms in the slow mode). So the fresh-memory cost is one
+touch of the budget per process (64 MiB: at most ~0.2 s in the slow mode), paid
+while the cache fills; after that every store takes an evicted block's memory.
+A dropped block's memory goes to a free list
 that the next block takes first: a full cache evicts one block to store one,
-with no allocation and no fault (~0.15 ms a block, all of it copies). Slabs are
+with no allocation and no fault (~0.15 ms a block, all of it copies). Fewer,
+larger copies were measured apart and not taken: SmolLM2's K states lie 1574592
+bytes apart and its V states too (K to V 787264, V to K 787328), so two strided
+copies could move a block instead of 60, 15 instead of 60 us a block (2000
+alternated rounds, hot caches): ~0.1 ms of a ~135 ms request, under 0.1%. Slabs are
 released by `close()` only (their blocks are the cache's budget, which a serving
 process keeps).
 
