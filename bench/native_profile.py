@@ -11,6 +11,7 @@ thread count (before hand-overs and the pool's wake-up).
 
     OPENBLAS_NUM_THREADS=1 python bench/native_profile.py minilm --batch 32
     OPENBLAS_NUM_THREADS=1 python bench/native_profile.py moe --size small [--cold]
+    OPENBLAS_NUM_THREADS=1 python bench/native_profile.py moe --size mid --entry prefill [--cold]
 """
 from __future__ import annotations
 
@@ -45,7 +46,9 @@ def _moe(args: argparse.Namespace) -> tuple[Any, Callable[[], None]]:
     model = MoeLM.load(args.size, experts="resident", session=session)
     model.prefill(0, encode("hello world")[:4])
     model.decode([0], [5], [40])
-    plan = model.graph.current_plan("decode")
+    if args.entry == "prefill":   # a 4-token chunk, as the bench's 48-token prompts are prefilled
+        model.prefill(0, [7, 8, 9, 10], start=36)
+    plan = model.graph.current_plan(args.entry)
     _KEEP.append((session, model))
     views = {name: view for name, _dev, _binding, view in plan.input_writes}
     rng = np.random.default_rng(0)
@@ -76,6 +79,8 @@ def main() -> None:
     ap.add_argument("workload", choices=("moe", "minilm"))
     ap.add_argument("--size", default="small", help="moe-lm size")
     ap.add_argument("--cold", action="store_true", help="moe-lm: a random token each pass")
+    ap.add_argument("--entry", default="decode", choices=("decode", "prefill"),
+                    help="moe-lm: the entry whose command list is timed (prefill: a 4-token chunk)")
     ap.add_argument("--batch", type=int, default=32, help="MiniLM sentences")
     ap.add_argument("--threads", type=int, default=2, help="the thread count to plan for")
     ap.add_argument("--reps", type=int, default=50)

@@ -13,7 +13,7 @@ import abc
 import contextlib
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -137,6 +137,30 @@ class PreparedSplit(abc.ABC):
         return False
 
 
+class _InUse:
+    """`Device.in_use()`'s context manager: one user of `device` while the block runs."""
+
+    __slots__ = ("_device",)
+
+    def __init__(self, device: "Device"):
+        self._device = device
+
+    def __enter__(self) -> "Device":
+        dev = self._device
+        with dev._use_cond:
+            if dev.closed or dev._closing:
+                raise ReleasedError(f"device {dev.name} is closed")
+            dev._users += 1
+        return dev
+
+    def __exit__(self, *exc: Any) -> None:
+        dev = self._device
+        with dev._use_cond:
+            dev._users -= 1
+            if dev._users == 0:
+                dev._use_cond.notify_all()
+
+
 class Device(abc.ABC):
     """One device of a backend. Subclasses implement the `_raw` hooks and `compile`.
 
@@ -159,20 +183,12 @@ class Device(abc.ABC):
         self._use_cond = threading.Condition()
 
     # -- users and closing ------------------------------------------------------
-    @contextlib.contextmanager
-    def in_use(self) -> Iterator["Device"]:
-        """Hold the device open for the block; ReleasedError if it is closed or closing."""
-        with self._use_cond:
-            if self.closed or self._closing:
-                raise ReleasedError(f"device {self.name} is closed")
-            self._users += 1
-        try:
-            yield self
-        finally:
-            with self._use_cond:
-                self._users -= 1
-                if self._users == 0:
-                    self._use_cond.notify_all()
+    def in_use(self) -> contextlib.AbstractContextManager["Device"]:
+        """Hold the device open for the block; ReleasedError if it is closed or closing.
+
+        A small class, not a generator context manager: every execute enters one (a moe-lm
+        decode step is ~55 us in all), and the generator form cost ~2.5 us of it, this ~0.6."""
+        return _InUse(self)
 
     def _begin_close(self) -> bool:
         """Refuse new users and wait for those in flight. False when a close already began

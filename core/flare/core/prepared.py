@@ -361,7 +361,9 @@ class PreparedGraph:
         self.stats["executes"] += 1
         outputs = {name: dev.read(binding) if view is None else view.copy()
                    for name, dev, binding, view in plan.output_reads}
-        self._hook.flare_graph_executed(graph=self, entry=entry, seconds=time.perf_counter() - start)
+        executed = self._hook.flare_graph_executed
+        if executed.get_hookimpls():   # a call with no observer costs ~1.3 us of a ~55 us decode step
+            executed(graph=self, entry=entry, seconds=time.perf_counter() - start)
         return outputs
 
     def _plan_for_inputs(self, entry: str, inputs: Mapping[str, np.ndarray]) -> EntryPlan:
