@@ -99,13 +99,18 @@ def fit(x: Any, y: Any, f1: int, f2: int) -> Any:
 
 
 def subst(p: Any, f: int) -> Any:
-    """The value of pattern `p` at F = f."""
+    """The value of pattern `p` at F = f (containers without a `Lin` come back as they are)."""
+    return _subst(p, f) if _has_lin(p) else p
+
+
+def _subst(p: Any, f: int) -> Any:
+    # `p` holds a Lin somewhere: containers are rebuilt whole (a parameter's lists are short)
     if type(p) is Lin:
         return p.a * f + p.b
-    if isinstance(p, (list, tuple)) and _has_lin(p):
-        return type(p)(subst(x, f) for x in p)
-    if isinstance(p, dict) and _has_lin(p):
-        return {k: subst(v, f) for k, v in p.items()}
+    if isinstance(p, (list, tuple)):
+        return type(p)(_subst(x, f) for x in p)
+    if isinstance(p, dict):
+        return {k: _subst(v, f) for k, v in p.items()}
     return p
 
 
@@ -201,7 +206,8 @@ def sample_of(rec: Recording) -> tuple[int, Sample] | None:
 
 class _SegTemplate(NamedTuple):
     ordinal: int
-    specs: list           # per tensor: (role, name, dtype, op, src indices, params, shape, weight)
+    specs: list           # per tensor: (role, name, dtype, op, src indices, params, params' Lin pattern or
+    #                       None, shape, shape's Lin pattern or None, weight)
     outputs: dict         # output name -> tensor index
     feeds: dict           # feed name -> source pattern
     summary: dict
@@ -253,7 +259,10 @@ class Template:
             elif tx.name != ty.name:
                 raise NoFit(f"tensor {tx.name!r} / {ty.name!r}")
             params = fit(tx.params, ty.params, f1, f2) if tx.op is not None else None
-            specs.append((tx.role, tx.name, tx.dtype, tx.op, srcs, params, fit(tx.shape, ty.shape, f1, f2), weight))
+            shape = fit(tx.shape, ty.shape, f1, f2)
+            # a pattern without a Lin is kept as None beside its value: `build` substitutes only what follows F
+            specs.append((tx.role, tx.name, tx.dtype, tx.op, srcs, params, params if _has_lin(params) else None,
+                          shape, shape if _has_lin(shape) else None, weight))
         outputs = {n: index[t.id] for n, t in sx.outputs.items()}
         if outputs != {n: index_y[t.id] for n, t in sy.outputs.items()}:
             raise NoFit("outputs differ")
@@ -282,11 +291,13 @@ class Template:
             b = GraphBuilder()
             made = []
             digests: dict[str, str] = {}
-            for role, name, dtype, op, srcs, params, shape, weight in st.specs:
-                shape = subst(shape, f)
+            for role, name, dtype, op, srcs, params, lin_params, shape, lin_shape, weight in st.specs:
+                if lin_shape is not None:
+                    shape = _subst(lin_shape, f)
                 if op is not None:
                     n = len(b._tensors)
-                    t = b.op(op, *[made[i] for i in srcs], name=name, **subst(params, f))
+                    t = b.op(op, *[made[i] for i in srcs], name=name,
+                             **(params if lin_params is None else _subst(lin_params, f)))
                     if len(b._tensors) != n + 1 or t.shape != shape or t.dtype != dtype:
                         raise NoFit(f"{name}: the op's rule gives {t.shape} {t.dtype}, fitted {shape} {dtype}")
                 elif role == INPUT:
