@@ -48,3 +48,12 @@ def test_computed_constants_are_fills_or_ramps_or_nothing():
     assert ramp == ("ramp", 0, 1)
     np.testing.assert_array_equal(_make_array(ramp, (1, 5), np.dtype(np.int64)), [[0, 1, 2, 3, 4]])
     assert _pattern_array(np.array([0.0, 1.0, 3.0], np.float32)) is None
+
+
+def test_a_compiled_pattern_gives_what_subst_gives():
+    from flare.models.onnx.tails import compiled
+
+    pattern = {"shape": [1, Lin((0, 1, 0, 0)), Lin((3, 0, 2, 1))], "axis": 2, "pads": (0, Lin((1, 2, 0, 0)))}
+    for f, t in [(10, 3), (7, 96)]:
+        assert compiled(pattern)(monomials(f, t)) == subst(pattern, monomials(f, t))
+    assert compiled((1, Lin((0, 1))))(monomials(5, None)) == (1, 5)

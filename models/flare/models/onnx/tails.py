@@ -179,6 +179,29 @@ def _subst(p: Any, mono: tuple) -> Any:
     return p
 
 
+def compiled(p: Any) -> Any:
+    """`lambda mono: _subst(p, mono)` as one Python expression (`build` evaluates ~650 shapes
+    and parameter sets a call: the generic walk over the pattern was most of its time)."""
+    consts: list = []
+
+    def expr(q: Any) -> str:
+        if type(q) is Lin:
+            terms = [f"{c}*m[{k}]" for k, c in enumerate(q.coeffs) if c]
+            return "(" + (" + ".join(terms) or "0") + ")"
+        if _has_lin(q) and type(q) in (list, tuple, dict):
+            if type(q) is dict:
+                consts.extend(q)
+                keys = range(len(consts) - len(q), len(consts))
+                return "{" + ", ".join(f"K[{i}]: {expr(v)}" for i, v in zip(keys, q.values())) + "}"
+            inner = ", ".join(expr(x) for x in q)
+            return f"[{inner}]" if type(q) is list else f"({inner},)"
+        consts.append(q)
+        return f"K[{len(consts) - 1}]"
+
+    text = expr(p)
+    return eval(f"lambda m: {text}", {"K": consts})  # noqa: S307 (made here from ints and indices only)
+
+
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b)
 
@@ -277,8 +300,8 @@ def sample_of(inputs_key: tuple, rec: Recording) -> tuple[int, Sample] | None:
 
 class _SegTemplate(NamedTuple):
     ordinal: int
-    specs: list           # per tensor: (role, name, dtype, op, src indices, params, params' Lin pattern or
-    #                       None, shape, shape's Lin pattern or None, weight)
+    specs: list           # per tensor: (role, name, dtype, op, src indices, params, params at given
+    #                       monomials (`compiled`) or None, shape, the same of the shape, weight)
     outputs: dict         # output name -> tensor index
     feeds: dict           # feed name -> source pattern
     summary: dict
@@ -347,8 +370,9 @@ class Template:
             params = fit([t.params for t in ts], solver) if tx.op is not None else None
             shape = fit([t.shape for t in ts], solver)
             # a pattern without a Lin is kept as None beside its value: `build` substitutes only what follows
-            specs.append((tx.role, tx.name, tx.dtype, tx.op, srcs, params, params if _has_lin(params) else None,
-                          shape, shape if _has_lin(shape) else None, weight))
+            specs.append((tx.role, tx.name, tx.dtype, tx.op, srcs, params,
+                          compiled(params) if _has_lin(params) else None,
+                          shape, compiled(shape) if _has_lin(shape) else None, weight))
         outputs = {n: indices[0][t.id] for n, t in x.outputs.items()}
         for seg, index in zip(segs[1:], indices[1:]):
             if outputs != {n: index[t.id] for n, t in seg.outputs.items()}:
@@ -380,11 +404,11 @@ class Template:
             digests: dict[str, str] = {}
             for role, name, dtype, op, srcs, params, lin_params, shape, lin_shape, weight in st.specs:
                 if lin_shape is not None:
-                    shape = _subst(lin_shape, mono)
+                    shape = lin_shape(mono)
                 if op is not None:
                     n = len(b._tensors)
                     t = b.op(op, *[made[i] for i in srcs], name=name,
-                             **(params if lin_params is None else _subst(lin_params, mono)))
+                             **(params if lin_params is None else lin_params(mono)))
                     if len(b._tensors) != n + 1 or t.shape != shape or t.dtype != dtype:
                         raise NoFit(f"{name}: the op's rule gives {t.shape} {t.dtype}, fitted {shape} {dtype}")
                 elif role == INPUT:
