@@ -105,6 +105,22 @@ def test_a_new_audio_length_runs_the_fitted_tail_and_equals_onnxruntime(backend)
         again = piper.synthesize_ids(ids)
         assert stats["replayed"] == 1
         np.testing.assert_array_equal(again, got)
+        # a template whose fitted shape the op's rule contradicts is not run: the call walks, and
+        # the walked sample (which it mispredicts) makes the tail fitted again
+        (key, tpl), = piper.runner.tails.templates.items()
+        st = tpl.segs[0]
+        k = next(i for i, spec in enumerate(st.specs) if spec[3] is not None and spec[8] is not None)
+        spec = list(st.specs[k])
+        good = spec[8]
+        spec[8] = lambda m: tuple(good(m)[:-1]) + (good(m)[-1] + 1,)
+        st.specs[k] = tuple(spec)
+        ids = piper.ids("Goodbye, world.")
+        got = piper.synthesize_ids(ids)
+        assert stats["resumed"] == 3 and stats["templated"] == 1
+        assert piper.runner.tails.templates[key] is not tpl
+        want = ref.run(None, {"input": ids, "input_lengths": np.array([ids.shape[1]], np.int64),
+                              "scales": np.array([0.0, 1.0, 0.0], np.float32)})[0].reshape(-1)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-3)
 
 
 def test_padded_ids_keep_the_real_length_apart():
