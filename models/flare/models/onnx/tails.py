@@ -100,17 +100,22 @@ class Solver:
                 if r != c and m[r][c]:
                     m[r] = [x - m[r][c] * y for x, y in zip(m[r], m[c])]
         self.picked = picked
-        self.inverse = [row[ncols:] for row in m]
+        # the inverse over a common denominator: solving is integer arithmetic (a fit solves thousands)
+        import math
+
+        inverse = [row[ncols:] for row in m]
+        self.denominator = math.lcm(*(x.denominator for row in inverse for x in row))
+        self.inverse = [[int(x * self.denominator) for x in row] for row in inverse]
 
     def solve(self, values: list[int]) -> Any:
         first = values[0]
         if all(v == first for v in values):
             return first
-        coeffs = [sum(self.inverse[r][c] * int(values[i]) for c, i in enumerate(self.picked))
-                  for r in range(len(self.picked))]
-        if any(c.denominator != 1 for c in coeffs):
+        d = self.denominator
+        nums = [sum(row[c] * int(values[i]) for c, i in enumerate(self.picked)) for row in self.inverse]
+        if any(n % d for n in nums):
             raise NoFit(f"{values} is no integer combination of the lengths")
-        coeffs = tuple(int(c) for c in coeffs)
+        coeffs = tuple(n // d for n in nums)
         for row, v in zip(self.rows, values):
             if sum(c * m for c, m in zip(coeffs, row)) != v:
                 raise NoFit(f"{values} does not follow the lengths")
