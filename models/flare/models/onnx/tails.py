@@ -25,6 +25,11 @@ op's own rule (`GraphBuilder.op`: the checks and the shape rule), and a shape di
 the fitted one, or a feed of another shape, falls back to the walk. A template that
 mispredicts a later walked sample is fitted again.
 
+Why the data itself cannot change a tail: a walk is a function of the shapes, the constants
+and the values it reads (`Tracer.c`); a sample's tail read nothing but F, so at the same
+lengths and live constants every call's walk reads nothing else and lowers the same ops (the
+random draws it feeds are drawn afresh at the new shape, as a replay draws them).
+
 Limits: a value computed from the lengths that the samples all give as the fitted form (a
 parameter like min(F, 4096) while every sample was below it, a bool F > 100 folded into a
 weight) is taken for that form; the confirming samples guard against that, the op rules
