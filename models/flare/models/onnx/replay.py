@@ -107,9 +107,12 @@ class Recording:
         self.checkpoints[len(self.events)] = cp
 
     def resumed(self, resume: Resume) -> None:
-        """Start this recording with the events a replay ran before `resume`'s checkpoint."""
+        """Start this recording with the events a replay ran before `resume`'s checkpoint, and
+        that checkpoint (the resumed walk does not close a segment there again: without it, a
+        later replay of this recording diverging at the same read traced the whole call)."""
         self.events = list(resume.events)
         self.sigs = list(resume.sigs)
+        self.checkpoints[len(self.events)] = resume.checkpoint
 
     def source(self, v: Any) -> tuple | None:
         if v.const is None:

@@ -48,6 +48,7 @@ from .collector import FreezePolicy
 from .errors import OnnxError, UnsupportedOpError
 from .loader import DEFAULT_DOMAINS, OnnxModel
 from .replay import Checkpoint, NeedsTrace, Recording, Recordings, Resume
+from .tails import Tails
 from .values import BOOL, MAX_RANK, Val, flare_dtype, flare_shape, from_flare_array, is_wide, to_flare_array
 
 ENTRY = "main"
@@ -323,6 +324,7 @@ class OnnxRunner:
         # random draws a failed replay made, for the trace that follows: id(node) -> output arrays
         self.reuse_draws: dict[int, list] = {}
         self.resume: Resume | None = None  # where a failed replay lets the trace start (replay.py)
+        self.tails = Tails()  # tails after a checkpoint re-derived for a new length read there (tails.py)
         # a traced call's plans are frozen out of the collector's full passes (collector.py)
         self.collector = FreezePolicy(freeze_gc)
 
@@ -336,11 +338,20 @@ class OnnxRunner:
             rec = Recording()
             host_steps = self.stats["host_steps"]
             resume, self.resume = self.resume, None
+            if resume is not None:
+                done = self.tails.run(self, key, resume)
+                if done is not None:
+                    self.reuse, self.reuse_draws = {}, {}
+                    out, rec = done
+                    self.recordings.add(key, rec)
+                    self.collector.after_trace()  # a new plan was made: freeze it like a trace's
+                    return out
             try:
                 out = Tracer(self, inputs, rec, resume).run()
             finally:
                 self.reuse, self.reuse_draws = {}, {}
             rec.host_steps = self.stats["host_steps"] - host_steps + (resume.checkpoint.host_steps if resume else 0)
+            self.tails.learn(key, rec)  # before add: a recording keeps slim segments
             self.recordings.add(key, rec)
             self.collector.after_trace()
             return out
@@ -558,6 +569,7 @@ class OnnxRunner:
         (idempotent). The runner stays usable: a later call prepares again."""
         with self._lock:
             self.recordings = Recordings()
+            self.tails = Tails()
             while self._families:
                 _, fam = self._families.popitem()
                 fam.pg.release()
