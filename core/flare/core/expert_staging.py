@@ -97,16 +97,17 @@ sources are contiguous bytes, and prefetch is off, `stage` hands the step to C: 
 selected ids, the misses, the victims, the slot table, the use counts and ticks, the copies (one
 memcpy per tensor and run) and the slots of every (token, choice), on arrays this stager owns
 (`_NativeLayer`: the same records as `_LayerCache`, so `resident()`, `StagingStats` and traces
-stay right; tests/test_expert_staging_native.py replays one routing through both paths and compares slots, records, counters
-and cache bytes). The Python path stays the reference, and the path for caches on other devices
-and for prefetch (whose helper works on `_LayerCache`); a layer that changes path starts empty
-(re-copies, same outputs). On the moe-lm `mid` pair (16 slots) it took the stager's own time per
-request from ~1.51-1.59 to ~1.15-1.23 ms (its copies from ~1.01-1.08 to ~0.84-0.92 ms: no Python
-between the runs) and the host steps from ~1.69-1.81 to ~1.35-1.46 ms (thread CPU, p10, bench/staging_breakdown.py, four alternated runs a side). What it leaves: the host
-node itself (the callback's Python around the C call, ~3 us; the host step, ~4 us; leaving and
-re-entering the native walk, ~4 us, per call) and the copies. A step inside the command list
-(no host node) would remove the first; it needs the partitioner to keep such a node in the
-device's split and a command kind for it, not done.
+stay right; tests/test_expert_staging_native.py replays one routing through both paths and
+compares slots, records, counters and cache bytes). The Python path stays the reference, and the
+path for caches on other devices and for prefetch (whose helper works on `_LayerCache`); a layer
+that changes path starts empty (re-copies, same outputs). On the moe-lm `mid` pair (16 slots) it
+took the stager's own time per request from ~1.51-1.59 to ~1.15-1.23 ms (its copies from
+~1.01-1.08 to ~0.84-0.92 ms: no Python between the runs) and the host steps from ~1.69-1.81 to
+~1.35-1.46 ms (thread CPU, p10, bench/staging_breakdown.py, four alternated runs a side). What
+it leaves: the host node itself (the callback's Python around the C call, ~3 us; the host step,
+~4 us; leaving and re-entering the native walk, ~4 us, per call) and the copies. A step inside
+the command list (no host node) would remove the first; it needs the partitioner to keep such a
+node in the device's split and a command kind for it, not done.
 
 Prefetch saves little of that: it avoids ~0.1 (GGUF, hit rate 0.85 ->
 0.89) to ~0.6 (moe-lm `mid` prefill, 0.66 -> 0.78) demand copies per staging
