@@ -504,16 +504,16 @@ class ExpertStager:
         while len(self._native_steps) <= layer:
             i = len(self._native_steps)
             self._native_steps.append(self._make_native_step(i, ctx))
-        step = self._native_steps[layer]
-        if step is not None and self._native_layers[layer] is None:
+        bound = self._native_steps[layer]
+        if bound is not None and self._native_layers[layer] is None:
             # the Python records of this layer mean nothing to C: the layer starts empty (re-copies, same outputs)
             state = _NativeLayer(self.slots, self.n_experts)
-            if not step.bind(state):
+            if not bound.bind(state):
                 self._native_steps[layer] = None
                 return None
             self._layers[layer] = _LayerCache(self.slots, self.n_experts)
             self._native_layers[layer] = state
-        return step
+        return None if bound is None else bound.step
 
     def _make_native_step(self, layer: int, ctx: Any) -> Any:
         make_target = getattr(ctx, "row_byte_target", None)
@@ -530,7 +530,7 @@ class ExpertStager:
             return None
         return _BoundStep(make, byte_sources, [target for _, target in targets])
 
-    def _stage_native(self, layer: int, step: "_BoundStep", ids: np.ndarray, valid: np.ndarray | None,
+    def _stage_native(self, layer: int, step: Callable[..., int], ids: np.ndarray, valid: np.ndarray | None,
                       out: np.ndarray | None) -> np.ndarray:
         """`stage` by the device's C step: the same policy, on `_NativeLayer`'s arrays."""
         t0 = time.perf_counter()
@@ -823,12 +823,10 @@ class _BoundStep:
 
     def __init__(self, make: Callable[..., Any], sources: list[np.ndarray], targets: list[Callable[[], np.ndarray]]):
         self._make, self._sources, self._targets = make, sources, targets
-        self._step: Any = None
+        # step(ids int32 [T, k], valid uint8 [T] | None, out int32 [T, k]) -> staging.c's code
+        self.step: Callable[[np.ndarray, np.ndarray | None, np.ndarray], int] | None = None
 
     def bind(self, state: _NativeLayer) -> bool:
         """Bind to `state`; False where the device has no C step after all (no native executor)."""
-        self._step = self._make(state, self._sources, self._targets, AGE_EVERY)
-        return self._step is not None
-
-    def __call__(self, ids: np.ndarray, valid: np.ndarray | None, out: np.ndarray) -> int:
-        return self._step(ids, valid, out)
+        self.step = self._make(state, self._sources, self._targets, AGE_EVERY)
+        return self.step is not None

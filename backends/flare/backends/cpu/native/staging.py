@@ -52,23 +52,22 @@ class StageStep:
                       p("int64_t[]", state.info))
         self._null = ffi.NULL
 
-    def _check_targets(self) -> None:
-        """Point the pointer table at the caches' current host views (rebuilt only when one changed)."""
-        dsts = self._dsts
-        for i, target in enumerate(self._targets):
-            dst = target()
-            if dst is not dsts[i]:
-                if dst.shape[1] != self._row_bytes[i] or not dst.flags.c_contiguous or not dst.flags.writeable:
-                    raise ValueError(f"expert cache rows {dst.shape} do not take source rows of {self._row_bytes[i]} bytes")
-                dsts[i] = dst
-                self._dst_ptrs[i] = dst.ctypes.data
+    def _retarget(self, i: int, dst: np.ndarray) -> None:
+        """Point tensor i's cache pointer at `dst`, its cache's current host view."""
+        if dst.shape[1] != self._row_bytes[i] or not dst.flags.c_contiguous or not dst.flags.writeable:
+            raise ValueError(f"expert cache rows {dst.shape} do not take source rows of {self._row_bytes[i]} bytes")
+        self._dsts[i] = dst
+        self._dst_ptrs[i] = dst.ctypes.data
 
     def __call__(self, ids: np.ndarray, valid: np.ndarray | None, out: np.ndarray) -> int:
         """Stage one step: ids int32 [T, k] (C order), valid uint8/bool [T] or None, out int32 of
         ids' shape (written). Returns staging.c's code; the state's `info`/`record` say what it did."""
-        self._check_targets()
+        dsts = self._dsts
+        for i, target in enumerate(self._targets):    # the caches' current views (InputError once released)
+            dst = target()
+            if dst is not dsts[i]:
+                self._retarget(i, dst)
         p = self._ffi.from_buffer
         n_tok = ids.shape[0] if ids.ndim else 1
-        k = ids.size // n_tok if n_tok else 0
-        return self._fn(p("int32_t[]", ids), n_tok, k, self._null if valid is None else p("uint8_t[]", valid),
-                        p("int32_t[]", out), *self._args)
+        return self._fn(p("int32_t[]", ids), n_tok, ids.size // n_tok if n_tok else 0,
+                        self._null if valid is None else p("uint8_t[]", valid), p("int32_t[]", out), *self._args)
