@@ -160,3 +160,44 @@ def test_moe_lm_tokens_and_staging_equal_with_and_without_the_c_step(tiny_path):
     assert c_used == [True, True] and p_used == [False, False]
     assert c_records == p_records and c_stats == p_stats
     assert c_stats["evictions"] > 0
+
+
+@pytest.mark.usefixtures("gguf_plugin")
+def test_gguf_quantized_experts_from_the_file_equal_with_and_without_the_c_step(tmp_path):
+    """Q4_0 experts staged from the memory-mapped GGUF file: the C step copies the same bytes into
+    the same slots as the Python step (tokens, bitwise logits, counters, what each slot holds)."""
+    from flare.models.gguf.model import GgufLM, Sampling
+    from flare.models.gguf.testing import TinySpec, write_tiny
+
+    path = write_tiny(tmp_path / "moe.gguf", TinySpec(n_experts=16, top_k=2, qtype="q4_0", n_layers=3, d_ff=256, seed=3))
+    out = {}
+    for native in (True, False):
+        with GgufLM.load(str(path), max_ctx=64, prefill_chunk=4, experts="offload") as lm:
+            st = lm.stager
+            st.native = native
+            ids = lm.model.tokenizer().chat_ids("Tell me about experts")
+            tokens, logits = lm.generate(ids, 6, Sampling(greedy=True), stop_at_eos=False)
+            used = [st._native_layers[i] is not None for i in range(st.n_layers)]
+            out[native] = (tokens, np.stack(logits), {n: getattr(st.stats, n) for n in COUNTERS},
+                           [st.resident(i) for i in range(st.n_layers)], used)
+    assert out[True][4] == [True] * 3 and out[False][4] == [False] * 3
+    assert out[True][0] == out[False][0]
+    np.testing.assert_array_equal(out[True][1], out[False][1])
+    assert out[True][2] == out[False][2] and out[True][2]["evictions"] > 0
+    assert out[True][3] == out[False][3]
+
+
+def test_a_cpu_device_without_its_native_executor_keeps_the_python_step():
+    from flare.backends.cpu.device import CpuDevice
+
+    dev = CpuDevice("cpu-numpy-test", native=False)
+    try:
+        src = _source()
+        st = _stager(src, 4, True)
+        ctx = HostCtx(4, dev)
+        slots = st(_node(0), np.array([[3, 4]], np.int32), ctx=ctx)
+        assert st._native_layers[0] is None and st.records[-1].staged == (3, 4)
+        for expert, slot in zip((3, 4), slots[0].tolist()):
+            np.testing.assert_array_equal(ctx.caches["L0.u"][slot], src["L0.u"][expert])
+    finally:
+        dev.close()
