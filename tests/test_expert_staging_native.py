@@ -201,3 +201,19 @@ def test_a_cpu_device_without_its_native_executor_keeps_the_python_step():
             np.testing.assert_array_equal(ctx.caches["L0.u"][slot], src["L0.u"][expert])
     finally:
         dev.close()
+
+
+def test_a_new_ctx_keeps_the_records_as_the_python_step_does(cpu_device):
+    """A stager called with another ctx (without `invalidate`) keeps what it believes resident on
+    both paths alike; `invalidate` forgets it on both."""
+    src = _source()
+    got = {}
+    for native in (True, False):
+        st = _stager(src, 4, native)
+        st(_node(0), np.array([[3, 4]], np.int32), ctx=HostCtx(4, cpu_device))
+        st(_node(0), np.array([[4, 5]], np.int32), ctx=HostCtx(4, cpu_device))
+        kept = st.records[-1].staged
+        st.invalidate()
+        st(_node(0), np.array([[4, 5]], np.int32), ctx=HostCtx(4, cpu_device))
+        got[native] = (kept, st.records[-1].staged, st._native_layers[0] is not None)
+    assert got[True] == ((5,), (4, 5), True) and got[False] == ((5,), (4, 5), False)

@@ -505,15 +505,22 @@ class ExpertStager:
             i = len(self._native_steps)
             self._native_steps.append(self._make_native_step(i, ctx))
         bound = self._native_steps[layer]
-        if bound is not None and self._native_layers[layer] is None:
-            # the Python records of this layer mean nothing to C: the layer starts empty (re-copies, same outputs)
-            state = _NativeLayer(self.slots, self.n_experts)
+        if bound is None:
+            return None
+        state = self._native_layers[layer]
+        if state is None or bound.state is not state:
+            # a new ctx keeps the layer's records (as the Python path does: `invalidate` forgets
+            # them); a layer coming from the Python path starts empty (re-copies, same outputs)
+            fresh = state is None
+            if fresh:
+                state = _NativeLayer(self.slots, self.n_experts)
             if not bound.bind(state):
                 self._native_steps[layer] = None
                 return None
-            self._layers[layer] = _LayerCache(self.slots, self.n_experts)
-            self._native_layers[layer] = state
-        return None if bound is None else bound.step
+            if fresh:
+                self._layers[layer] = _LayerCache(self.slots, self.n_experts)
+                self._native_layers[layer] = state
+        return bound.step
 
     def _make_native_step(self, layer: int, ctx: Any) -> Any:
         make_target = getattr(ctx, "row_byte_target", None)
@@ -825,8 +832,10 @@ class _BoundStep:
         self._make, self._sources, self._targets = make, sources, targets
         # step(ids int32 [T, k], valid uint8 [T] | None, out int32 [T, k]) -> staging.c's code
         self.step: Callable[[np.ndarray, np.ndarray | None, np.ndarray], int] | None = None
+        self.state: _NativeLayer | None = None
 
     def bind(self, state: _NativeLayer) -> bool:
         """Bind to `state`; False where the device has no C step after all (no native executor)."""
         self.step = self._make(state, self._sources, self._targets, AGE_EVERY)
+        self.state = state if self.step is not None else None
         return self.step is not None
