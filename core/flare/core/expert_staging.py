@@ -91,6 +91,24 @@ the CPU matmul (a per-slot source pointer; the cache then holds what is reused) 
 larger cache (a replay: 14 slots 61 copies, 16 slots 51; 16 slots, 0.28x the resident
 device bytes, took 6% less time per request than 12, alternated).
 
+The staging step in C (`expert_stage_step`, a device's optional factory; the CPU device's is
+backends/flare/backends/cpu/native/staging.c): where a layer's caches are in host memory and its
+sources are contiguous bytes, and prefetch is off, `stage` hands the step to C: the set of
+selected ids, the misses, the victims, the slot table, the use counts and ticks, the copies (one
+memcpy per tensor and run) and the slots of every (token, choice), on arrays this stager owns
+(`_NativeLayer`: the same records as `_LayerCache`, so `resident()`, `StagingStats` and traces
+stay right; tests/test_expert_staging_native.py replays one routing through both paths and
+compares slots, records, counters and cache bytes). The Python path stays the reference, and the
+path for caches on other devices and for prefetch (whose helper works on `_LayerCache`); a layer
+that changes path starts empty (re-copies, same outputs). On the moe-lm `mid` pair (16 slots) it
+took the stager's own time per request from ~1.51-1.59 to ~1.15-1.23 ms (its copies from
+~1.01-1.08 to ~0.84-0.92 ms: no Python between the runs) and the host steps from ~1.69-1.81 to
+~1.35-1.46 ms (thread CPU, p10, bench/staging_breakdown.py, four alternated runs a side). What
+it leaves: the host node itself (the callback's Python around the C call, ~3 us; the host step,
+~4 us; leaving and re-entering the native walk, ~4 us, per call) and the copies. A step inside
+the command list (no host node) would remove the first; it needs the partitioner to keep such a
+node in the device's split and a command kind for it, not done.
+
 Prefetch saves little of that: it avoids ~0.1 (GGUF, hit rate 0.85 ->
 0.89) to ~0.6 (moe-lm `mid` prefill, 0.66 -> 0.78) demand copies per staging
 call, but each job costs the staging thread the hand-over (waking the helper:
@@ -103,7 +121,8 @@ staging thread) was tried and backed out, measured no better. Prefetch can pay
 where guesses are right more often, experts are large next to the staging
 call's fixed costs, and a hand-over between cores is cheap.
 
-Threads: one stager belongs to one prepared graph. Its calls come from that
+Threads: one stager belongs to one prepared graph. (The C step runs with the GIL released, as
+cffi calls do; it touches only this stager's arrays and the graph's caches.) Its calls come from that
 graph's executes, which take turns on the graph's lock, so it takes no lock of
 its own for them. While a job is pending, the helper alone touches the target
 layer's cache records (the staging thread works on the layer before) and the
@@ -252,6 +271,28 @@ class _LayerCache:
         return out
 
 
+class _NativeLayer:
+    """One layer's policy state as arrays, for a device's staging step in C (`expert_stage_step`):
+    the same records as `_LayerCache` (expert -> slot table, the expert of each slot, use counts,
+    recency ticks, calls, empty slots), which the C step reads and updates in place, plus its
+    scratch (`mark`) and what it reports per call (`info`: needed, missing, evicted, runs, copy
+    nanoseconds; `record`: those experts and runs, for traces)."""
+
+    def __init__(self, slots: int, n_experts: int):
+        self.table = np.zeros(n_experts, np.int32)
+        self.expert_in = np.full(slots, -1, np.int32)
+        self.uses = np.zeros(n_experts, np.float64)
+        self.last = np.zeros(n_experts, np.float64)
+        self.counters = np.array([0, slots], np.int64)   # calls, empty slots
+        self.mark = np.zeros(n_experts, np.uint8)
+        self.record = np.zeros(6 * slots, np.int32)
+        self.info = np.zeros(5, np.int64)
+
+    @property
+    def slot_of(self) -> dict[int, int]:
+        return {int(e): s for s, e in enumerate(self.expert_in.tolist()) if e >= 0}
+
+
 QUEUED, PLANNING, COPYING, DONE, CANCELLED = range(5)
 
 
@@ -287,7 +328,7 @@ class ExpertStager:
 
     def __init__(self, *, label: str, n_layers: int, n_experts: int, slots: int, scratch_row: int,
                  tensors: TensorNames, source: Source, trace: bool = False, prefetch: int = 0,
-                 router: Router | None = None):
+                 router: Router | None = None, native: bool = True):
         self.label = label
         self.n_layers = int(n_layers)
         self.n_experts = int(n_experts)
@@ -313,6 +354,11 @@ class ExpertStager:
         # False: settling waits for the whole job instead of taking unstarted copies back (the
         # counters then do not depend on thread timing: tests use it to check the guesses)
         self.take_back = True
+        # the staging step in C where the device offers one (`_native_step`); False: always Python
+        self.native = native
+        self._native_ctx: Any = None
+        self._native_steps: list[Any] = []          # per layer: the device's step, or None (Python)
+        self._native_layers: list[_NativeLayer | None] = [None] * self.n_layers
         if prefetch:
             self.enable_prefetch(prefetch, router)
 
@@ -329,7 +375,7 @@ class ExpertStager:
             folded = np.asarray(weight, np.float32) * np.asarray(norm, np.float32)[None, :]  # router(norm_w * x)
             routers.append((np.ascontiguousarray(folded.T), None if bias is None else np.asarray(bias, np.float32)))
         self._routers = routers
-        self.prefetch = int(prefetch)
+        self.prefetch = int(prefetch)       # the Python path from now on (stage() drops C records)
 
     # -- lifecycle ----------------------------------------------------------------
     def invalidate(self) -> None:
@@ -337,6 +383,8 @@ class ExpertStager:
         self.drain()
         self._layers = self._empty_layers()
         self._writer_ctx, self._writers = None, []
+        self._native_ctx, self._native_steps = None, []
+        self._native_layers = [None] * self.n_layers
 
     def drain(self) -> None:
         """Settle a pending prefetch (before anything else reads the caches or counters): cancel
@@ -363,7 +411,8 @@ class ExpertStager:
         """expert -> slot of a layer's cache right now (after settling a pending prefetch, so every
         slot listed holds its expert's bytes)."""
         self.drain()
-        return dict(self._layers[layer].slot_of)
+        native = self._native_layers[layer]
+        return native.slot_of if native is not None else dict(self._layers[layer].slot_of)
 
     # -- the host callback --------------------------------------------------------
     # the host step may hand this callback views of the graph's memory instead of copies
@@ -395,6 +444,13 @@ class ExpertStager:
         The common case, every selected expert already resident (most decode steps), is a set
         of the ids, a membership test per expert, the use counts and one lookup in the layer's
         slot table: no eviction work, no copies."""
+        if self.native and not self.prefetch:
+            step = self._native_step(layer, ctx)
+            if step is not None:
+                return self._stage_native(layer, step, ids, valid, out)
+        if self._native_layers[layer] is not None:   # staged in C before: those records are void here
+            self._native_layers[layer] = None
+            self._layers[layer] = _LayerCache(self.slots, self.n_experts)
         t0 = time.perf_counter()
         chosen = ids if valid is None else ids[valid]
         needed = sorted(set(chosen.ravel().tolist()))
@@ -438,6 +494,93 @@ class ExpertStager:
         st.seconds += time.perf_counter() - t0
         if self.trace:
             self.records.append(StageRecord(layer, tuple(needed), tuple(missing), tuple(runs), tuple(evicted)))
+        return out
+
+    def _native_step(self, layer: int, ctx: Any) -> Any:
+        """The device's C staging step for `layer` (`expert_stage_step`: caches in host memory,
+        sources as contiguous bytes), or None: the Python path. Resolved once per ctx."""
+        if ctx is not self._native_ctx:
+            self._native_ctx, self._native_steps = ctx, []
+        while len(self._native_steps) <= layer:
+            i = len(self._native_steps)
+            self._native_steps.append(self._make_native_step(i, ctx))
+        bound = self._native_steps[layer]
+        if bound is None:
+            return None
+        state = self._native_layers[layer]
+        if state is None or bound.state is not state:
+            # a new ctx keeps the layer's records (as the Python path does: `invalidate` forgets
+            # them); a layer coming from the Python path starts empty (re-copies, same outputs)
+            fresh = state is None
+            if fresh:
+                state = _NativeLayer(self.slots, self.n_experts)
+            if not bound.bind(state):
+                self._native_steps[layer] = None
+                return None
+            if fresh:
+                self._layers[layer] = _LayerCache(self.slots, self.n_experts)
+                self._native_layers[layer] = state
+        return bound.step
+
+    def _make_native_step(self, layer: int, ctx: Any) -> Any:
+        make_target = getattr(ctx, "row_byte_target", None)
+        byte_sources = [_bytes_of(src) for src in self._sources[layer]]
+        if make_target is None or any(b is None for b in byte_sources):
+            return None
+        try:
+            targets = [make_target(name, like) for name, like in zip(self._names[layer], self._sources[layer])]
+        except InputError:                     # not in host memory
+            return None
+        devices = {id(dev): dev for dev, _ in targets}
+        make = getattr(next(iter(devices.values())), "expert_stage_step", None) if len(devices) == 1 else None
+        if make is None:
+            return None
+        return _BoundStep(make, byte_sources, [target for _, target in targets])
+
+    def _stage_native(self, layer: int, step: Callable[..., int], ids: np.ndarray, valid: np.ndarray | None,
+                      out: np.ndarray | None) -> np.ndarray:
+        """`stage` by the device's C step: the same policy, on `_NativeLayer`'s arrays."""
+        t0 = time.perf_counter()
+        state = self._native_layers[layer]
+        assert state is not None
+        if ids.dtype != np.int32 or not ids.flags.c_contiguous:
+            if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.n_experts):
+                raise ExpertCacheError(f"{self.label}: layer {layer}: expert id out of range 0..{self.n_experts - 1}")
+            ids = np.ascontiguousarray(ids, np.int32)
+        if out is None or out.dtype != np.int32 or out.shape != ids.shape or not out.flags.c_contiguous \
+                or not out.flags.writeable:
+            out = np.empty(ids.shape, np.int32)
+        flags = None if valid is None else np.ascontiguousarray(valid, np.bool_).view(np.uint8)
+        code = step(ids, flags, out)
+        info = state.info.tolist()
+        if code:
+            if code == 1:
+                tokens = ids.shape[0] if valid is None else int(np.count_nonzero(valid))
+                raise ExpertCacheError(
+                    f"{self.label}: layer {layer}: a step selects {info[0]} distinct experts for "
+                    f"{tokens} token(s), but the expert cache has {self.slots} slot(s) per layer")
+            if code == 2:
+                raise ExpertCacheError(f"{self.label}: layer {layer}: expert id out of range 0..{self.n_experts - 1}")
+            raise ExpertCacheError(f"{self.label}: layer {layer}: no slot to evict ({self.slots} slots)")
+        needed, missing, evicted, runs = info[0], info[1], info[2], info[3]
+        st = self.stats
+        st.calls += 1
+        st.selected += needed
+        st.hits += needed - missing
+        st.experts_staged += missing
+        st.evictions += evicted
+        if missing:
+            st.copies += runs
+            st.writes += len(self._names[layer])
+            st.bytes_staged += self._expert_bytes[layer] * missing
+            st.copy_seconds += info[4] * 1e-9
+        st.seconds += time.perf_counter() - t0
+        if self.trace:
+            rec, s = state.record.tolist(), self.slots
+            flat = rec[3 * s: 3 * s + 3 * runs]
+            self.records.append(StageRecord(layer, tuple(rec[:needed]), tuple(rec[s: s + missing]),
+                                            tuple(tuple(flat[i: i + 3]) for i in range(0, len(flat), 3)),
+                                            tuple(rec[2 * s: 2 * s + evicted])))
         return out
 
     def _copy(self, layer: int, runs: list[Run], ctx: Any) -> None:
@@ -679,3 +822,20 @@ def _runs(experts: list[int], slots: list[int]) -> list[Run]:
         else:
             runs.append((e, s, 1))
     return runs
+
+
+class _BoundStep:
+    """A device's `expert_stage_step` factory with one layer's sources and cache targets, bound
+    to that layer's `_NativeLayer` on first use (again when the layer's records start over)."""
+
+    def __init__(self, make: Callable[..., Any], sources: list[np.ndarray], targets: list[Callable[[], np.ndarray]]):
+        self._make, self._sources, self._targets = make, sources, targets
+        # step(ids int32 [T, k], valid uint8 [T] | None, out int32 [T, k]) -> staging.c's code
+        self.step: Callable[[np.ndarray, np.ndarray | None, np.ndarray], int] | None = None
+        self.state: _NativeLayer | None = None
+
+    def bind(self, state: _NativeLayer) -> bool:
+        """Bind to `state`; False where the device has no C step after all (no native executor)."""
+        self.step = self._make(state, self._sources, self._targets, AGE_EVERY)
+        self.state = state if self.step is not None else None
+        return self.step is not None

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import state_rows
-from .backend import Binding
+from .backend import Binding, Device
 from .bindings import CopyStep, bind, tuning_for
 from .errors import GraphError, InputError, ReleasedError
 from .dtypes import to_numpy
@@ -272,6 +272,13 @@ class PreparedGraph:
         copies of one step, one call per tensor."""
         self._check_byte_rows(name, like)
         return state_rows.byte_run_writer(self.persistent, self.devices, name)
+
+    def row_byte_target(self, name: str, like: np.ndarray | None = None) -> tuple[Device, Callable[[], np.ndarray]]:
+        """For a host-memory state or cache tensor: (its device, a function giving its memory as
+        uint8 [rows, bytes per row], looked up on each call: InputError once released). For
+        writers outside Python (a device's `expert_stage_step`); `like` as `row_byte_writer`'s."""
+        self._check_byte_rows(name, like)
+        return self.devices[self.persistent.states[name][0]], state_rows.byte_target(self.persistent, self.devices, name)
 
     def _check_byte_rows(self, name: str, like: np.ndarray | None) -> None:
         self._check_host_state(name)

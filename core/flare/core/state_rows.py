@@ -87,7 +87,7 @@ def byte_row_writer(store: PersistentStore, devices: Mapping[str, Device], name:
     already the tensor's bytes: this skips `write_rows`' per-call resolving, dtype and reshaping
     work (~3 us per write, three writes per expert). The host view is looked up in the store on
     every call, so a writer used after the graph is released fails instead of writing freed memory."""
-    target = _byte_target(store, devices, name)
+    target = byte_target(store, devices, name)
 
     def write(row: int, data: np.ndarray) -> None:
         dst = target()
@@ -107,7 +107,7 @@ def byte_run_writer(store: PersistentStore, devices: Mapping[str, Device],
     `name`; `source` is uint8 [rows, bytes per row]. One lookup and one check of the source per
     call, not per run: a staging call copies each missing expert's three tensors, ~1 us of checks
     each through `byte_row_writer`, beside a copy of ~7-10 us per tensor (moe-lm `mid`)."""
-    target = _byte_target(store, devices, name)
+    target = byte_target(store, devices, name)
 
     def write(runs: Sequence[tuple[int, int, int]], source: np.ndarray) -> None:
         dst = target()
@@ -125,7 +125,7 @@ def byte_run_writer(store: PersistentStore, devices: Mapping[str, Device],
     return write
 
 
-def _byte_target(store: PersistentStore, devices: Mapping[str, Device], name: str) -> Callable[[], np.ndarray]:
+def byte_target(store: PersistentStore, devices: Mapping[str, Device], name: str) -> Callable[[], np.ndarray]:
     """`name`'s memory as uint8 [rows, bytes per row], looked up in the store on every call (an
     InputError once the graph is released or where the host does not address it), its byte view
     built again only when the host view changed."""

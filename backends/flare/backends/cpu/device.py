@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -181,6 +181,16 @@ class CpuDevice(Device):
 
     def kernel_variants(self, op: str) -> tuple[str, ...]:
         return tuple(VARIANTS.get(op, ()))
+
+    def expert_stage_step(self, state: Any, sources: Sequence[np.ndarray],
+                          targets: Sequence[Callable[[], np.ndarray]], age_every: int) -> Any:
+        """`ExpertStager`'s staging step in C for one layer's caches in this device's memory
+        (native/staging.py), or None without the native executor (the stager then stages in
+        Python). The step runs on the staging thread inside the execute, not on the pool."""
+        if self.native is None:
+            return None
+        from .native.staging import StageStep
+        return StageStep(self.native, state, sources, targets, age_every)
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()

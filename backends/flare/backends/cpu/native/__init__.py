@@ -41,6 +41,11 @@ typedef void (*flare_task)(void *ctx, int64_t begin, int64_t end);
 void flare_pool_for(flare_pool *pool, int64_t n, int64_t grain, flare_task task, void *ctx);
 int64_t flare_split_count(const flare_cmd *cmds, int64_t n, int32_t nth);
 int32_t flare_cmd_mode(const flare_cmd *c, int32_t nth, int64_t *work);
+int32_t flare_stage_experts(const int32_t *ids, int64_t n_tok, int64_t k, const uint8_t *valid, int32_t *out,
+                            int32_t *table, int32_t *expert_in, double *uses, double *last, int64_t *state,
+                            int32_t n_experts, int32_t slots, int32_t age_every, int32_t n_tensors,
+                            uint8_t *const *dst, const uint8_t *const *src, const int64_t *row_bytes,
+                            uint8_t *mark, int32_t *record, int64_t *info);
 """
 
 
@@ -75,8 +80,9 @@ def load() -> Native | None:
         from .build import build
         from ..lowering import KINDS
         here = Path(__file__).parent
-        module = build("_flare_native", (here / "kernels.c").read_text(), _CDEF,
-                       sources=(here / "pool.c", here / "quant.c"), include_dirs=(here,),
+        # staging.h: the expert-staging step (staging.c), declared for the cffi wrappers
+        module = build("_flare_native", (here / "kernels.c").read_text() + '\n#include "staging.h"\n', _CDEF,
+                       sources=(here / "pool.c", here / "quant.c", here / "staging.c"), include_dirs=(here,),
                        libraries=("m", "pthread"), announce="building the CPU kernels")
         blas = find_blas()
         if blas is None:
