@@ -171,20 +171,24 @@ def test_gguf_quantized_experts_from_the_file_equal_with_and_without_the_c_step(
 
     path = write_tiny(tmp_path / "moe.gguf", TinySpec(n_experts=16, top_k=2, qtype="q4_0", n_layers=3, d_ff=256, seed=3))
     out = {}
-    for native in (True, False):
+    # the C step inside the native walk, behind the host node, and the Python step
+    for label, native, in_walk in (("walk", True, True), ("host", True, False), ("python", False, False)):
         with GgufLM.load(str(path), max_ctx=64, prefill_chunk=4, experts="offload") as lm:
             st = lm.stager
-            st.native = native
+            st.native, st.in_walk = native, in_walk
             ids = lm.model.tokenizer().chat_ids("Tell me about experts")
             tokens, logits = lm.generate(ids, 6, Sampling(greedy=True), stop_at_eos=False)
             used = [st._native_layers[i] is not None for i in range(st.n_layers)]
-            out[native] = (tokens, np.stack(logits), {n: getattr(st.stats, n) for n in COUNTERS},
-                           [st.resident(i) for i in range(st.n_layers)], used)
-    assert out[True][4] == [True] * 3 and out[False][4] == [False] * 3
-    assert out[True][0] == out[False][0]
-    np.testing.assert_array_equal(out[True][1], out[False][1])
-    assert out[True][2] == out[False][2] and out[True][2]["evictions"] > 0
-    assert out[True][3] == out[False][3]
+            hosts = sum(1 for plan in lm.graph.plans.all() for s in plan.schedule.splits if s.host)
+            out[label] = (tokens, np.stack(logits), {n: getattr(st.stats, n) for n in COUNTERS},
+                          [st.resident(i) for i in range(st.n_layers)], used, hosts)
+    assert out["walk"][4] == out["host"][4] == [True] * 3 and out["python"][4] == [False] * 3
+    assert out["walk"][5] == 0 and out["host"][5] > 0 and out["python"][5] > 0
+    for other in ("host", "python"):
+        assert out["walk"][0] == out[other][0]
+        np.testing.assert_array_equal(out["walk"][1], out[other][1])
+        assert out["walk"][2] == out[other][2] and out["walk"][3] == out[other][3]
+    assert out["walk"][2]["evictions"] > 0
 
 
 def test_a_cpu_device_without_its_native_executor_keeps_the_python_step():
@@ -217,3 +221,105 @@ def test_a_new_ctx_keeps_the_records_as_the_python_step_does(cpu_device):
         st(_node(0), np.array([[4, 5]], np.int32), ctx=HostCtx(4, cpu_device))
         got[native] = (kept, st.records[-1].staged, st._native_layers[0] is not None)
     assert got[True] == ((5,), (4, 5), True) and got[False] == ((5,), (4, 5), False)
+
+
+# -- the step inside the CPU command list (no host split) ------------------------------------
+
+def _moe_run(tiny_path, prompt, *, experts="offload", native=True, in_walk=True):
+    model = MoeLM.load("tiny", experts=experts, weights_path=tiny_path,
+                       **({"cache_mb": 0.8} if experts == "offload" else {}))
+    st = model.stager
+    if st is not None:
+        st.native, st.in_walk = native, in_walk
+    return model
+
+
+def _host_splits(model):
+    return sum(1 for plan in model.graph.plans.all() for s in plan.schedule.splits if s.host)
+
+
+def test_moe_lm_in_walk_staging_equals_host_node_python_and_resident(tiny_path):
+    """The staging command inside the native walk, the host node (C step) and the Python step give
+    the same tokens as resident experts, and the same slots, counters and cache contents."""
+    prompt = encode("Which experts does the router pick, and which ones does the cache keep?")
+    runs = {}
+    for label, kw in (("walk", {}), ("host", {"in_walk": False}), ("python", {"native": False}),
+                      ("resident", {"experts": "resident"})):
+        model = _moe_run(tiny_path, prompt, **kw)
+        try:
+            ids, _ = model.generate(prompt, 16, stop_at_eos=False)
+            st = model.stager
+            runs[label] = (ids, _host_splits(model), None if st is None else (
+                {n: getattr(st.stats, n) for n in COUNTERS}, [st.resident(i) for i in range(2)],
+                [np.array(model.graph.state(n)) for i in range(2) for n in st._names[i]]))
+        finally:
+            model.release()
+    assert runs["walk"][0] == runs["host"][0] == runs["python"][0] == runs["resident"][0]
+    assert runs["walk"][1] == 0 and runs["host"][1] > 0 and runs["python"][1] > 0
+    walk, host, python = runs["walk"][2], runs["host"][2], runs["python"][2]
+    assert walk[0] == host[0] == python[0] and walk[0]["evictions"] > 0 and walk[0]["calls"] > 0
+    assert walk[1] == host[1] == python[1]
+    for a, b, c in zip(walk[2], host[2], python[2]):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+
+
+def test_in_walk_staging_slots_and_cache_bytes_match_the_host_step(tiny_path):
+    """Every slot the in-walk command gives (read back from the staged graph's cache tensors)
+    holds its expert's bytes from the source, as the host step's do."""
+    prompt = encode("Cache bytes, slot by slot, after a few steps of routing.")
+    model = _moe_run(tiny_path, prompt)
+    try:
+        model.generate(prompt, 8, stop_at_eos=False)
+        st = model.stager
+        assert _host_splits(model) == 0 and st.stats.calls > 0
+        for layer in range(st.n_layers):
+            for name, src in zip(st._names[layer], st._sources[layer]):
+                _, target = model.graph.row_byte_target(name, src)
+                rows = target()
+                for expert, slot in st.resident(layer).items():
+                    np.testing.assert_array_equal(rows[slot], np.asarray(src[expert]).reshape(-1).view(np.uint8))
+    finally:
+        model.release()
+
+
+@pytest.mark.parametrize("in_walk", [True, False])
+def test_a_staging_error_inside_the_walk_is_the_stagers_and_leaves_the_graph_usable(tiny_path, in_walk):
+    """A step selecting more experts than the cache has slots fails with ExpertCacheError from the
+    native walk (as from the host node), changes no staging record, and the graph then gives the
+    same tokens as a fresh one."""
+    prompt = encode("A long prompt chunk that selects far more experts than the cache holds, surely.")
+    fresh = _moe_run(tiny_path, prompt, in_walk=in_walk)
+    try:
+        want, _ = fresh.generate(prompt, 8, stop_at_eos=False)
+    finally:
+        fresh.release()
+    model = _moe_run(tiny_path, prompt, in_walk=in_walk)
+    try:
+        st = model.stager
+        model.generate(prompt[:6], 2, stop_at_eos=False)
+        before = ({n: getattr(st.stats, n) for n in COUNTERS}, [st.resident(i) for i in range(2)])
+        model.reset()
+        slots, chunk = model.slots, model.prefill_chunk
+        model.slots, model.prefill_chunk = 10 ** 6, 32      # past the model's own check: the stager's
+        with pytest.raises(ExpertCacheError, match=r"layer 0: a step selects \d+ distinct experts for 32 token"):
+            model.prefill(0, prompt[:32])
+        assert ({n: getattr(st.stats, n) for n in COUNTERS}, [st.resident(i) for i in range(2)]) == before
+        model.slots, model.prefill_chunk = slots, chunk
+        assert (_host_splits(model) == 0) == in_walk
+        model.reset()
+        got, _ = model.generate(prompt, 8, stop_at_eos=False)
+        assert got == want
+    finally:
+        model.release()
+
+
+def test_a_trace_or_prefetch_keeps_the_host_node(tiny_path):
+    """Records (trace) and prefetch are the host path's: such a stager keeps its host split."""
+    prompt = encode("traced")
+    model = MoeLM.load("tiny", experts="offload", weights_path=tiny_path, cache_mb=0.8, trace=True)
+    try:
+        model.generate(prompt, 2, stop_at_eos=False)
+        assert _host_splits(model) > 0 and model.stager.records
+    finally:
+        model.release()

@@ -111,6 +111,9 @@ class SplitProgram:
     nodes: list[Tensor]
     bindings: dict[int, Binding]  # tensor id -> binding (srcs and outputs of `nodes`)
     tuning: Mapping[str, str] = field(default_factory=dict)  # op -> kernel variant to use
+    # (callbacks, ctx): the graph's host callbacks and the PreparedGraph, for a `host` node the
+    # partitioner left inside this split (`HostCallback.runs_in_walk`, flare.core.host_calls)
+    host_calls: Any = None
 
     def binding(self, tensor: Tensor) -> Binding:
         return self.bindings[tensor.id]

@@ -57,10 +57,11 @@ class CopyStep:
 
 
 def bind(plan: EntryPlan, devices: Mapping[str, Device], workspace: GraphWorkspace, store: PersistentStore,
-         tuning: Mapping[str, str], fresh: bool = False) -> bool:
+         tuning: Mapping[str, str], fresh: bool = False, host_calls: Any = None) -> bool:
     """Make `plan` runnable against current memory; False (nothing done) when already bound.
 
-    `tuning`: "BACKEND.op" -> kernel variant for this plan's entry."""
+    `tuning`: "BACKEND.op" -> kernel variant for this plan's entry; `host_calls`: (callbacks, ctx)
+    for host nodes compiled inside a device's split (`SplitProgram.host_calls`)."""
     if (not fresh and plan.programs and plan.generation == workspace.generation
             and plan.persist_generation == store.generation):
         return False
@@ -79,7 +80,8 @@ def bind(plan: EntryPlan, devices: Mapping[str, Device], workspace: GraphWorkspa
                 programs.append(None)
                 continue
             dev = devices[split.device]
-            program = SplitProgram(dev, split.nodes, plan.split_bindings[split.index], tuning_for(tuning, dev))
+            program = SplitProgram(dev, split.nodes, plan.split_bindings[split.index], tuning_for(tuning, dev),
+                                   host_calls)
             if old is not None and old.rebind(program):
                 programs.append(old)   # updated in place (e.g. cuGraphExecUpdate)
                 continue

@@ -340,7 +340,7 @@ class ExpertStager:
         self._expert_bytes = [sum(int(src[0].nbytes) for src in srcs) for srcs in self._sources]
         self.trace = trace
         self.records: list[StageRecord] = []
-        self.stats = StagingStats()
+        self._stats = StagingStats()
         self._layers = self._empty_layers()
         self.prefetch = 0
         self._routers: list[tuple[np.ndarray, np.ndarray | None]] = []
@@ -355,10 +355,16 @@ class ExpertStager:
         # counters then do not depend on thread timing: tests use it to check the guesses)
         self.take_back = True
         # the staging step in C where the device offers one (`_native_step`); False: always Python
-        self.native = native
+        self._native = bool(native)
         self._native_ctx: Any = None
         self._native_steps: list[Any] = []          # per layer: the device's step, or None (Python)
         self._native_layers: list[_NativeLayer | None] = [None] * self.n_layers
+        # the step inside the device's command list (no host split) where the device has one:
+        # per layer, the compiled commands' blocks (`walk_command`), which point at the layer's
+        # `_NativeLayer` and add to its row of `_acc` (folded into `stats` when it is read)
+        self._in_walk = True
+        self._walk: list[weakref.WeakSet] = [weakref.WeakSet() for _ in range(self.n_layers)]
+        self._acc = np.zeros((self.n_layers, 8), np.int64)
         if prefetch:
             self.enable_prefetch(prefetch, router)
 
@@ -367,6 +373,9 @@ class ExpertStager:
 
     def enable_prefetch(self, prefetch: int, router: Router | None) -> None:
         """Guess `prefetch` experts per token of the next layer with `router` (see the module docstring)."""
+        if any(self._walk):
+            raise ModelError(f"{self.label}: expert prefetch must be set before the graph is prepared "
+                             "(its staging runs inside the device's command list)")
         if router is None:
             raise ModelError(f"{self.label}: expert prefetch needs the router weights")
         routers = []
@@ -385,6 +394,70 @@ class ExpertStager:
         self._writer_ctx, self._writers = None, []
         self._native_ctx, self._native_steps = None, []
         self._native_layers = [None] * self.n_layers
+        for layer, blocks in enumerate(self._walk):    # compiled commands stage on fresh records
+            if blocks:
+                self._native_layers[layer] = state = _NativeLayer(self.slots, self.n_experts)
+                for block in blocks:
+                    block.bind(state)
+
+    @property
+    def native(self) -> bool:
+        """Whether staging takes the device's C step where it has one (else the Python path)."""
+        return self._native
+
+    @native.setter
+    def native(self, value: bool) -> None:
+        self._switch("_native", value)
+
+    @property
+    def in_walk(self) -> bool:
+        """Whether the C step may run as a command inside the device's split (`runs_in_walk`)
+        rather than behind the host node; set before prepare, or the graph is planned again."""
+        return self._in_walk
+
+    @in_walk.setter
+    def in_walk(self, value: bool) -> None:
+        self._switch("_in_walk", value)
+
+    def _switch(self, attr: str, value: bool) -> None:
+        """Set a path switch; where compiled commands stage a layer, plan the graph again (they
+        would go on staging the C way: `runs_in_walk` is asked when a graph is planned)."""
+        if bool(value) == getattr(self, attr):
+            return
+        setattr(self, attr, bool(value))
+        ctx = self._native_ctx
+        if any(self._walk) and ctx is not None and hasattr(ctx, "replan"):
+            for blocks in self._walk:
+                blocks.clear()
+            ctx.replan()
+
+    @property
+    def stats(self) -> StagingStats:
+        """The counters (the in-walk commands' folded in first)."""
+        if self._acc.any():
+            self._fold_walk()
+        return self._stats
+
+    @stats.setter
+    def stats(self, value: StagingStats) -> None:
+        self._stats = value
+
+    def _fold_walk(self) -> None:
+        st = self._stats
+        for layer, (calls, needed, missing, evicted, runs, copy_ns, step_ns, copying) in enumerate(self._acc.tolist()):
+            if not calls:
+                continue
+            st.calls += calls
+            st.selected += needed
+            st.hits += needed - missing
+            st.experts_staged += missing
+            st.evictions += evicted
+            st.copies += runs
+            st.writes += copying * len(self._names[layer])
+            st.bytes_staged += self._expert_bytes[layer] * missing
+            st.copy_seconds += copy_ns * 1e-9
+            st.seconds += step_ns * 1e-9
+        self._acc[...] = 0
 
     def drain(self) -> None:
         """Settle a pending prefetch (before anything else reads the caches or counters): cancel
@@ -404,7 +477,8 @@ class ExpertStager:
 
     def reset_stats(self) -> None:
         self.drain()
-        self.stats = StagingStats()
+        self._stats = StagingStats()
+        self._acc[...] = 0
         self.records = []
 
     def resident(self, layer: int) -> dict[int, int]:
@@ -444,7 +518,8 @@ class ExpertStager:
         The common case, every selected expert already resident (most decode steps), is a set
         of the ids, a membership test per expert, the use counts and one lookup in the layer's
         slot table: no eviction work, no copies."""
-        if self.native and not self.prefetch:
+        # a layer the device's command list stages too keeps its records in C (one set of records)
+        if (self.native and not self.prefetch) or self._walk[layer]:
             step = self._native_step(layer, ctx)
             if step is not None:
                 return self._stage_native(layer, step, ids, valid, out)
@@ -484,7 +559,7 @@ class ExpertStager:
         if out is not None and (out.dtype != cache.table.dtype or out.shape != ids.shape):
             out = None                         # a node declared otherwise: the host step casts and checks
         out = cache.table.take(ids, out=out)
-        st = self.stats
+        st = self._stats
         st.calls += 1
         st.selected += len(needed)
         st.hits += len(needed) - len(missing) - taken_back
@@ -520,7 +595,55 @@ class ExpertStager:
             if fresh:
                 self._layers[layer] = _LayerCache(self.slots, self.n_experts)
                 self._native_layers[layer] = state
+                for block in self._walk[layer]:
+                    block.bind(state)
         return bound.step
+
+    # -- inside the device's command list -------------------------------------------
+    def runs_in_walk(self, node: Any, device: Any) -> bool:
+        """Whether the `stage_experts` node may run inside `device`'s split (the partitioner's
+        question): the device has the command (`stages_in_walk`), staging would take the C step
+        (`native`, no prefetch) and no trace is kept (records are the host path's). Whether it
+        does is settled when the split is compiled (`walk_command`: else the split calls this
+        callback as a step of its own, same outputs)."""
+        return bool(self.in_walk and self.native and not self.prefetch and not self.trace
+                    and getattr(device, "stages_in_walk", False))
+
+    def walk_command(self, node: Any, ctx: Any, out: np.ndarray, srcs: Sequence[np.ndarray]) -> Any:
+        """The device's staging command for this node's layer, bound to the layer's records (the
+        ones the host path stages on too), or None."""
+        if not (self.in_walk and self.native and not self.prefetch and not self.trace):
+            return None
+        layer = int(node.params["args"]["layer"])
+        if self._native_step(layer, ctx) is None:
+            return None
+        bound = self._native_steps[layer]
+        make = getattr(bound.device, "expert_stage_command", None)
+        if make is None:
+            return None
+        ids, rows = srcs[0], (srcs[1] if len(srcs) > 1 else None)
+        made = make(bound.sources, bound.targets, self._acc[layer], AGE_EVERY,
+                    lambda code: self._walk_error(layer, code, ids, rows), ids, rows, out, self.scratch_row)
+        if made is None:
+            return None
+        command, block = made
+        block.bind(self._native_layers[layer])
+        self._walk[layer].add(block)
+        return command
+
+    def _walk_error(self, layer: int, code: int, ids: np.ndarray, rows: np.ndarray | None) -> ExpertCacheError:
+        """The error of a staging command that failed inside the walk (staging.c's code; the
+        step changed nothing), worded as the host path words it."""
+        state = self._native_layers[layer]
+        if code == 1:
+            tokens = ids.shape[0] if rows is None else int(np.count_nonzero(np.asarray(rows) != self.scratch_row))
+            needed = int(state.info[0]) if state is not None else -1
+            return ExpertCacheError(
+                f"{self.label}: layer {layer}: a step selects {needed} distinct experts for "
+                f"{tokens} token(s), but the expert cache has {self.slots} slot(s) per layer")
+        if code == 2:
+            return ExpertCacheError(f"{self.label}: layer {layer}: expert id out of range 0..{self.n_experts - 1}")
+        return ExpertCacheError(f"{self.label}: layer {layer}: no slot to evict ({self.slots} slots)")
 
     def _make_native_step(self, layer: int, ctx: Any) -> Any:
         make_target = getattr(ctx, "row_byte_target", None)
@@ -535,7 +658,7 @@ class ExpertStager:
         make = getattr(next(iter(devices.values())), "expert_stage_step", None) if len(devices) == 1 else None
         if make is None:
             return None
-        return _BoundStep(make, byte_sources, [target for _, target in targets])
+        return _BoundStep(make, byte_sources, [target for _, target in targets], next(iter(devices.values())))
 
     def _stage_native(self, layer: int, step: Callable[..., int], ids: np.ndarray, valid: np.ndarray | None,
                       out: np.ndarray | None) -> np.ndarray:
@@ -563,7 +686,7 @@ class ExpertStager:
                 raise ExpertCacheError(f"{self.label}: layer {layer}: expert id out of range 0..{self.n_experts - 1}")
             raise ExpertCacheError(f"{self.label}: layer {layer}: no slot to evict ({self.slots} slots)")
         needed, missing, evicted, runs = info[0], info[1], info[2], info[3]
-        st = self.stats
+        st = self._stats
         st.calls += 1
         st.selected += needed
         st.hits += needed - missing
@@ -590,10 +713,10 @@ class ExpertStager:
         host, writers = self._layer_writers(layer, ctx)
         for write_runs, src in writers:       # one call per tensor for all the runs
             write_runs(runs, src)
-        self.stats.bytes_staged += self._expert_bytes[layer] * sum(count for _, _, count in runs)
-        self.stats.copies += len(runs)
-        self.stats.writes += len(writers) if host else len(runs) * len(writers)
-        self.stats.copy_seconds += time.perf_counter() - t0
+        self._stats.bytes_staged += self._expert_bytes[layer] * sum(count for _, _, count in runs)
+        self._stats.copies += len(runs)
+        self._stats.writes += len(writers) if host else len(runs) * len(writers)
+        self._stats.copy_seconds += time.perf_counter() - t0
 
     # -- prefetch -------------------------------------------------------------------
     def prefetch_layer(self, layer: int, hidden: np.ndarray | Callable[[], np.ndarray], ctx: Any) -> None:
@@ -737,7 +860,7 @@ class ExpertStager:
             job.cond.wait_for(lambda: job.state != PLANNING)
             rest, job.next = job.runs[job.next:], len(job.runs)
             job.cond.wait_for(lambda: not job.busy)
-            self.stats.prefetch_wait_seconds += time.perf_counter() - t0
+            self._stats.prefetch_wait_seconds += time.perf_counter() - t0
         if job.error is not None:             # the layer's records may be half-updated: forget them all
             self._layers[job.layer] = _LayerCache(self.slots, self.n_experts)
             raise job.error
@@ -747,7 +870,7 @@ class ExpertStager:
                                                    job.guessed)
         cache = self._layers[job.layer]
         copied = job.copied
-        st = self.stats
+        st = self._stats
         st.prefetched += sum(n for _, _, n in copied)
         st.copies += len(copied)
         st.writes += len(copied) * len(self._names[job.layer])
@@ -828,14 +951,15 @@ class _BoundStep:
     """A device's `expert_stage_step` factory with one layer's sources and cache targets, bound
     to that layer's `_NativeLayer` on first use (again when the layer's records start over)."""
 
-    def __init__(self, make: Callable[..., Any], sources: list[np.ndarray], targets: list[Callable[[], np.ndarray]]):
-        self._make, self._sources, self._targets = make, sources, targets
+    def __init__(self, make: Callable[..., Any], sources: list[np.ndarray], targets: list[Callable[[], np.ndarray]],
+                 device: Any = None):
+        self._make, self.sources, self.targets, self.device = make, sources, targets, device
         # step(ids int32 [T, k], valid uint8 [T] | None, out int32 [T, k]) -> staging.c's code
         self.step: Callable[[np.ndarray, np.ndarray | None, np.ndarray], int] | None = None
         self.state: _NativeLayer | None = None
 
     def bind(self, state: _NativeLayer) -> bool:
         """Bind to `state`; False where the device has no C step after all (no native executor)."""
-        self.step = self._make(state, self._sources, self._targets, AGE_EVERY)
+        self.step = self._make(state, self.sources, self.targets, AGE_EVERY)
         self.state = state if self.step is not None else None
         return self.step is not None

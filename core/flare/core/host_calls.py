@@ -86,6 +86,17 @@ def _read_only(view: np.ndarray) -> np.ndarray:
     return out
 
 
+def host_node_step(node: Any, bindings: Mapping[int, Binding], device: Device, host_calls: Any) -> Callable[[], None]:
+    """A host node left inside a device's split (`SplitProgram.host_calls`: (callbacks, ctx)) that
+    the device runs as a step of the split: the callback, as a host split would run it."""
+    if host_calls is None:
+        raise InputError(f"host node {node.name!r} inside a device split, but no host callbacks were given")
+    callbacks, ctx = host_calls
+    step = HostStep(Split(-1, device.name, [node], host=True), bindings, device)
+    owner = getattr(ctx, "name", "graph")
+    return lambda: step.run(owner, callbacks, ctx)
+
+
 def run_host(owner: str, split: Split, bindings: Mapping[int, Binding], device: Device,
              callbacks: Mapping[str, HostCallback], ctx: Any) -> None:
     """Run one host split once (no views kept): `HostStep` without the binding-time work."""

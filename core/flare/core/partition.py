@@ -144,8 +144,11 @@ def schedule(
     placement: PlacementFn | None = None,
     pinned: Mapping[str, str] | None = None,
     strict: bool = False,
+    in_walk: Callable[[Tensor, str], bool] | None = None,
 ) -> Schedule:
-    """Assign every node to a device and cut the graph into splits with copies."""
+    """Assign every node to a device and cut the graph into splits with copies. `in_walk(node,
+    device)`: whether a host node runs inside that device's split (a command of its own there,
+    `HostCallback.runs_in_walk`) instead of a host split."""
     if not devices:
         raise PlacementError("no devices to schedule on")
     names = [d.name for d in devices]
@@ -264,7 +267,7 @@ def schedule(
         if OPS[node.op].view is not None:
             device_of[node.id] = device_of[node.storage.id]
 
-    sched = _cut(graph, device_of)
+    sched = _cut(graph, device_of, in_walk)
     sched.fallbacks = preferences
     return sched
 
@@ -286,7 +289,7 @@ def _real_consumers(t: Tensor, consumers: Mapping[int, list[Tensor]]) -> list[Te
     return sorted(out, key=lambda n: n.id)
 
 
-def _cut(graph: Graph, device_of: dict[int, str]) -> Schedule:
+def _cut(graph: Graph, device_of: dict[int, str], in_walk: Callable[[Tensor, str], bool] | None = None) -> Schedule:
     splits: list[Split] = []
     time_of: dict[int, int] = {}
     split_time: dict[int, int] = {}
@@ -295,7 +298,7 @@ def _cut(graph: Graph, device_of: dict[int, str]) -> Schedule:
         if OPS[node.op].view is not None:
             continue
         dev = device_of[node.id]
-        is_host = node.op == "host"
+        is_host = node.op == "host" and not (in_walk is not None and in_walk(node, dev))
         if not splits or splits[-1].device != dev or is_host or splits[-1].host:
             splits.append(Split(len(splits), dev, [], host=is_host))
             split_time[splits[-1].index] = 2 * i

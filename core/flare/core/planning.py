@@ -70,21 +70,22 @@ class EntryPlan:
 
 
 def plan_entry(entry: str, builder: EntryBuilder, shapes: Mapping[str, tuple], devices: Mapping[str, Device],
-               placement: PlacementFn | None, pinned: Mapping[str, str], strict: bool) -> EntryPlan:
+               placement: PlacementFn | None, pinned: Mapping[str, str], strict: bool,
+               in_walk: Callable[[Tensor, str], bool] | None = None) -> EntryPlan:
     """Build, validate, schedule, fuse and plan `entry` for `shapes` (nothing allocated)."""
     b = GraphBuilder()
     builder(b, shapes)
     graph = b.build()
     graph.validate(rules=False)  # the builder checked each op's rule as it made it
     order = list(devices.values())
-    sched = schedule(graph, order, placement, pinned, strict)
+    sched = schedule(graph, order, placement, pinned, strict, in_walk)
     if fusion_enabled():
-        sched = _fuse(graph, sched, devices, placement, dict(pinned), strict)
+        sched = _fuse(graph, sched, devices, placement, dict(pinned), strict, in_walk)
     return EntryPlan(entry, dict(shapes), graph, sched, plan_schedule(sched, devices))
 
 
 def _fuse(graph: Graph, sched: Schedule, devices: Mapping[str, Device], placement: PlacementFn | None,
-          pinned: dict[str, str], strict: bool) -> Schedule:
+          pinned: dict[str, str], strict: bool, in_walk: Callable[[Tensor, str], bool] | None = None) -> Schedule:
     """Merge chains that sit on one device supporting the fused op (flare.core.fusion), then
     partition the rewritten graph with each fused node pinned where its chain was."""
     where = sched.device_of
@@ -97,7 +98,7 @@ def _fuse(graph: Graph, sched: Schedule, devices: Mapping[str, Device], placemen
     if not graph.fusions:
         return sched
     pins = {**pinned, **{t.name: where[t.id] for t in graph.nodes if t.id in where and OPS[t.op].fused}}
-    return schedule(graph, list(devices.values()), placement, pins, strict)
+    return schedule(graph, list(devices.values()), placement, pins, strict, in_walk)
 
 
 class PlanCache:

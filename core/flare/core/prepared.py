@@ -138,6 +138,19 @@ class PreparedGraph:
         with self._guard():
             return self._prepare_impl(entry, shapes, replan=False)
 
+    def replan(self) -> None:
+        """Plan and compile every entry's current shapes again, dropping the other cached plans:
+        for a host callback whose `runs_in_walk` answer changed after prepare (expert staging
+        switched between the command inside a device's split and its host node)."""
+        with self._guard():
+            current = [(entry, plan.shapes) for entry, plan in self.plans.current.items()]
+            self.plans.release()
+            for cache in self.plans.plans.values():
+                cache.clear()
+            self.plans.current.clear()
+            for entry, shapes in current:
+                self._prepare_impl(entry, shapes, replan=True)
+
     def reserve(self, entry: str, shapes: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
         """Dry run of `prepare`: the arena chunk sizes per device `entry` would need for
         `shapes`, from the same planning path (validation, pinning, fusion). Allocates nothing."""
@@ -325,11 +338,17 @@ class PreparedGraph:
     def _plan(self, entry: str, shapes: Mapping[str, tuple]) -> EntryPlan:
         """The one planning path (planning.plan_entry), with persistent tensors pinned where they live."""
         return plan_entry(entry, self.entries[entry], shapes, self.devices, self.placement,
-                          self.persistent.pins(), self.strict)
+                          self.persistent.pins(), self.strict, self._in_walk)
+
+    def _in_walk(self, node: Any, device: str) -> bool:
+        """Whether host node `node` runs inside `device`'s split (its callback's `runs_in_walk`)."""
+        cb = self.callbacks.get(node.params.get("callback"))
+        ask = getattr(cb, "runs_in_walk", None)
+        return bool(ask is not None and ask(node, self.devices[device]))
 
     def _bind(self, plan: EntryPlan, fresh: bool = False) -> None:
-        if bind(plan, self.devices, self.workspace, self.persistent, self.tuning.get(plan.entry, {}), fresh) \
-                and not fresh:
+        if bind(plan, self.devices, self.workspace, self.persistent, self.tuning.get(plan.entry, {}), fresh,
+                (self.callbacks, self)) and not fresh:
             self.stats["rebinds"] += 1
 
     def _prepare_impl(self, entry: str, shapes: Mapping[str, Sequence[int]], replan: bool) -> EntryPlan:

@@ -16,6 +16,7 @@ from flare.core.backend import Binding, Buffer, BufferType, Device, MemoryInfo, 
 from flare.core.dtypes import is_quant
 from flare.core.errors import AllocationError
 from flare.core.graph import Tensor
+from flare.core.host_calls import host_node_step
 from flare.core.ledger import LEDGER
 from flare.core.ops import OPS
 from flare.core.ops.fused import FUSED_OPS
@@ -192,6 +193,26 @@ class CpuDevice(Device):
         from .native.staging import StageStep
         return StageStep(self.native, state, sources, targets, age_every)
 
+    def expert_stage_command(self, sources: Sequence[np.ndarray], targets: Sequence[Callable[[], np.ndarray]],
+                             acc: np.ndarray, age_every: int, on_error: Callable[[int], BaseException],
+                             ids: np.ndarray, rows: np.ndarray | None, out: np.ndarray,
+                             scratch_row: int) -> tuple[dict, Any] | None:
+        """Expert staging's step as a command of a native split (`stage_experts` in kernels.c):
+        (the command, its `WalkBlock`, which the stager binds to its layer's arrays), or None
+        (no native executor, or views the command does not take: the split calls the callback)."""
+        if self.native is None:
+            return None
+        from .native.staging import WalkBlock, stage_command
+        block = WalkBlock(sources, [t() for t in targets], acc, age_every, on_error)
+        c = stage_command(block, ids, rows, out, scratch_row)
+        return None if c is None else (c, block)
+
+    @property
+    def stages_in_walk(self) -> bool:
+        """Whether a split can run expert staging as a command of its own (`stage_experts` in
+        kernels.c: the native executor), so the `stage_experts` host node needs no host split."""
+        return self.native is not None
+
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info["executor"] = "native" if self.native is not None else f"numpy ({self.native_reason})"
@@ -238,7 +259,9 @@ class CpuDevice(Device):
         steps, owned = [], []
         try:
             for node in program.nodes:
-                if OPS[node.op].view is None:  # views alias their source: nothing to run
+                if node.op == "host":          # left in the split (`runs_in_walk`): the callback
+                    steps.append(host_node_step(node, program.bindings, self, program.host_calls))
+                elif OPS[node.op].view is None:  # views alias their source: nothing to run
                     steps.append(self.numpy_step(program, node, owned))
         except BaseException:
             for buf in owned:

@@ -108,6 +108,8 @@ class CommandList:
         self._arr = ffi.cast("flare_cmd *", ffi.from_buffer(self._records))
         self._err = ffi.new("int32_t *")
         self._keep: list[Any] = [scratch]
+        # command index -> its error (a staging command's ExpertCacheError, named by the stager)
+        self._errors = {i: c["error"] for i, c in enumerate(cmds) if c.get("error") is not None}
         for c in cmds:
             self._keep.append(c["out"])
             self._keep.extend(c["src"])
@@ -124,6 +126,9 @@ class CommandList:
                   else self._lib.flare_run(self._arr, self._n, self._err))
         if failed:
             code = self._err[0]
+            error = self._errors.get(failed - 1)
+            if error is not None:
+                raise error(code)
             raise _ERRORS.get(code, RuntimeError)(
                 f"native CPU kernel of node {self._names[failed - 1]!r}: {_MESSAGES.get(code, f'error {code}')}")
 

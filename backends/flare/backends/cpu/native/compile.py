@@ -12,6 +12,7 @@ import numpy as np
 
 from flare.core.backend import SplitProgram
 from flare.core.graph import WEIGHT
+from flare.core.host_calls import host_node_step
 from flare.core.ops import OPS
 
 from . import Native
@@ -38,6 +39,21 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
                 continue
             out = device.host_view(program.binding(node))
             srcs = [device.host_view(program.binding(s)) for s in node.srcs]
+            if node.op == "host":
+                # a host node the partitioner left in this split (`runs_in_walk`): its callback's
+                # command (expert staging's step in C), else the callback as a step of the split
+                cmds = _host_command(program, node, out, srcs)
+                if cmds is None:
+                    if pending:
+                        runs.append(pending)
+                        order.append(("run", len(runs) - 1))
+                        pending = []
+                    order.append(host_node_step(node, program.bindings, device, program.host_calls))
+                    fallback.append(f"{node.name} (host)")
+                else:
+                    pending.append((node.name, cmds))
+                    native_nodes += 1
+                continue
             if node.op == "matmul" and program.tuning.get("matmul") == "packed" and not srcs[1].dtype.names:
                 # a layout choice the C kernels honour: the weight stored [K, N] once, in the split
                 srcs = device._pack(node, srcs, owned)
@@ -94,6 +110,17 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
             "prepacked_weights": len(prepacked), "threads": device.threads,
             "split_commands": sum(s.split_commands() for s in steps if isinstance(s, CommandList))}
     return NativeSplit(steps, owned, info)
+
+
+def _host_command(program: SplitProgram, node: Any, out: np.ndarray, srcs: list[np.ndarray]) -> list[Cmd] | None:
+    """The command a host node's callback offers for this split (`walk_command(node, ctx, out,
+    srcs)` -> a command dict or None), as a one-command list."""
+    if program.host_calls is None:
+        return None
+    callbacks, ctx = program.host_calls
+    make = getattr(callbacks.get(node.params.get("callback")), "walk_command", None)
+    c = make(node, ctx, out, srcs) if make is not None else None
+    return None if c is None else [c]
 
 
 class _Untransposed:

@@ -15,6 +15,8 @@
 #include "pool.h"
 
 #include "quant.h"
+#include "staging.h"
+#include <time.h>
 
 /* Hot loops are compiled for several vector widths and picked at load time (GCC's
  * target_clones + ifunc), so one portable build still uses AVX2/AVX-512 where present. */
@@ -50,10 +52,13 @@ enum {
     /* block-quantized weights (quant.c) */
     K_QMATMUL, K_DEQUANTIZE, K_GET_ROWS_Q, K_MUL_MAT_ID_Q,
     K_LEAKY_RELU,  /* fused: x > 0 ? x : fp0 * x (flare.core.ops.fused) */
+    K_STAGE_EXPERTS,  /* expert staging's step (staging.c) as a command: k_stage_experts */
     K_COUNT
 };
 
 enum { ERR_NONE = 0, ERR_INDEX = 1, ERR_KIND = 2, ERR_NOBLAS = 3 };
+/* K_STAGE_EXPERTS fails with ERR_STAGE + staging.c's code (the stager names the error) */
+#define ERR_STAGE 16
 
 /* CBLAS, row-major only. Two integer widths: the OpenBLAS NumPy ships is ILP64. */
 typedef void (*sgemm64_t)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t,
@@ -1515,6 +1520,47 @@ static int is_elementwise(int kind) {
            kind == K_LEAKY_RELU;
 }
 
+/* The `stage_experts` host node of a MoE model, run inside the walk (no host split: the walk
+ * never leaves C). out: slots int32 [n_tok * k]; src[0]: expert ids int32 [n_tok * k]; src[1]:
+ * KV rows int32 [n_tok] or NULL (a row == ip[2], the scratch row, is a padding token, which stages
+ * nothing); src[2]: the layer's block (int64 [16], `ExpertStager`'s `_WalkBlock`): pointers to the
+ * stager's arrays (table, expert_in, uses, last, counters, mark, record, info), the cache and
+ * source row pointers and row bytes, its counters `acc` (int64 [8]: calls, needed, missing,
+ * evicted, runs, copy ns, step ns, calls with a copy), then n_experts, slots, age_every,
+ * n_tensors. ip[0] n_tok, ip[1] k. A failing step changes no state (staging.c checks first). */
+static int k_stage_experts(const flare_cmd *c) {
+    const int64_t *b = (const int64_t *)c->src[2];
+    const int64_t n_tok = c->ip[0], k = c->ip[1];
+    const int32_t *ids = (const int32_t *)c->src[0], *rows = (const int32_t *)c->src[1];
+    int64_t *acc = (int64_t *)(intptr_t)b[11];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint8_t small[256], *valid = 0, *heap = 0;
+    if (rows) {  /* as the host callback: a valid mask only where a padding row is present */
+        int64_t pad = 0;
+        for (int64_t t = 0; t < n_tok; t++) pad |= rows[t] == c->ip[2];
+        if (pad) {
+            valid = n_tok <= (int64_t)sizeof small ? small : (heap = (uint8_t *)malloc((size_t)n_tok));
+            if (!valid) return ERR_STAGE + 3;
+            for (int64_t t = 0; t < n_tok; t++) valid[t] = rows[t] != c->ip[2];
+        }
+    }
+    const int32_t st = flare_stage_experts(
+        ids, n_tok, k, valid, (int32_t *)c->out, (int32_t *)(intptr_t)b[0], (int32_t *)(intptr_t)b[1],
+        (double *)(intptr_t)b[2], (double *)(intptr_t)b[3], (int64_t *)(intptr_t)b[4], (int32_t)b[12],
+        (int32_t)b[13], (int32_t)b[14], (int32_t)b[15], (uint8_t *const *)(intptr_t)b[8],
+        (const uint8_t *const *)(intptr_t)b[9], (const int64_t *)(intptr_t)b[10], (uint8_t *)(intptr_t)b[5],
+        (int32_t *)(intptr_t)b[6], (int64_t *)(intptr_t)b[7]);
+    free(heap);
+    if (st) return ERR_STAGE + st;
+    const int64_t *info = (const int64_t *)(intptr_t)b[7];
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    acc[0] += 1; acc[1] += info[0]; acc[2] += info[1]; acc[3] += info[2]; acc[4] += info[3]; acc[5] += info[4];
+    acc[6] += (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
+    acc[7] += info[1] > 0;
+    return 0;
+}
+
 static int run_one(const flare_cmd *c) {
     switch (c->kind) {
     case K_MATMUL: case K_LINEAR: return k_matmul(c);
@@ -1525,6 +1571,7 @@ static int run_one(const flare_cmd *c) {
     case K_LSTM: k_lstm(c); return 0;
     case K_QMATMUL: return k_qmatmul(c);
     case K_MUL_MAT_ID_Q: return k_mul_mat_id_q(c);
+    case K_STAGE_EXPERTS: return k_stage_experts(c);
     default:
         if (c->kind < 0 || c->kind >= K_COUNT) return ERR_KIND;
         return run_slice(c, 0, outer(c), 0, c->ne[3]);

@@ -71,3 +71,71 @@ class StageStep:
         n_tok = ids.shape[0] if ids.ndim else 1
         return self._fn(p("int32_t[]", ids), n_tok, ids.size // n_tok if n_tok else 0,
                         self._null if valid is None else p("uint8_t[]", valid), p("int32_t[]", out), *self._args)
+
+
+class WalkBlock:
+    """One layer's staging step as a command of a split (`stage_experts` in kernels.c), so the
+    walk never leaves C: `array` (int64 [16]) is what the command reads, pointers to the stager's
+    arrays of the layer (rebound with `bind` whenever the stager replaces them: a new layer's
+    records after `invalidate`), the cache rows (taken when the split is compiled: the caches
+    are persistent tensors, a move rebinds the plan and so compiles this again), the source rows,
+    their row bytes, and `acc`, the stager's counters the command adds to (int64 [8]: calls,
+    needed, missing, evicted, runs, copy ns, step ns, calls with a copy). Calling it with the walk's
+    error code gives the stager's exception (`on_error(code - ERR_STAGE)`).
+
+    Threads: the command runs on one of the device's threads inside an execute (the walk takes
+    no other command meanwhile); the stager rebinds between executes."""
+
+    ERR_STAGE = 16
+
+    def __init__(self, sources: Sequence[np.ndarray], dsts: Sequence[np.ndarray], acc: np.ndarray,
+                 age_every: int, on_error: Callable[[int], BaseException]):
+        self._sources = [np.ascontiguousarray(s) for s in sources]
+        self._dsts = list(dsts)
+        for src, dst in zip(self._sources, self._dsts):
+            if src.dtype != np.uint8 or src.ndim != 2 or dst.dtype != np.uint8 or dst.ndim != 2 \
+                    or dst.shape[1] != src.shape[1] or not dst.flags.c_contiguous or not dst.flags.writeable:
+                raise ValueError(f"expert cache rows {dst.shape} do not take source rows {src.shape}")
+        if acc.dtype != np.int64 or acc.shape != (8,) or not acc.flags.c_contiguous:
+            raise ValueError("staging counters must be int64 [8]")
+        self._acc = acc
+        self._row_bytes = np.array([s.shape[1] for s in self._sources], np.int64)
+        self._src_ptrs = np.array([s.ctypes.data for s in self._sources], np.uint64)
+        self._dst_ptrs = np.array([d.ctypes.data for d in self._dsts], np.uint64)
+        self.array = np.zeros(16, np.int64)
+        a = self.array
+        a[8], a[9], a[10], a[11] = (self._dst_ptrs.ctypes.data, self._src_ptrs.ctypes.data,
+                                    self._row_bytes.ctypes.data, acc.ctypes.data)
+        a[14], a[15] = int(age_every), len(self._sources)
+        self._state: Any = None
+        self._on_error = on_error
+
+    def bind(self, state: Any) -> None:
+        """Point the command at `state`'s arrays (StageStep's layout: table, expert_in, uses,
+        last, counters, mark, record, info)."""
+        self._state = state              # kept alive: the block points into it
+        a = self.array
+        for i, arr in enumerate((state.table, state.expert_in, state.uses, state.last, state.counters,
+                                 state.mark, state.record, state.info)):
+            a[i] = arr.ctypes.data
+        a[12], a[13] = int(state.table.shape[0]), int(state.expert_in.shape[0])
+
+    def __call__(self, code: int) -> BaseException:
+        return self._on_error(code - self.ERR_STAGE)
+
+
+def stage_command(block: WalkBlock, ids: np.ndarray, rows: np.ndarray | None, out: np.ndarray,
+                  scratch_row: int) -> dict | None:
+    """The `stage_experts` command over the split's views (ids int32 [T, k], rows int32 [T] or
+    None, out int32 of ids' shape, all C-contiguous), or None where they are laid out otherwise."""
+    from ..lowering import cmd
+    if ids.dtype != np.int32 or out.dtype != np.int32 or ids.shape != out.shape or not ids.flags.c_contiguous \
+            or not out.flags.c_contiguous:
+        return None
+    n_tok = ids.shape[0] if ids.ndim else 1
+    if rows is not None and (rows.dtype != np.int32 or rows.shape != (n_tok,) or not rows.flags.c_contiguous):
+        return None
+    c = cmd("stage_experts", out, [ids, rows, block.array], (1, 1, 1, ids.size), (0, 0, 0, 1), [],
+            ip=(n_tok, ids.size // n_tok if n_tok else 0, int(scratch_row)))
+    c["error"] = block
+    return c
