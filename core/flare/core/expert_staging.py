@@ -373,9 +373,6 @@ class ExpertStager:
 
     def enable_prefetch(self, prefetch: int, router: Router | None) -> None:
         """Guess `prefetch` experts per token of the next layer with `router` (see the module docstring)."""
-        if any(self._walk):
-            raise ModelError(f"{self.label}: expert prefetch must be set before the graph is prepared "
-                             "(its staging runs inside the device's command list)")
         if router is None:
             raise ModelError(f"{self.label}: expert prefetch needs the router weights")
         routers = []
@@ -385,6 +382,7 @@ class ExpertStager:
             routers.append((np.ascontiguousarray(folded.T), None if bias is None else np.asarray(bias, np.float32)))
         self._routers = routers
         self.prefetch = int(prefetch)       # the Python path from now on (stage() drops C records)
+        self._replan_walk()                 # prefetch is the host node's: compiled commands give way
 
     # -- lifecycle ----------------------------------------------------------------
     def invalidate(self) -> None:
@@ -425,6 +423,9 @@ class ExpertStager:
         if bool(value) == getattr(self, attr):
             return
         setattr(self, attr, bool(value))
+        self._replan_walk()
+
+    def _replan_walk(self) -> None:
         ctx = self._native_ctx
         if any(self._walk) and ctx is not None and hasattr(ctx, "replan"):
             for blocks in self._walk:
