@@ -104,10 +104,23 @@ that changes path starts empty (re-copies, same outputs). On the moe-lm `mid` pa
 took the stager's own time per request from ~1.51-1.59 to ~1.15-1.23 ms (its copies from
 ~1.01-1.08 to ~0.84-0.92 ms: no Python between the runs) and the host steps from ~1.69-1.81 to
 ~1.35-1.46 ms (thread CPU, p10, bench/staging_breakdown.py, four alternated runs a side). What
-it leaves: the host node itself (the callback's Python around the C call, ~3 us; the host step,
-~4 us; leaving and re-entering the native walk, ~4 us, per call) and the copies. A step inside
-the command list (no host node) would remove the first; it needs the partitioner to keep such a
-node in the device's split and a command kind for it, not done.
+it left: the host node itself (the callback's Python around the C call, ~3 us; the host step,
+~4 us; leaving and re-entering the native walk, ~4 us, per call) and the copies.
+
+The step inside the command list: where the stager would take the C step (`native`, no
+prefetch) and keeps no trace (records are the host path's), `runs_in_walk` tells the
+partitioner to leave the `stage_experts` node in the CPU split, and `walk_command` gives the
+device's `stage_experts` command (kernels.c; `WalkBlock` in the CPU backend's native/staging.py):
+the walk reads the ids and KV rows from the split's memory, runs staging.c's step on the same
+`_NativeLayer` arrays (the block's pointers are rebound whenever this stager replaces them:
+`invalidate`, a layer's first C step) and writes the slots, never leaving C. Its counters go to
+`_acc`, folded into `stats` when read; a failing step stops the walk, which raises this
+stager's `ExpertCacheError` (`_walk_error`; the step changes nothing before failing). Changing
+`native`, `in_walk` or prefetch after prepare plans the graph again (`PreparedGraph.replan`),
+so compiled commands never stage a layer the Python path owns. Measured alternated against the
+host node (4 runs a side of bench/staging_breakdown.py, thread CPU, p10; shared machine):
+offload/resident time per request on the moe-lm `mid` pair 1.30 (1.28-1.37) -> 1.16
+(1.12-1.25), on the GGUF bench-moe pair 1.18 (1.15-1.21) -> 1.10 (1.04-1.12).
 
 Prefetch saves little of that: it avoids ~0.1 (GGUF, hit rate 0.85 ->
 0.89) to ~0.6 (moe-lm `mid` prefill, 0.66 -> 0.78) demand copies per staging
@@ -122,7 +135,9 @@ where guesses are right more often, experts are large next to the staging
 call's fixed costs, and a hand-over between cores is cheap.
 
 Threads: one stager belongs to one prepared graph. (The C step runs with the GIL released, as
-cffi calls do; it touches only this stager's arrays and the graph's caches.) Its calls come from that
+cffi calls do; it touches only this stager's arrays and the graph's caches. Inside the walk it
+runs on whichever of the device's threads takes that command, one at a time, within the
+execute; the stager rebinds blocks and folds counters only between executes.) Its calls come from that
 graph's executes, which take turns on the graph's lock, so it takes no lock of
 its own for them. While a job is pending, the helper alone touches the target
 layer's cache records (the staging thread works on the layer before) and the
