@@ -323,3 +323,25 @@ def test_a_trace_or_prefetch_keeps_the_host_node(tiny_path):
         assert _host_splits(model) > 0 and model.stager.records
     finally:
         model.release()
+
+
+def test_a_host_node_left_in_the_split_without_a_command_calls_the_stager(tiny_path, monkeypatch):
+    """Where the partitioner left the node in the CPU split but the stager offers no command at
+    compile time, the split calls the callback as a step of its own: same tokens, same counters."""
+    prompt = encode("No command: the callback runs inside the split.")
+    runs = {}
+    for label in ("walk", "step"):
+        model = _moe_run(tiny_path, prompt)
+        try:
+            if label == "step":
+                monkeypatch.setattr(model.stager, "walk_command", lambda *a, **k: None)
+                model.graph.replan()
+            ids, _ = model.generate(prompt, 8, stop_at_eos=False)
+            split_info = [p.describe() for plan in model.graph.plans.all() for p in plan.programs if p is not None]
+            runs[label] = (ids, {n: getattr(model.stager.stats, n) for n in COUNTERS}, _host_splits(model),
+                           sum(len(i.get("numpy_nodes", [])) for i in split_info))
+        finally:
+            model.release()
+    assert runs["walk"][0] == runs["step"][0] and runs["walk"][1] == runs["step"][1]
+    assert runs["walk"][2] == runs["step"][2] == 0
+    assert runs["walk"][3] == 0 and runs["step"][3] > 0
