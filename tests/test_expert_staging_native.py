@@ -3,7 +3,10 @@ replaces for host-memory caches: the same routing through both gives the same sl
 copies and evictions (records), the same counters, the same cache bytes, and the same tokens.
 
 The Python path (`ExpertStager(native=False)`) is the reference: it is what other devices and
-prefetch use, and tests/test_moe_expert_staging.py checks its policy on its own."""
+prefetch use, and tests/test_moe_expert_staging.py checks its policy on its own. The same C step
+also runs as a `stage_experts` command inside the CPU split (no host node, `in_walk`): the tests
+at the end compare it with the host node and the Python step (tokens, counters, slots, cache
+bytes) and check that its errors are the stager's and leave the graph usable."""
 from __future__ import annotations
 
 from types import SimpleNamespace
