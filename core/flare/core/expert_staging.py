@@ -395,9 +395,14 @@ class ExpertStager:
             weight, bias, norm = router(i)
             folded = np.asarray(weight, np.float32) * np.asarray(norm, np.float32)[None, :]  # router(norm_w * x)
             routers.append((np.ascontiguousarray(folded.T), None if bias is None else np.asarray(bias, np.float32)))
+        self.drain()
         self._routers = routers
-        self.prefetch = int(prefetch)       # the Python path from now on (stage() drops C records)
+        self.prefetch = int(prefetch)       # the Python path from now on: the C records are void
         self._replan_walk()                 # prefetch is the host node's: compiled commands give way
+        for layer, state in enumerate(self._native_layers):
+            if state is not None:           # dropped now, before the helper plans on the Python records
+                self._native_layers[layer] = None
+                self._layers[layer] = _LayerCache(self.slots, self.n_experts)
 
     # -- lifecycle ----------------------------------------------------------------
     def invalidate(self) -> None:
@@ -540,6 +545,7 @@ class ExpertStager:
             if step is not None:
                 return self._stage_native(layer, step, ids, valid, out)
         if self._native_layers[layer] is not None:   # staged in C before: those records are void here
+            self.drain()                             # (a pending prefetch planned on the records replaced)
             self._native_layers[layer] = None
             self._layers[layer] = _LayerCache(self.slots, self.n_experts)
         t0 = time.perf_counter()
