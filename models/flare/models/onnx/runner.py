@@ -35,6 +35,7 @@ Flare's PreparedGraph takes turns).
 from __future__ import annotations
 
 import hashlib
+import marshal
 import threading
 from collections import OrderedDict
 from typing import Any, Mapping, NamedTuple
@@ -216,17 +217,30 @@ def _reachable(tensors: list[Tensor], outputs: Any) -> list[Tensor]:
 
 
 def _structure_key(tensors: list[Tensor], outputs: Mapping[str, Tensor], digests: Mapping[str, str]) -> str:
-    # one repr of the whole list (not one hash update per tensor). Parameters in their dict's order
-    # (the op's defaults, then the lowering's keywords): the same lowering gives the same order, and
-    # another order would only give an equal structure a second key (a plan of its own), never a
+    # one serialization of the whole list (not one hash update per tensor). Parameters in their dict's
+    # order (the op's defaults, then the lowering's keywords): the same lowering gives the same order,
+    # and another order would only give an equal structure a second key (a plan of its own), never a
     # wrong plan
     index = {t.id: i for i, t in enumerate(tensors)}
     get = digests.get
-    text = repr([(t.role, t.name, t.shape, t.dtype, t.op, [index[s.id] for s in t.srcs], t.params, get(t.name))
-                 for t in tensors])
-    h = hashlib.blake2b(text.encode(), digest_size=20)
+    rows = [(t.role, t.name, t.shape, t.dtype, t.op, [index[s.id] for s in t.srcs], t.params, get(t.name))
+            for t in tensors]
+    h = hashlib.blake2b(_serialized(rows), digest_size=20)
     h.update(repr(sorted((n, index[t.id]) for n, t in outputs.items())).encode())
     return h.hexdigest()
+
+
+def _serialized(rows: list) -> bytes:
+    """`marshal` format 2 of the rows (~8x faster than their repr: ~0.3 ms for a Piper tail of
+    ~650 tensors), else their repr where a value is not of an exact built-in type (a Dim, a
+    NumPy scalar). Why either is a sound key: both are functions of the values alone (format 2
+    writes no back-references, so object identity and sharing do not show), and marshal's bytes
+    load back to the values they came from, so equal bytes are equal rows. The leading byte keeps
+    the two forms apart; a structure always takes the same form."""
+    try:
+        return b"m" + marshal.dumps(rows, 2)
+    except ValueError:
+        return b"r" + repr(rows).encode()
 
 
 def array_digest(arr: np.ndarray) -> str:
