@@ -354,6 +354,8 @@ def test_structure_rows_serialize_by_value_and_fall_back_to_repr():
     b = [("op", "dec/conv", (1, 4), "f32", "add", [0, 1], {"k": (3, 3)}, None),
          ("op", "dec/conv", (1, 4), "f32", "add", [0, 1], {"k": (3, 3)}, None)]
     assert ser(a) == ser(b) and ser(a)[:1] == b"m"
-    forms = [ser([{"k": v}]) for v in (1, True, 1.0, (1,), [1])]
+    forms = [ser([("op", "n", (1,), "f32", "add", [0], {"k": v}, None)]) for v in (1, True, 1.0, (1,), [1])]
     assert len(set(forms)) == len(forms)
-    assert ser([{"k": np.int64(1)}]) == b"r" + repr([{"k": np.int64(1)}]).encode()
+    for odd in (np.int64(1), np.float64(1.0), np.arange(2, dtype=np.int32), b"\x01", [1, np.int64(2)]):
+        row = [("op", "n", (1,), "f32", "add", [0], {"k": odd}, None)]
+        assert ser(row) == b"r" + repr(row).encode()
