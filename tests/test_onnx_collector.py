@@ -101,29 +101,3 @@ def test_runners_on_threads_freeze_one_at_a_time(tmp_path):
             r.release()
     assert not errors
     assert collector.COUNTS.frozen > 0 and gc.get_freeze_count() > 0
-
-
-def test_a_paused_policy_collects_nothing_and_freezes_what_it_made_uncollected():
-    """`paused` (a rebuilt tail, runner.run): no collection inside, the collector on again after
-    (also when the body raises), and `after_trace(collect=False)` freezes a cycle made inside
-    instead of collecting it (the amortized reclaim frees it later)."""
-    policy = collector.FreezePolicy()
-    with policy.paused():
-        assert not gc.isenabled()
-        garbage = _Node()
-        gone = weakref.ref(garbage)
-        del garbage
-        policy.after_trace(collect=False)
-        assert id(gone()) not in _young_ids() and collector.COUNTS.frozen > 0
-    assert gc.isenabled() and gone() is not None
-    gc.collect()
-    assert gone() is not None                # frozen, not collected
-    with pytest.raises(KeyError):
-        with policy.paused():
-            raise KeyError("x")
-    assert gc.isenabled()
-    with collector.FreezePolicy(False).paused():   # freeze_gc=False: the collector is left alone
-        assert gc.isenabled()
-    gc.unfreeze()
-    gc.collect()
-    assert gone() is None

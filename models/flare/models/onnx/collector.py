@@ -19,16 +19,13 @@ The freeze is process-wide (Python has one permanent generation): objects the
 application made before a traced call are frozen too, and its cyclic garbage
 among them waits for the next reclaim (or its own `gc.unfreeze()`). A process
 that manages `gc.freeze()` itself (a pre-fork server) passes
-`OnnxRunner(..., freeze_gc=False)`. The collector is disabled only around a rebuilt tail
-(`FreezePolicy.paused`), and enabled again after it.
+`OnnxRunner(..., freeze_gc=False)`. The collector is never disabled.
 """
 from __future__ import annotations
 
-import contextlib
 import gc
 import threading
 from dataclasses import dataclass
-from typing import Iterator
 
 RECLAIM_AT = 100_000  # frozen objects below which no reclaim runs (one full collection ~0.1 s past this)
 
@@ -53,43 +50,15 @@ class FreezePolicy:
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
-        self._paused = False
 
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """No automatic collection inside; `after_trace(collect=False)` inside freezes what it made.
-
-        Why: a rebuilt tail (tails.py) makes ~20k objects that are the plan the runner keeps, not
-        garbage: the young collections during the rebuild and `after_trace`'s collect(1) after it
-        only walked them before they were frozen (~3.5 ms of a new Piper sentence's ~30 ms of
-        Python). Cycles it made are frozen with the rest and reclaimed by the amortized reclaim.
-        Left as it is where the runner does not manage the collector or the collector is already
-        disabled (by the application, or by another runner pausing on another thread: the
-        switch is process-wide, so that thread's objects also wait for the end of the pause)."""
+    def after_trace(self) -> None:
         if not self.enabled or not gc.isenabled():
-            yield
-            return
-        gc.disable()
-        self._paused = True
-        try:
-            yield
-        finally:
-            self._paused = False
-            gc.enable()
-
-    def after_trace(self, collect: bool = True) -> None:
-        """Freeze what the call made, after collecting its cyclic garbage (`collect`; inside
-        `paused` only, False freezes without the collection)."""
-        if not self.enabled or not (gc.isenabled() or self._paused):
             return
         with _LOCK:
-            if collect:
-                gc.collect(1)  # what the call left as cyclic garbage, before it is frozen
-                # counted here, not by gc.get_freeze_count(): that walks the whole permanent generation
-                # (~30 ms at Piper's 200k objects); the oldest generation after collect(1) is what is new
-                COUNTS.frozen += len(gc.get_objects(generation=2))
-            else:   # nothing collected: every generation holds what is new
-                COUNTS.frozen += sum(len(gc.get_objects(generation=g)) for g in range(3))
+            gc.collect(1)  # what the call left as cyclic garbage, before it is frozen
+            # counted here, not by gc.get_freeze_count(): that walks the whole permanent generation
+            # (~30 ms at Piper's 200k objects); the oldest generation after collect(1) is what is new
+            COUNTS.frozen += len(gc.get_objects(generation=2))
             if COUNTS.frozen > max(RECLAIM_AT, 2 * COUNTS.base):
                 reclaim()
             gc.freeze()

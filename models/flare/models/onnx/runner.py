@@ -371,14 +371,13 @@ class OnnxRunner:
             host_steps = self.stats["host_steps"]
             resume, self.resume = self.resume, None
             if resume is not None:
-                with self.collector.paused():   # no collection over the rebuilt tail's plan
-                    done = self.tails.run(self, key, resume)
-                    if done is not None:
-                        self.reuse, self.reuse_draws = {}, {}
-                        out, rec = done
-                        self.recordings.add(key, rec)
-                        self.collector.after_trace(collect=False)  # a new plan was made: frozen as it is
-                        return out
+                done = self.tails.run(self, key, resume)
+                if done is not None:
+                    self.reuse, self.reuse_draws = {}, {}
+                    out, rec = done
+                    self.recordings.add(key, rec)
+                    self.collector.after_trace()  # a new plan was made: freeze it like a trace's
+                    return out
             try:
                 out = Tracer(self, inputs, rec, resume).run()
             finally:
