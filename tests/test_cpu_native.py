@@ -397,37 +397,3 @@ def test_command_records_are_laid_out_as_cffi_lays_out_flare_cmd():
         assert list(rec.ip) == c["ip"] + [0] * (8 - len(c["ip"]))
         assert list(rec.fp) == c["fp"] + [0.0] * (4 - len(c["fp"]))
         assert ptr(rec.scratch) == (scratch.ctypes.data if c["scratch"] else 0)
-
-
-def test_a_repeated_node_signature_reuses_its_translation_pointed_at_its_own_arrays():
-    """compile_native's memo (`_translated`): a node with the op, params and operand shapes,
-    strides and dtypes of an earlier one gets the commands `translate` gives it (the same
-    fields, its own arrays, fresh lists); other params or strides translate again; params that
-    are not plain scalars are not memoized."""
-    from types import SimpleNamespace
-
-    from flare.backends.cpu.lowering import translate
-    from flare.backends.cpu.native.compile import _translated
-
-    arena = np.zeros(4096, np.float32)
-    views = [arena[i * 256:(i + 1) * 256].reshape(16, 16) for i in range(6)]
-    memo: dict = {}
-    node = SimpleNamespace(op="scale", params={"scale": 2.0, "bias": -0.0})
-    first = _translated(memo, node, views[0], [views[1]])
-    again = _translated(memo, node, views[2], [views[3]])
-    want = translate(node, views[2], [views[3]])
-    assert len(memo) == 1 and len(again) == len(want) == 1
-    assert again[0]["out"] is views[2] and again[0]["src"][0] is views[3]
-    assert {k: v for k, v in again[0].items() if k not in ("out", "src")} == \
-        {k: v for k, v in want[0].items() if k not in ("out", "src")}
-    again[0]["ip"].append(7)                       # a caller's rewrite does not reach the memo
-    assert _translated(memo, node, views[4], [views[5]])[0]["ip"] == first[0]["ip"]
-    other = SimpleNamespace(op="scale", params={"scale": 2.0, "bias": 0.0})   # -0.0 is not 0.0
-    got = _translated(memo, other, views[2], [views[3]])[0]["fp"]
-    assert repr(got) == repr(translate(other, views[2], [views[3]])[0]["fp"]) != repr(first[0]["fp"])
-    strided = arena[:512].reshape(16, 32)[:, ::2]
-    got = _translated(memo, node, views[2], [strided])
-    assert got[0]["ss"] == translate(node, views[2], [strided])[0]["ss"] and len(memo) == 3
-    odd = SimpleNamespace(op="scale", params={"scale": np.float32(2.0), "bias": 0.0})
-    _translated(memo, odd, views[2], [views[3]])
-    assert len(memo) == 3

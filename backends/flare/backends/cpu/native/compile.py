@@ -32,7 +32,6 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
     prepacked: list[str] = []
     runs: list[list[tuple[str, list[Cmd]]]] = []
     order: list[Any] = []  # ("run", index) or a NumPy step
-    memo: dict[tuple, list[tuple]] = {}  # this compile's translations by what they read (_translated)
     try:
         for node in program.nodes:
             if OPS[node.op].view is not None:
@@ -44,7 +43,7 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
                 srcs = device._pack(node, srcs, owned)
                 cmds = translate(_Untransposed(node), out, srcs)
             else:
-                cmds = _translated(memo, node, out, srcs)
+                cmds = translate(node, out, srcs)
                 if cmds and node.op in ("matmul", "linear") and node.params.get("transpose_b") \
                         and node.srcs[1].storage.role == WEIGHT and prepackable(cmds[0], srcs[1]):
                     use_packed(cmds[0], device.packs.get(srcs[1], node.srcs[1].name, owned))
@@ -95,70 +94,6 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
             "prepacked_weights": len(prepacked), "threads": device.threads,
             "split_commands": sum(s.split_commands() for s in steps if isinstance(s, CommandList))}
     return NativeSplit(steps, owned, info)
-
-
-_PLAIN = frozenset((int, float, str, bool, type(None)))
-
-
-def _params_key(params: dict) -> tuple | None:
-    """The params as a hashable key when they are exact scalars or flat tuples/lists of them
-    (else None: not memoized). Floats by their bits (-0.0 is not 0.0 here)."""
-    items = []
-    for k, v in params.items():
-        t = type(v)
-        if t in _PLAIN:
-            items.append((k, t, v.hex() if t is float else v))
-        elif (t is tuple or t is list) and all(type(x) in _PLAIN for x in v):
-            items.append((k, t, tuple((type(x), x.hex() if type(x) is float else x) for x in v)))
-        else:
-            return None
-    return tuple(items)
-
-
-def _translated(memo: dict, node: Any, out: np.ndarray, srcs: list[np.ndarray]) -> list[Cmd] | None:
-    """translate(node, out, srcs), or the commands an earlier node of this compile translated to
-    when it had the same op, params, and operands of the same shapes, strides and dtypes, pointed
-    at this node's arrays.
-
-    Why: a translator reads nothing else (lowering.py; the settings it reads from the environment
-    stay for one compile), and ~70% of a Piper decoder plan's ~250 nodes repeat an earlier node's
-    (the resblocks' activations and sums at one length): a new plan's translation ~4 -> ~1.5 ms.
-    Only commands whose arrays are the operands themselves (no view made inside the translator)
-    are kept; every use gets fresh lists (compile_native rewrites a command to use a packed
-    weight)."""
-    pk = _params_key(node.params)
-    if pk is None:
-        return translate(node, out, srcs)
-    key = (node.op, pk, out.shape, out.strides, out.dtype,
-           tuple((a.shape, a.strides, a.dtype) for a in srcs))
-    arrays = [out, *srcs]
-    hit = memo.get(key)
-    if hit is not None:
-        return [_remap(c, arrays) for c in hit]
-    cmds = translate(node, out, srcs)
-    if cmds is not None:
-        ids = [id(a) for a in arrays]
-        if len(set(ids)) == len(ids):   # an operand given twice: which one a command reads is unknown
-            slots = {i: k for k, i in enumerate(ids)}
-            templates = []
-            for c in cmds:
-                if id(c["out"]) not in slots or any(a is not None and id(a) not in slots for a in c["src"]):
-                    break
-                templates.append(_remap(c, None, slots))
-            else:
-                memo[key] = templates
-    return cmds
-
-
-def _remap(c: Cmd, arrays: list | None, slots: dict | None = None) -> Cmd:
-    """A copy of command c (fresh lists) with its arrays put as operand slots (`slots`: id ->
-    index), or with slots put back as `arrays`."""
-    if arrays is None:
-        out, src = slots[id(c["out"])], [None if a is None else slots[id(a)] for a in c["src"]]
-    else:
-        out, src = arrays[c["out"]], [None if k is None else arrays[k] for k in c["src"]]
-    return {**c, "out": out, "src": src, "ne": list(c["ne"]), "os": list(c["os"]),
-            "ss": [list(x) for x in c["ss"]], "ip": list(c["ip"]), "fp": list(c["fp"])}
 
 
 class _Untransposed:
