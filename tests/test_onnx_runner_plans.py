@@ -342,3 +342,20 @@ def test_a_trace_after_a_failed_replay_takes_its_draws_and_reuses_its_segments(t
         _check(model, runner, keep_first + 0.5)               # its recording replays
         assert runner.stats["replayed"] == 1
         runner.release()
+
+
+def test_structure_rows_serialize_by_value_and_fall_back_to_repr():
+    """The structure key's bytes (`_serialized`): equal rows made of distinct objects give the same
+    bytes (marshal format 2 writes no back-references), unequal rows differ (1 vs True vs 1.0,
+    a tuple vs a list), and a value marshal cannot take (a NumPy scalar) keeps the repr form."""
+    ser = runner_mod._serialized
+    name = "".join(["dec/", "conv"])                   # not the interned literal
+    a = [("op", name, (1, 4), "f32", "add", [0, 1], {"k": (3, 3)}, None)] * 2
+    b = [("op", "dec/conv", (1, 4), "f32", "add", [0, 1], {"k": (3, 3)}, None),
+         ("op", "dec/conv", (1, 4), "f32", "add", [0, 1], {"k": (3, 3)}, None)]
+    assert ser(a) == ser(b) and ser(a)[:1] == b"m"
+    forms = [ser([("op", "n", (1,), "f32", "add", [0], {"k": v}, None)]) for v in (1, True, 1.0, (1,), [1])]
+    assert len(set(forms)) == len(forms)
+    for odd in (np.int64(1), np.float64(1.0), np.arange(2, dtype=np.int32), b"\x01", [1, np.int64(2)]):
+        row = [("op", "n", (1,), "f32", "add", [0], {"k": odd}, None)]
+        assert ser(row) == b"r" + repr(row).encode()
