@@ -657,9 +657,12 @@ class ExpertStager:
         """The error of a staging command that failed inside the walk (staging.c's code; the
         step changed nothing), worded as the host path words it."""
         state = self._native_layers[layer]
+        tokens = ids.shape[0] if rows is None else int(np.count_nonzero(np.asarray(rows) != self.scratch_row))
+        return self._step_error(layer, code, int(state.info[0]) if state is not None else -1, tokens)
+
+    def _step_error(self, layer: int, code: int, needed: int, tokens: int) -> ExpertCacheError:
+        """staging.c's failure `code` as the error the Python path raises for the same step."""
         if code == 1:
-            tokens = ids.shape[0] if rows is None else int(np.count_nonzero(np.asarray(rows) != self.scratch_row))
-            needed = int(state.info[0]) if state is not None else -1
             return ExpertCacheError(
                 f"{self.label}: layer {layer}: a step selects {needed} distinct experts for "
                 f"{tokens} token(s), but the expert cache has {self.slots} slot(s) per layer")
@@ -699,14 +702,7 @@ class ExpertStager:
         code = step(ids, flags, out)
         info = state.info.tolist()
         if code:
-            if code == 1:
-                tokens = ids.shape[0] if valid is None else int(np.count_nonzero(valid))
-                raise ExpertCacheError(
-                    f"{self.label}: layer {layer}: a step selects {info[0]} distinct experts for "
-                    f"{tokens} token(s), but the expert cache has {self.slots} slot(s) per layer")
-            if code == 2:
-                raise ExpertCacheError(f"{self.label}: layer {layer}: expert id out of range 0..{self.n_experts - 1}")
-            raise ExpertCacheError(f"{self.label}: layer {layer}: no slot to evict ({self.slots} slots)")
+            raise self._step_error(layer, code, info[0], ids.shape[0] if valid is None else int(np.count_nonzero(valid)))
         needed, missing, evicted, runs = info[0], info[1], info[2], info[3]
         st = self._stats
         st.calls += 1
