@@ -702,7 +702,8 @@ class ExpertStager:
         code = step(ids, flags, out)
         info = state.info.tolist()
         if code:
-            raise self._step_error(layer, code, info[0], ids.shape[0] if valid is None else int(np.count_nonzero(valid)))
+            tokens = ids.shape[0] if valid is None else int(np.count_nonzero(valid))
+            raise self._step_error(layer, code, info[0], tokens)
         needed, missing, evicted, runs = info[0], info[1], info[2], info[3]
         st = self._stats
         st.calls += 1
