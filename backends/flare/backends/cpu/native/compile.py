@@ -41,20 +41,9 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
             srcs = [device.host_view(program.binding(s)) for s in node.srcs]
             if node.op == "host":
                 # a host node the partitioner left in this split (`runs_in_walk`): its callback's
-                # command (expert staging's step in C), else the callback as a step of the split
+                # command (expert staging's step in C), else (below) the callback as a step of the split
                 cmds = _host_command(program, node, out, srcs)
-                if cmds is None:
-                    if pending:
-                        runs.append(pending)
-                        order.append(("run", len(runs) - 1))
-                        pending = []
-                    order.append(host_node_step(node, program.bindings, device, program.host_calls))
-                    fallback.append(f"{node.name} (host)")
-                else:
-                    pending.append((node.name, cmds))
-                    native_nodes += 1
-                continue
-            if node.op == "matmul" and program.tuning.get("matmul") == "packed" and not srcs[1].dtype.names:
+            elif node.op == "matmul" and program.tuning.get("matmul") == "packed" and not srcs[1].dtype.names:
                 # a layout choice the C kernels honour: the weight stored [K, N] once, in the split
                 srcs = device._pack(node, srcs, owned)
                 cmds = translate(_Untransposed(node), out, srcs)
@@ -80,7 +69,8 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
                     runs.append(pending)
                     order.append(("run", len(runs) - 1))
                     pending = []
-                order.append(device.numpy_step(program, node, owned))
+                order.append(host_node_step(node, program.bindings, device, program.host_calls) if node.op == "host"
+                             else device.numpy_step(program, node, owned))
                 fallback.append(f"{node.name} ({node.op})")
             else:
                 pending.append((node.name, cmds))
