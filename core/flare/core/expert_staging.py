@@ -464,21 +464,26 @@ class ExpertStager:
         self._stats = value
 
     def _fold_walk(self) -> None:
-        st = self._stats
         for layer, (calls, needed, missing, evicted, runs, copy_ns, step_ns, copying) in enumerate(self._acc.tolist()):
-            if not calls:
-                continue
-            st.calls += calls
-            st.selected += needed
-            st.hits += needed - missing
-            st.experts_staged += missing
-            st.evictions += evicted
-            st.copies += runs
-            st.writes += copying * len(self._names[layer])
-            st.bytes_staged += self._expert_bytes[layer] * missing
-            st.copy_seconds += copy_ns * 1e-9
-            st.seconds += step_ns * 1e-9
+            if calls:
+                self._count_c(layer, calls, needed, missing, evicted, runs, copying, copy_ns * 1e-9, step_ns * 1e-9)
         self._acc[...] = 0
+
+    def _count_c(self, layer: int, calls: int, needed: int, missing: int, evicted: int, runs: int, copying: int,
+                 copy_seconds: float, seconds: float) -> None:
+        """staging.c's counters of `calls` steps of `layer` (`copying` of them with a copy) into `stats`:
+        one mapping for the host node's C step and the in-walk command's folded counters."""
+        st = self._stats
+        st.calls += calls
+        st.selected += needed
+        st.hits += needed - missing
+        st.experts_staged += missing
+        st.evictions += evicted
+        st.copies += runs
+        st.writes += copying * len(self._names[layer])
+        st.bytes_staged += self._expert_bytes[layer] * missing
+        st.copy_seconds += copy_seconds
+        st.seconds += seconds
 
     def drain(self) -> None:
         """Settle a pending prefetch (before anything else reads the caches or counters): cancel
@@ -628,13 +633,17 @@ class ExpertStager:
         (`native`, no prefetch) and no trace is kept (records are the host path's). Whether it
         does is settled when the split is compiled (`walk_command`: else the split calls this
         callback as a step of its own, same outputs)."""
-        return bool(self.in_walk and self.native and not self.prefetch and not self.trace
-                    and getattr(device, "stages_in_walk", False))
+        return self._walk_path() and bool(getattr(device, "stages_in_walk", False))
+
+    def _walk_path(self) -> bool:
+        """Whether staging may run inside a device's command list: the C step (`native`), no
+        prefetch, no trace (records are the host path's), and `in_walk` not turned off."""
+        return self.in_walk and self.native and not self.prefetch and not self.trace
 
     def walk_command(self, node: Any, ctx: Any, out: np.ndarray, srcs: Sequence[np.ndarray]) -> Any:
         """The device's staging command for this node's layer, bound to the layer's records (the
         ones the host path stages on too), or None."""
-        if not (self.in_walk and self.native and not self.prefetch and not self.trace):
+        if not self._walk_path():
             return None
         layer = int(node.params["args"]["layer"])
         if self._native_step(layer, ctx) is None:
@@ -705,18 +714,9 @@ class ExpertStager:
             tokens = ids.shape[0] if valid is None else int(np.count_nonzero(valid))
             raise self._step_error(layer, code, info[0], tokens)
         needed, missing, evicted, runs = info[0], info[1], info[2], info[3]
-        st = self._stats
-        st.calls += 1
-        st.selected += needed
-        st.hits += needed - missing
-        st.experts_staged += missing
-        st.evictions += evicted
-        if missing:
-            st.copies += runs
-            st.writes += len(self._names[layer])
-            st.bytes_staged += self._expert_bytes[layer] * missing
-            st.copy_seconds += info[4] * 1e-9
-        st.seconds += time.perf_counter() - t0
+        copying = int(missing > 0)
+        self._count_c(layer, 1, needed, missing, evicted, runs * copying, copying, info[4] * 1e-9 * copying,
+                      time.perf_counter() - t0)
         if self.trace:
             rec, s = state.record.tolist(), self.slots
             flat = rec[3 * s: 3 * s + 3 * runs]
