@@ -1523,8 +1523,8 @@ static int is_elementwise(int kind) {
 /* The `stage_experts` host node of a MoE model, run inside the walk (no host split: the walk
  * never leaves C). out: slots int32 [n_tok * k]; src[0]: expert ids int32 [n_tok * k]; src[1]:
  * KV rows int32 [n_tok] or NULL (a row == ip[2], the scratch row, is a padding token, which stages
- * nothing); src[2]: the layer's block (int64 [16], `ExpertStager`'s `_WalkBlock`): pointers to the
- * stager's arrays (table, expert_in, uses, last, counters, mark, record, info), the cache and
+ * nothing); src[2]: the layer's block (int64 [16], `WalkBlock` in native/staging.py): pointers
+ * to the stager's arrays (table, expert_in, uses, last, counters, mark, record, info), the cache and
  * source row pointers and row bytes, its counters `acc` (int64 [8]: calls, needed, missing,
  * evicted, runs, copy ns, step ns, calls with a copy), then n_experts, slots, age_every,
  * n_tensors. ip[0] n_tok, ip[1] k. A failing step changes no state (staging.c checks first). */

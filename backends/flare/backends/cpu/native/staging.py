@@ -22,6 +22,24 @@ from . import Native
 OK, TOO_MANY, BAD_ID, NO_VICTIM = 0, 1, 2, 3
 
 
+def _source_rows(sources: Sequence[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """The tables staging.c reads of the sources, shared by the step and the command: the
+    sources as C-contiguous uint8 [E, bytes] (checked), their row bytes and their addresses
+    (the caller keeps the arrays alive)."""
+    srcs = [np.ascontiguousarray(s) for s in sources]
+    for src in srcs:
+        if src.dtype != np.uint8 or src.ndim != 2:
+            raise ValueError(f"expert source bytes must be uint8 [E, bytes], not {src.dtype} {src.shape}")
+    return srcs, np.array([s.shape[1] for s in srcs], np.int64), np.array([s.ctypes.data for s in srcs], np.uint64)
+
+
+def _check_cache_rows(dst: np.ndarray, row_bytes: int) -> None:
+    """A cache's host rows the C step may write: writable C-contiguous uint8 [S, row_bytes]."""
+    if dst.dtype != np.uint8 or dst.ndim != 2 or dst.shape[1] != row_bytes or not dst.flags.c_contiguous \
+            or not dst.flags.writeable:
+        raise ValueError(f"expert cache rows {dst.dtype} {dst.shape} do not take source rows of {row_bytes} bytes")
+
+
 class StageStep:
     """`flare_stage_experts` for one layer. `state` holds the stager's arrays of the layer: table
     (int32 [E]), expert_in (int32 [S], -1 empty), uses, last (float64 [E]), counters (int64 [2]:
@@ -34,14 +52,9 @@ class StageStep:
         ffi = self._ffi = native.ffi
         self._fn = native.lib.flare_stage_experts
         self._state = state                     # kept alive: the pointers below point into it
-        self._sources = [np.ascontiguousarray(s) for s in sources]
+        self._sources, self._row_bytes, self._src_ptrs = _source_rows(sources)
         self._targets = list(targets)
         self._dsts: list[np.ndarray | None] = [None] * len(self._targets)
-        for src in self._sources:
-            if src.dtype != np.uint8 or src.ndim != 2:
-                raise ValueError(f"expert source bytes must be uint8 [E, bytes], not {src.dtype} {src.shape}")
-        self._row_bytes = np.array([s.shape[1] for s in self._sources], np.int64)
-        self._src_ptrs = np.array([s.ctypes.data for s in self._sources], np.uint64)
         self._dst_ptrs = np.zeros(len(self._sources), np.uint64)
         p = ffi.from_buffer
         self._args = (p("int32_t[]", state.table), p("int32_t[]", state.expert_in), p("double[]", state.uses),
@@ -54,8 +67,7 @@ class StageStep:
 
     def _retarget(self, i: int, dst: np.ndarray) -> None:
         """Point tensor i's cache pointer at `dst`, its cache's current host view."""
-        if dst.shape[1] != self._row_bytes[i] or not dst.flags.c_contiguous or not dst.flags.writeable:
-            raise ValueError(f"expert cache rows {dst.shape} do not take source rows of {self._row_bytes[i]} bytes")
+        _check_cache_rows(dst, int(self._row_bytes[i]))
         self._dsts[i] = dst
         self._dst_ptrs[i] = dst.ctypes.data
 
@@ -90,17 +102,13 @@ class WalkBlock:
 
     def __init__(self, sources: Sequence[np.ndarray], dsts: Sequence[np.ndarray], acc: np.ndarray,
                  age_every: int, on_error: Callable[[int], BaseException]):
-        self._sources = [np.ascontiguousarray(s) for s in sources]
+        self._sources, self._row_bytes, self._src_ptrs = _source_rows(sources)
         self._dsts = list(dsts)
-        for src, dst in zip(self._sources, self._dsts):
-            if src.dtype != np.uint8 or src.ndim != 2 or dst.dtype != np.uint8 or dst.ndim != 2 \
-                    or dst.shape[1] != src.shape[1] or not dst.flags.c_contiguous or not dst.flags.writeable:
-                raise ValueError(f"expert cache rows {dst.shape} do not take source rows {src.shape}")
+        for dst, row_bytes in zip(self._dsts, self._row_bytes.tolist()):
+            _check_cache_rows(dst, row_bytes)
         if acc.dtype != np.int64 or acc.shape != (8,) or not acc.flags.c_contiguous:
             raise ValueError("staging counters must be int64 [8]")
         self._acc = acc
-        self._row_bytes = np.array([s.shape[1] for s in self._sources], np.int64)
-        self._src_ptrs = np.array([s.ctypes.data for s in self._sources], np.uint64)
         self._dst_ptrs = np.array([d.ctypes.data for d in self._dsts], np.uint64)
         self.array = np.zeros(16, np.int64)
         a = self.array
