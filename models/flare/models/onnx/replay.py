@@ -145,9 +145,12 @@ class Recording:
         if not v.runtime:
             return                            # not data: the same for these input shapes
         src = self.source(v)
-        if src is None:
-            return
-        value = np.array(v.const, copy=True)
+        if src is not None:
+            self.observed(src, v.const)
+
+    def observed(self, src: tuple, value: Any) -> None:
+        """A read of the value from `src` (copied): an event, and its signature a replay must match."""
+        value = np.array(value, copy=True)
         self.events.append(("obs", src, value))
         self.sigs.append(("obs", _src_sig(src), value.dtype.str, value.shape, value.tobytes()))
 

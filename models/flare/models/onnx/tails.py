@@ -38,7 +38,9 @@ against wrong shapes. Not thread-safe: the runner's lock covers it.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import OrderedDict
+from fractions import Fraction
 from numbers import Integral, Real
 from typing import Any, Mapping, NamedTuple
 
@@ -46,7 +48,7 @@ import numpy as np
 
 from flare.core.graph import INPUT, WEIGHT, GraphBuilder
 
-from .replay import Recording, Resume, _src_sig
+from .replay import Recording, Resume, _same, _src_sig
 from .values import Val, from_flare_array, to_flare_array
 
 CONFIRMATIONS = 1   # samples beyond those that determine a fit, which it must also give exactly
@@ -75,8 +77,6 @@ class Solver:
     must then give its value."""
 
     def __init__(self, rows: list[tuple]):
-        from fractions import Fraction
-
         self.rows = rows
         ncols = len(rows[0])
         picked: list[int] = []
@@ -106,8 +106,6 @@ class Solver:
                     m[r] = [x - m[r][c] * y for x, y in zip(m[r], m[c])]
         self.picked = picked
         # the inverse over a common denominator: solving is integer arithmetic (a fit solves thousands)
-        import math
-
         inverse = [row[ncols:] for row in m]
         self.denominator = math.lcm(*(x.denominator for row in inverse for x in row))
         self.inverse = [[int(x * self.denominator) for x in row] for row in inverse]
@@ -210,10 +208,6 @@ def compiled(p: Any) -> Any:
 
     text = expr(p)
     return eval(f"lambda m: {text}", {"K": consts})  # noqa: S307 (made here from ints and indices only)
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b)
 
 
 def _equal(x: Any, y: Any) -> bool:
@@ -506,8 +500,7 @@ class Tails:
         later call of the same sentence replays it), or None (walk)."""
         j = len(resume.events)
         rec = Recording()
-        rec.events, rec.sigs = list(resume.events), list(resume.sigs)
-        rec.checkpoints = {j: resume.checkpoint}
+        rec.resumed(resume)
         key = tail_key(inputs_key, rec, j)
         tpl = self.templates.get(key) if key is not None else None
         if tpl is None:
@@ -523,8 +516,7 @@ class Tails:
         except NoFit:
             return None
         self.samples.move_to_end(key)
-        rec.events.append(("obs", tpl.obs_src, np.array(value, copy=True)))
-        rec.sigs.append(("obs", _src_sig(tpl.obs_src), value.dtype.str, value.shape, value.tobytes()))
+        rec.observed(tpl.obs_src, value)
         results: dict[int, Mapping[str, np.ndarray]] = {}
 
         def resolve(src: tuple) -> Any:
