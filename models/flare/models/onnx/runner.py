@@ -271,10 +271,11 @@ def array_digest(arr: np.ndarray) -> str:
     return h.hexdigest()[:32]
 
 
-def _label_text(node: Any, label: str | int) -> str:
-    """A stepped node's label in error messages: `label`, or for a position the node's name
-    (else its position and op type)."""
-    return (node.name or f"#{label} ({node.op_type})") if type(label) is int else label
+def _where(path: Any, node: Any, label: str | int, op_type: str) -> str:
+    """The start of a stepped node's error message: the file, the node's label (`label`, or for
+    a position the node's name, else its position and op type) and its op type."""
+    text = (node.name or f"#{label} ({node.op_type})") if type(label) is int else label
+    return f"{path}: node {text!r} ({op_type})"
 
 
 class _Family:
@@ -811,7 +812,7 @@ class Tracer:
                     wide_ok = _same_shape_elementwise(op_type, ins)
                     if not wide_ok:
                         wide = next(v for v in ins if v is not None and is_wide(v.shape))
-                        raise OnnxError(f"{self.model.path}: node {_label_text(node, label)!r} ({op_type}): input {wide.name!r} has "
+                        raise OnnxError(f"{_where(self.model.path, node, label, op_type)}: input {wide.name!r} has "
                                         f"rank {len(wide.shape)}; Flare tensors have rank <= 4 and only "
                                         f"reshape-like ops and Expand take wider values")
             elif v.runtime:
@@ -831,14 +832,14 @@ class Tracer:
                     raise UnsupportedOpError(f"unsupported ONNX op {op_type}")
                 outs = fn(self, node, ins, self.runner.attributes(node, lw.attributes))
         except OnnxError as exc:
-            raise type(exc)(f"{self.model.path}: node {_label_text(node, label)!r} ({op_type}): {exc}") from None
+            raise type(exc)(f"{_where(self.model.path, node, label, op_type)}: {exc}") from None
         except Exception as exc:
             from flare.core.errors import FlareError
             if isinstance(exc, FlareError):
-                raise OnnxError(f"{self.model.path}: node {_label_text(node, label)!r} ({op_type}): {exc}") from None
+                raise OnnxError(f"{_where(self.model.path, node, label, op_type)}: {exc}") from None
             raise
         if len(outs) < named:
-            raise OnnxError(f"{self.model.path}: node {_label_text(node, label)!r} ({op_type}): produced {len(outs)} outputs, "
+            raise OnnxError(f"{_where(self.model.path, node, label, op_type)}: produced {len(outs)} outputs, "
                             f"the node names {len(outputs)}")
         last_use, live, position = self.last_use, self.live_tensors, self.position
         for name, v in zip(outputs, outs):
