@@ -193,6 +193,22 @@ def test_speculative_sampled_requests_finish(core_path) -> None:
     assert status["speculative"]["proposed"] > 0
 
 
+@pytest.mark.parametrize("spec,draft,draft_min",
+                         [(0, "ngram", 2), (3, "self", 2), (3, "ngram", 4), (3, "ngram", -1)])
+def test_draft_min_outside_prompt_lookups_range_is_refused(core_path, spec, draft, draft_min) -> None:
+    """--draft-min: only with prompt lookup, within 0..K; a typed error before anything is built."""
+    from flare.core.errors import FlareError
+
+    start = LEDGER.live_bytes()
+    runtime = CoreRuntime(load_core(core_path, LoadOptions(speculative=True if spec else None)))
+    try:
+        with pytest.raises(FlareError, match="--draft-min"):
+            Server(runtime, name="tiny.core", speculative=spec, draft=draft, draft_min=draft_min)
+    finally:
+        runtime.release()
+    assert LEDGER.live_bytes() == start
+
+
 def test_speculative_is_refused_on_a_core_without_a_draft(tmp_path) -> None:
     path = export_core("moe-lm", tmp_path / "nodraft.core", progress=False, draft_layers=0)
     with pytest.raises(SelectionError) as err:

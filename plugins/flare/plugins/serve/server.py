@@ -23,7 +23,8 @@ from .speculative import Speculator
 class Server:
     def __init__(self, runtime: Any, *, name: str, comm: Any = None, prefix_cache: bool = True,
                  prefix_cache_bytes: int = 64 << 20, prefix_block: int = 16, speculative: int = 0,
-                 draft: str = "ngram", draft_min: int = 0, max_queue: int = 256, tokenizer: Any = None, limits: Any = None):
+                 draft: str = "ngram", draft_min: int = 0, max_queue: int = 256, tokenizer: Any = None,
+                 limits: Any = None):
         self.runtime = runtime
         self.engine = StepEngine(runtime, comm)
         self.follower = comm is not None and comm.Get_rank() > 0   # replays rank 0's steps, never decides
@@ -36,12 +37,13 @@ class Server:
             if speculative > k_max:
                 raise FlareError(f"--speculative {speculative}: the core's verify programs hold at most "
                                  f"{k_max} proposals (1 + K tokens of one sequence)")
-        self.metrics = ServeMetrics()
-        self.cache = PrefixCache(self.engine, prefix_cache_bytes, prefix_block) if prefix_cache else None
         if draft_min and not (speculative and draft == "ngram"):
             raise FlareError("--draft-min: only for prompt lookup (--speculative K --draft ngram)")
-        if draft_min > speculative:
-            raise FlareError(f"--draft-min {draft_min}: more than the {speculative} proposals --speculative allows")
+        if not 0 <= draft_min <= speculative:
+            raise FlareError(f"--draft-min {draft_min}: not within 0..{speculative}, the proposals "
+                             "--speculative allows")
+        self.metrics = ServeMetrics()
+        self.cache = PrefixCache(self.engine, prefix_cache_bytes, prefix_block) if prefix_cache else None
         self.spec = Speculator(self.engine, speculative, draft, draft_min) if speculative else None
         self.loop = ServeLoop(self.engine, mixed=core.mixed, prefix_cache=self.cache, speculator=self.spec,
                               max_queue=max_queue, metrics=self.metrics)
