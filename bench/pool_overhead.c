@@ -47,6 +47,22 @@ static void steps_body(void *arg, int ith, int nth) {
     }
 }
 
+enum { REGION, STEPS, ALONE };
+
+/* Seconds per repetition of one kind of region (the list above), each after a gap of `gap_us`. */
+static double per_rep(flare_pool *pool, int kind, int reps, double gap_us, int steps, double work_us) {
+    double t = 0;
+    for (int i = 0; i < reps; ++i) {
+        steps_ctx c = {steps, 2, work_us, 0, 0, 0, 0};
+        spin_us(gap_us);
+        double s = now();
+        if (kind == REGION) flare_pool_for(pool, 2, 1, empty_task, NULL);
+        else if (kind == ALONE || !flare_pool_run(pool, steps_body, &c)) steps_body(&c, 0, 1);
+        t += now() - s;
+    }
+    return t / reps;
+}
+
 static int cmp(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return (x > y) - (x < y); }
 
 static double median_us(double *v, int n) { qsort(v, n, sizeof *v, cmp); return v[n / 2] * 1e6; }
@@ -61,27 +77,9 @@ int main(int argc, char **argv) {
     for (int g = 0; g < ngaps; ++g) {
         double region[20], steps[20], alone[20];
         for (int r = 0; r < rounds; ++r) {
-            double t = 0;
-            for (int i = 0; i < reps; ++i) { spin_us(gaps[g]); double s = now(); flare_pool_for(pool, 2, 1, empty_task, NULL); t += now() - s; }
-            region[r] = t / reps;
-            t = 0;
-            for (int i = 0; i < reps; ++i) {
-                steps_ctx c = {S, 2, W, 0, 0, 0, 0};
-                spin_us(gaps[g]);
-                double s = now();
-                if (!flare_pool_run(pool, steps_body, &c)) steps_body(&c, 0, 1);
-                t += now() - s;
-            }
-            steps[r] = t / reps;
-            t = 0;
-            for (int i = 0; i < reps; ++i) {
-                steps_ctx c = {S, 2, W, 0, 0, 0, 0};
-                spin_us(gaps[g]);
-                double s = now();
-                steps_body(&c, 0, 1);
-                t += now() - s;
-            }
-            alone[r] = t / reps;
+            region[r] = per_rep(pool, REGION, reps, gaps[g], S, W);
+            steps[r] = per_rep(pool, STEPS, reps, gaps[g], S, W);
+            alone[r] = per_rep(pool, ALONE, reps, gaps[g], S, W);
         }
         double reg = median_us(region, rounds), st = median_us(steps, rounds), al = median_us(alone, rounds);
         printf("gap %3.0f us: empty region %.2f us | %d steps of 2 x %.0f us chunks: pool %.2f us, alone %.2f us "
