@@ -219,10 +219,10 @@ TILED_CASES = [  # (cin, cout, k, padding, dilation, length, bias): conv1d.h's t
 @pytest.mark.parametrize("case", TILED_CASES, ids=lambda c: "x".join(map(str, c[:6])) + ("b" if c[6] else ""))
 def test_conv1d_tiled_kernel_and_im2col_path(case):
     """Stride-1 convolutions past the row layout (and its outputs of 32-64 columns): the tiled
-    AVX-512 kernel (register tiles read x's rows in place, masked loads where taps leave x) and
-    the im2col + GEMM (or row layout) path it replaces where the CPU has AVX-512
-    (flare_conv1d_isa), both against the float64 reference, with a bias (conv2d over H = 1, as
-    imported graphs run Conv1d); 2 threads give 1 thread's bits."""
+    kernels (register tiles read x's rows in place, masked loads where taps leave x), AVX-512 and
+    AVX2 + FMA where the CPU has them, and the im2col + GEMM (or row layout) path they replace
+    (flare_conv1d_isa), each against the float64 reference, with a bias (conv2d over H = 1, as
+    imported graphs run Conv1d); the tiled kernels and 2 threads give the same bits."""
     cin, cout, k, padding, dilation, length, with_bias = case
     rng = np.random.default_rng(cin * 1000 + k)
     x = rng.standard_normal((2, cin, 1, length)).astype(np.float32)
@@ -234,7 +234,7 @@ def test_conv1d_tiled_kernel_and_im2col_path(case):
     lib = native.load().lib
     results = {}
     try:
-        for isa, threads in ((0, 1), (1, 1), (1, 2)):
+        for isa, threads in ((0, 1), (1, 1), (1, 2), (2, 1), (2, 2)):
             if lib.flare_conv1d_isa(isa) != isa:
                 continue
 
@@ -253,8 +253,10 @@ def test_conv1d_tiled_kernel_and_im2col_path(case):
     assert results and want.shape[3] >= 32
     for got in results.values():
         np.testing.assert_allclose(got, want, **TOL)
-    if (1, 2) in results:  # each output is one FMA chain in (ci, k) order, whichever thread ran it
-        np.testing.assert_array_equal(results[1, 2], results[1, 1])
+    # each output is one FMA chain in (ci, k) order, whichever thread or tiled kernel ran it
+    tiled = [results[k] for k in ((1, 1), (1, 2), (2, 1), (2, 2)) if k in results]
+    for got in tiled[1:]:
+        np.testing.assert_array_equal(got, tiled[0])
 
 
 @pytest.mark.parametrize("h,k,stride,dilation,pads", [

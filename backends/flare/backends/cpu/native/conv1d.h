@@ -297,26 +297,159 @@ AVX512 static void ctile_block512(const flare_cmd *c, int64_t b, int64_t la, int
 }
 #undef CT_TILE
 #undef CT_TILE_NV
+
+/* ---- the tiled kernel on AVX2 + FMA: the same tiles in 8-float vectors ---------------------------
+ * CT2_MR (4) output channels x CT2_NV (3) vectors of 8 columns: 12 ymm accumulators, three of x
+ * and the broadcast of w are the 16 registers AVX2 has. Per (ci, k): three loads of x, four
+ * broadcasts, twelve FMAs (FMA-bound: two FMA ports against two loads a cycle). Edge tiles read x
+ * through _mm256_maskload_ps (masked lanes are neither read nor faulted), as the AVX-512 kernel
+ * reads it through k-masks. Each output is the same FMA chain in (ci, k) order as that kernel's,
+ * so the two kernels (and any thread count) give the same bits.
+ * Why: on an AVX2-only CPU (no AVX-512) Piper's decoder convolutions took im2col + OpenBLAS, whose
+ * copies (im2col rows, then OpenBLAS's own packing of them) were a third of the product's time,
+ * and its 1-channel conv_post ran at ~4 GFLOP/s as a 1-row GEMM. */
+#define CT2_MR 4
+#define CT2_NV 3
+#define CT2_COLS (8 * CT2_NV)
+
+INL AVX2F __m256i ct2_lanes(int64_t lo, int64_t hi) {  /* lanes t with lo <= t < hi, t in [0, 8) */
+    const __m256i t = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    lo = lo < 0 ? 0 : lo > 8 ? 8 : lo;
+    hi = hi < 0 ? 0 : hi > 8 ? 8 : hi;
+    return _mm256_and_si256(_mm256_cmpgt_epi32(t, _mm256_set1_epi32((int)lo - 1)),
+                            _mm256_cmpgt_epi32(_mm256_set1_epi32((int)hi), t));
+}
+
+INL AVX2F void ctile_tile256(const int MR, const int NV, const int edge, int first, int64_t Ci, int64_t K,
+                             int64_t dil, const float *xp0, int64_t xcs, const __m256i (*m)[CT2_NV],
+                             const float *w, int64_t ck, const float *bias, float *o, int64_t ldo, int64_t ncols) {
+    __m256 acc[CT2_MR][CT2_NV];
+    const int full = ncols >= 8 * NV;
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+        const __m256 bv = first && bias ? _mm256_set1_ps(bias[r]) : _mm256_setzero_ps();
+#pragma GCC unroll 3
+        for (int v = 0; v < NV; ++v)
+            acc[r][v] = first ? bv : full ? _mm256_loadu_ps(o + r * ldo + 8 * v)
+                                          : _mm256_maskload_ps(o + r * ldo + 8 * v, ct2_lanes(0, ncols - 8 * v));
+    }
+    for (int64_t ci = 0; ci < Ci; ++ci) {
+        const float *xr = xp0 + ci * xcs, *wr = w + ci * K;
+        for (int64_t k = 0; k < K; ++k) {
+            const float *xp = xr + k * dil;
+            __m256 xv[CT2_NV];
+#pragma GCC unroll 3
+            for (int v = 0; v < NV; ++v)
+                xv[v] = edge ? _mm256_maskload_ps(xp + 8 * v, m[k][v]) : _mm256_loadu_ps(xp + 8 * v);
+#pragma GCC unroll 4
+            for (int r = 0; r < MR; ++r) {
+                const __m256 wv = _mm256_broadcast_ss(wr + r * ck + k);
+#pragma GCC unroll 3
+                for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(wv, xv[v], acc[r][v]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 3
+        for (int v = 0; v < NV; ++v) {
+            if (full) _mm256_storeu_ps(o + r * ldo + 8 * v, acc[r][v]);
+            else _mm256_maskstore_ps(o + r * ldo + 8 * v, ct2_lanes(0, ncols - 8 * v), acc[r][v]);
+        }
+}
+
+/* m[k][v]: lanes of vector v whose column j (< ncols) reads x at p0 + k*dil + j inside [0, L) */
+AVX2F static void ctile_masks256(__m256i (*m)[CT2_NV], int64_t K, int64_t dil, int64_t p0, int64_t L,
+                                 int64_t ncols) {
+    for (int64_t k = 0; k < K; ++k) {
+        const int64_t off = p0 + k * dil, lo = -off, hi = L - off < ncols ? L - off : ncols;
+        for (int v = 0; v < CT2_NV; ++v) m[k][v] = ct2_lanes(lo - 8 * v, hi - 8 * v);
+    }
+}
+
+#define CT2_TILE_NV(MR, NV) do { \
+        if (edge) ctile_tile256(MR, NV, 1, first, nci, K, dil, xp0 + ci0 * xcs, xcs, (const __m256i (*)[CT2_NV])m, \
+                                w + co * ck + ci0 * K, ck, bias ? bias + co : 0, ob + co * Lo, Lo, ncols); \
+        else ctile_tile256(MR, NV, 0, first, nci, K, dil, xp0 + ci0 * xcs, xcs, 0, w + co * ck + ci0 * K, ck, \
+                           bias ? bias + co : 0, ob + co * Lo, Lo, ncols); \
+    } while (0)
+#define CT2_TILE(MR) do { \
+        switch (nv) { \
+        case 3: CT2_TILE_NV(MR, 3); break; case 2: CT2_TILE_NV(MR, 2); break; default: CT2_TILE_NV(MR, 1); break; \
+        } \
+    } while (0)
+
+/* output columns [la, lb) x channels [c0, c1) of batch row b: ctile_block512's loop in ymm tiles */
+AVX2F static void ctile_block256(const flare_cmd *c, int64_t b, int64_t la, int64_t lb, int64_t c0, int64_t c1) {
+    const int64_t Lo = c->ne[3], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
+    const int64_t ck = Ci * K, xcs = c->ss[0][2], reach = (K - 1) * dil;
+    const float *w = (const float *)c->src[1], *bias = (const float *)c->src[2];
+    const float *xb = (const float *)c->src[0] + b * c->ss[0][1];
+    float *o = (float *)c->out + b * c->ne[2] * Lo;
+    int64_t chunk = CT_WINDOW / (CT2_COLS + reach);
+    chunk = chunk < 8 ? 8 : chunk;
+    if (Ci - chunk < chunk / 2) chunk = Ci;   /* no small last chunk */
+    __m256i m[CT_KMAX][CT2_NV];
+    for (int64_t l0 = la; l0 < lb; l0 += CT2_COLS) {
+        const int64_t ncols = lb - l0 < CT2_COLS ? lb - l0 : CT2_COLS, p0 = l0 - pad, nv = (ncols + 7) / 8;
+        const int edge = p0 < 0 || p0 + 8 * nv + reach > L;   /* a full-width load past x's end */
+        if (edge) ctile_masks256(m, K, dil, p0, L, ncols);
+        const float *xp0 = xb + p0;   /* may point before x: edge tiles read it only through masks */
+        float *ob = o + l0;
+        for (int64_t ci0 = 0; ci0 < Ci; ci0 += chunk) {
+            const int64_t nci = Ci - ci0 < chunk ? Ci - ci0 : chunk;
+            const int first = ci0 == 0;
+            int64_t co = c0;
+            for (; co + CT2_MR <= c1; co += CT2_MR) CT2_TILE(4);
+            switch (c1 - co) {
+            case 3: CT2_TILE(3); break;
+            case 2: CT2_TILE(2); break;
+            case 1: CT2_TILE(1); break;
+            default: break;
+            }
+        }
+    }
+}
+#undef CT2_TILE
+#undef CT2_TILE_NV
 #endif
 
 /* which conv1d path the column-block layout takes: 1 the tiled AVX-512 kernel (stride 1, x rows
- * of unit stride), 0 im2col + GEMM. `want` < 0 the best the CPU has (tests run both). */
+ * of unit stride), 2 the tiled AVX2 + FMA kernel, 0 im2col + GEMM. `want` < 0 the best the CPU
+ * has; 1 or 2 that kernel where the CPU has it, else the next below (tests run each there is). */
 int32_t flare_conv1d_isa(int32_t want) {
     g_ctile = 0;
     g_ctile_chosen = 1;
 #ifdef PACKED_SIMD
     __builtin_cpu_init();
-    if (want != 0 && __builtin_cpu_supports("avx512f")) { g_ctile = ctile_block512; return 1; }
+    if ((want < 0 || want == 1) && __builtin_cpu_supports("avx512f")) { g_ctile = ctile_block512; return 1; }
+    if (want != 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        g_ctile = ctile_block256;
+        return 2;
+    }
 #endif
     return 0;
+}
+
+static ctile_block_t ctile_block256_ptr(void) {
+#ifdef PACKED_SIMD
+    return ctile_block256;
+#else
+    return 0;
+#endif
 }
 
 static int conv1d_takes_tiled(const flare_cmd *c) {
     if (!g_ctile_chosen) flare_conv1d_isa(-1);
     /* the row layout's outputs (Lout <= 64) from CT_ROWS_MIN columns on, unless its weight is packed:
      * Piper's encoder (Lout 48, 192 -> 768 channels) ran ~5x slower as one 48-row product */
-    return g_ctile && (!c->ip[6] || (c->ne[3] >= CT_ROWS_MIN && !(c->flags & 2))) && c->ip[0] == 1 &&
-           c->ss[0][3] == 1 && c->ip[4] <= CT_KMAX;
+    if (!g_ctile || !(!c->ip[6] || (c->ne[3] >= CT_ROWS_MIN && !(c->flags & 2))) || c->ip[0] != 1 ||
+        c->ss[0][3] != 1 || c->ip[4] > CT_KMAX)
+        return 0;
+    /* AVX2's tiles run at ~80 GFLOP/s here, about OpenBLAS's on a product that needs no copies: a
+     * pointwise convolution read in place (conv1d_direct) stays with the GEMM (Piper's flow: 5-10%
+     * faster there) */
+    return g_ctile != ctile_block256_ptr() || !conv1d_direct(c);
 }
 
 static int64_t ctile_units(const flare_cmd *c) {
