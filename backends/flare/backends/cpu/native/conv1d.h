@@ -161,24 +161,24 @@ HOT static void conv1d_plain(int64_t Co, int64_t n, int64_t ck, const float *w, 
  * pad 0, x's rows of unit stride; the product then reads x in place */
 static int conv1d_direct(const flare_cmd *c) { return c->ip[7] != 0; }
 
-/* ---- the tiled kernel: a direct convolution (AVX-512), no im2col, no GEMM call ---------------
+/* ---- the tiled kernel: a direct convolution (AVX-512, or AVX2 + FMA), no im2col, no GEMM call -
  * Stride 1, x's rows of unit stride, the column-block layout (ip[6] = 0): out[co, l] = bias[co] +
  * sum over (ci, k) of w[co, ci*K + k] * x[ci, l + k*dil - pad], as a register tile of CT_MR output
- * channels x CT_COLS (96) output columns: 24 zmm accumulators; per (ci, k) six loads of x's row
- * shifted by k*dil (dilation is an offset, nothing copied) and one broadcast of w per channel.
+ * channels x a few vectors of output columns (conv1d_tile.h, once per ISA: 4 x 96 in 24 zmm
+ * accumulators, 4 x 24 in 12 ymm); per (ci, k) a load of x's row shifted by k*dil per vector
+ * (dilation is an offset, nothing copied) and one broadcast of w per channel.
  * Why: Piper's HiFi-GAN decoder convolves 32-64 channels over 15k-65k samples (K 3-7, dilations
  * 1-5, padded); im2col + sgemm there copied Cin*K rows per column block and called OpenBLAS on
  * 32 x 288 x 224 products whose packing cost as much as their FMAs (~22 GFLOP/s of the core's
  * ~100). Tiles whose taps reach past either end of x (the first and last few) and the last
- * partial tile read x through AVX-512 masks (masked lanes are not read, so no padded copy and no
+ * partial tile read x through lane masks (masked lanes are not read, so no padded copy and no
  * scratch): there the taps run outer, each with its lane masks, the channels inner.
  * Units (phase 1): (b, a block of CT_UNIT_COLS columns, a block of CT_UNIT_CO channels), channel
  * blocks inner, so one thread's consecutive units reuse the block's x window from cache.
- * Each output is the same sum in (ci, k) order whatever the units, so threads change no bits. */
+ * Each output is the same FMA chain in (ci, k) order whatever the units and ISA, so neither the
+ * threads nor the kernel change a bit. */
 #define CT_MR 4
-#define CT_NV 6
-#define CT_COLS (16 * CT_NV)
-#define CT_UNIT_COLS (4 * CT_COLS)
+#define CT_UNIT_COLS 384
 #define CT_UNIT_CO 64
 #define CT_KMAX 32
 #define CT_ROWS_MIN 32
@@ -196,122 +196,30 @@ static inline __mmask16 ct_lanes(int64_t lo, int64_t hi) {  /* lanes t with lo <
     return hi <= lo ? 0 : (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
 }
 
-/* o[r, j] (r < MR, j < ncols <= 16*NV; row stride ldo) for output columns l0 + j, over input
- * channels [0, Ci) of xp0 (x's batch row at position l0 - pad, channel stride xcs) and w (rows
- * co.., stride ck; ci's taps at ci*K); start: bias (or 0) where `first`, else what o holds (a
- * later channel chunk). edge: x read through m[k][v], the lanes of tap k inside x (ctile_masks). */
-INL AVX512 void ctile_tile512(const int MR, const int NV, const int edge, int first, int64_t Ci, int64_t K,
-                              int64_t dil, const float *xp0, int64_t xcs, const __mmask16 (*m)[CT_NV],
-                              const float *w, int64_t ck, const float *bias, float *o, int64_t ldo, int64_t ncols) {
-    __m512 acc[CT_MR][CT_NV];
-    const int full = ncols >= 16 * NV;
-#pragma GCC unroll 4
-    for (int r = 0; r < MR; ++r) {
-        const __m512 bv = first && bias ? _mm512_set1_ps(bias[r]) : _mm512_setzero_ps();
-#pragma GCC unroll 6
-        for (int v = 0; v < NV; ++v)
-            acc[r][v] = first ? bv : full ? _mm512_loadu_ps(o + r * ldo + 16 * v)
-                                          : _mm512_maskz_loadu_ps(ct_lanes(0, ncols - 16 * v), o + r * ldo + 16 * v);
-    }
-    for (int64_t ci = 0; ci < Ci; ++ci) {
-        const float *xr = xp0 + ci * xcs, *wr = w + ci * K;
-        for (int64_t k = 0; k < K; ++k) {
-            const float *xp = xr + k * dil;
-            __m512 xv[CT_NV];
-#pragma GCC unroll 6
-            for (int v = 0; v < NV; ++v)
-                xv[v] = edge ? _mm512_maskz_loadu_ps(m[k][v], xp + 16 * v) : _mm512_loadu_ps(xp + 16 * v);
-#pragma GCC unroll 4
-            for (int r = 0; r < MR; ++r) {
-                const __m512 wv = _mm512_set1_ps(wr[r * ck + k]);
-#pragma GCC unroll 6
-                for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(wv, xv[v], acc[r][v]);
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 6
-        for (int v = 0; v < NV; ++v) {
-            if (full) _mm512_storeu_ps(o + r * ldo + 16 * v, acc[r][v]);
-            else _mm512_mask_storeu_ps(o + r * ldo + 16 * v, ct_lanes(0, ncols - 16 * v), acc[r][v]);
-        }
-}
+/* AVX-512: 4 x 6 zmm tiles (96 columns), x's lanes masked by k-masks */
+#define CT_SUFFIX 512
+#define CT_ATTR AVX512
+#define CT_VEC __m512
+#define CT_LANES 16
+#define CT_NVMAX 6
+#define CT_MASK __mmask16
+#define CT_LANE_MASK(lo, hi) ct_lanes(lo, hi)
+#define CT_LOAD(p) _mm512_loadu_ps(p)
+#define CT_MLOAD(m, p) _mm512_maskz_loadu_ps(m, p)
+#define CT_STORE(p, v) _mm512_storeu_ps(p, v)
+#define CT_MSTORE(m, p, v) _mm512_mask_storeu_ps(p, m, v)
+#define CT_SET1(f) _mm512_set1_ps(f)
+#define CT_ZERO() _mm512_setzero_ps()
+#define CT_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#include "conv1d_tile.h"
 
-/* m[k][v]: lanes of vector v whose column j (< ncols) reads x at p0 + k*dil + j inside [0, L) */
-static void ctile_masks(__mmask16 (*m)[CT_NV], int64_t K, int64_t dil, int64_t p0, int64_t L, int64_t ncols) {
-    for (int64_t k = 0; k < K; ++k) {
-        const int64_t off = p0 + k * dil, lo = -off, hi = L - off < ncols ? L - off : ncols;
-        for (int v = 0; v < CT_NV; ++v) m[k][v] = ct_lanes(lo - 16 * v, hi - 16 * v);
-    }
-}
-
-#define CT_TILE_NV(MR, NV) do { \
-        if (edge) ctile_tile512(MR, NV, 1, first, nci, K, dil, xp0 + ci0 * xcs, xcs, (const __mmask16 (*)[CT_NV])m, \
-                                w + co * ck + ci0 * K, ck, bias ? bias + co : 0, ob + co * Lo, Lo, ncols); \
-        else ctile_tile512(MR, NV, 0, first, nci, K, dil, xp0 + ci0 * xcs, xcs, 0, w + co * ck + ci0 * K, ck, \
-                           bias ? bias + co : 0, ob + co * Lo, Lo, ncols); \
-    } while (0)
-#define CT_TILE(MR) do { \
-        switch (nv) { \
-        case 6: CT_TILE_NV(MR, 6); break; case 5: CT_TILE_NV(MR, 5); break; case 4: CT_TILE_NV(MR, 4); break; \
-        case 3: CT_TILE_NV(MR, 3); break; case 2: CT_TILE_NV(MR, 2); break; default: CT_TILE_NV(MR, 1); break; \
-        } \
-    } while (0)
-
-/* Taps up to CT_KMAX (the masks' table); longer kernels take im2col + GEMM. Input channels in
- * chunks whose x window (chunk x (CT_COLS + reach) floats) stays about CT_WINDOW floats (16 KiB,
- * in L1 while every channel tile of the unit passes over it); each later chunk adds to the sums
- * already in o, in the same (ci, k) order. */
-
-/* output columns [la, lb) x channels [c0, c1) of batch row b */
-AVX512 static void ctile_block512(const flare_cmd *c, int64_t b, int64_t la, int64_t lb, int64_t c0, int64_t c1) {
-    const int64_t Lo = c->ne[3], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
-    const int64_t ck = Ci * K, xcs = c->ss[0][2], reach = (K - 1) * dil;
-    const float *w = (const float *)c->src[1], *bias = (const float *)c->src[2];
-    const float *xb = (const float *)c->src[0] + b * c->ss[0][1];
-    float *o = (float *)c->out + b * c->ne[2] * Lo;
-    int64_t chunk = CT_WINDOW / (CT_COLS + reach);
-    chunk = chunk < 8 ? 8 : chunk;
-    if (Ci - chunk < chunk / 2) chunk = Ci;   /* no small last chunk */
-    __mmask16 m[CT_KMAX][CT_NV];
-    for (int64_t l0 = la; l0 < lb; l0 += CT_COLS) {
-        const int64_t ncols = lb - l0 < CT_COLS ? lb - l0 : CT_COLS, p0 = l0 - pad, nv = (ncols + 15) / 16;
-        const int edge = p0 < 0 || p0 + 16 * nv + reach > L;   /* a full-width load past x's end */
-        if (edge) ctile_masks(m, K, dil, p0, L, ncols);
-        const float *xp0 = xb + p0;   /* may point before x: edge tiles read it only through masks */
-        float *ob = o + l0;
-        for (int64_t ci0 = 0; ci0 < Ci; ci0 += chunk) {
-            const int64_t nci = Ci - ci0 < chunk ? Ci - ci0 : chunk;
-            const int first = ci0 == 0;
-            int64_t co = c0;
-            for (; co + CT_MR <= c1; co += CT_MR) CT_TILE(4);
-            switch (c1 - co) {
-            case 3: CT_TILE(3); break;
-            case 2: CT_TILE(2); break;
-            case 1: CT_TILE(1); break;
-            default: break;
-            }
-        }
-    }
-}
-#undef CT_TILE
-#undef CT_TILE_NV
-
-/* ---- the tiled kernel on AVX2 + FMA: the same tiles in 8-float vectors ---------------------------
- * CT2_MR (4) output channels x CT2_NV (3) vectors of 8 columns: 12 ymm accumulators, three of x
- * and the broadcast of w are the 16 registers AVX2 has. Per (ci, k): three loads of x, four
- * broadcasts, twelve FMAs (FMA-bound: two FMA ports against two loads a cycle). Edge tiles read x
- * through _mm256_maskload_ps (masked lanes are neither read nor faulted), as the AVX-512 kernel
- * reads it through k-masks. Each output is the same FMA chain in (ci, k) order as that kernel's,
- * so the two kernels (and any thread count) give the same bits.
- * Why: on an AVX2-only CPU (no AVX-512) Piper's decoder convolutions took im2col + OpenBLAS, whose
- * copies (im2col rows, then OpenBLAS's own packing of them) were a third of the product's time,
- * and its 1-channel conv_post ran at ~4 GFLOP/s as a 1-row GEMM. */
-#define CT2_MR 4
-#define CT2_NV 3
-#define CT2_COLS (8 * CT2_NV)
-
+/* AVX2 + FMA: 4 x 3 ymm tiles (24 columns): 12 accumulators, three vectors of x and the broadcast
+ * of w are the 16 registers AVX2 has; per (ci, k) three loads, four broadcasts, twelve FMAs.
+ * Edge tiles read x through _mm256_maskload_ps (masked lanes are neither read nor faulted).
+ * Why: on an AVX2-only CPU Piper's decoder convolutions took im2col + OpenBLAS, whose copies (the
+ * im2col rows, then OpenBLAS's own packing of them) were a third of the product's time, and its
+ * 1-channel conv_post ran at ~4 GFLOP/s as a 1-row GEMM (measured on an AVX2 EPYC: the decoder's
+ * convolutions 239 -> 207 ms a sentence, conv_post 5.6 -> 1.6 ms). */
 INL AVX2F __m256i ct2_lanes(int64_t lo, int64_t hi) {  /* lanes t with lo <= t < hi, t in [0, 8) */
     const __m256i t = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     lo = lo < 0 ? 0 : lo > 8 ? 8 : lo;
@@ -319,99 +227,21 @@ INL AVX2F __m256i ct2_lanes(int64_t lo, int64_t hi) {  /* lanes t with lo <= t <
     return _mm256_and_si256(_mm256_cmpgt_epi32(t, _mm256_set1_epi32((int)lo - 1)),
                             _mm256_cmpgt_epi32(_mm256_set1_epi32((int)hi), t));
 }
-
-INL AVX2F void ctile_tile256(const int MR, const int NV, const int edge, int first, int64_t Ci, int64_t K,
-                             int64_t dil, const float *xp0, int64_t xcs, const __m256i (*m)[CT2_NV],
-                             const float *w, int64_t ck, const float *bias, float *o, int64_t ldo, int64_t ncols) {
-    __m256 acc[CT2_MR][CT2_NV];
-    const int full = ncols >= 8 * NV;
-#pragma GCC unroll 4
-    for (int r = 0; r < MR; ++r) {
-        const __m256 bv = first && bias ? _mm256_set1_ps(bias[r]) : _mm256_setzero_ps();
-#pragma GCC unroll 3
-        for (int v = 0; v < NV; ++v)
-            acc[r][v] = first ? bv : full ? _mm256_loadu_ps(o + r * ldo + 8 * v)
-                                          : _mm256_maskload_ps(o + r * ldo + 8 * v, ct2_lanes(0, ncols - 8 * v));
-    }
-    for (int64_t ci = 0; ci < Ci; ++ci) {
-        const float *xr = xp0 + ci * xcs, *wr = w + ci * K;
-        for (int64_t k = 0; k < K; ++k) {
-            const float *xp = xr + k * dil;
-            __m256 xv[CT2_NV];
-#pragma GCC unroll 3
-            for (int v = 0; v < NV; ++v)
-                xv[v] = edge ? _mm256_maskload_ps(xp + 8 * v, m[k][v]) : _mm256_loadu_ps(xp + 8 * v);
-#pragma GCC unroll 4
-            for (int r = 0; r < MR; ++r) {
-                const __m256 wv = _mm256_broadcast_ss(wr + r * ck + k);
-#pragma GCC unroll 3
-                for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(wv, xv[v], acc[r][v]);
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 3
-        for (int v = 0; v < NV; ++v) {
-            if (full) _mm256_storeu_ps(o + r * ldo + 8 * v, acc[r][v]);
-            else _mm256_maskstore_ps(o + r * ldo + 8 * v, ct2_lanes(0, ncols - 8 * v), acc[r][v]);
-        }
-}
-
-/* m[k][v]: lanes of vector v whose column j (< ncols) reads x at p0 + k*dil + j inside [0, L) */
-AVX2F static void ctile_masks256(__m256i (*m)[CT2_NV], int64_t K, int64_t dil, int64_t p0, int64_t L,
-                                 int64_t ncols) {
-    for (int64_t k = 0; k < K; ++k) {
-        const int64_t off = p0 + k * dil, lo = -off, hi = L - off < ncols ? L - off : ncols;
-        for (int v = 0; v < CT2_NV; ++v) m[k][v] = ct2_lanes(lo - 8 * v, hi - 8 * v);
-    }
-}
-
-#define CT2_TILE_NV(MR, NV) do { \
-        if (edge) ctile_tile256(MR, NV, 1, first, nci, K, dil, xp0 + ci0 * xcs, xcs, (const __m256i (*)[CT2_NV])m, \
-                                w + co * ck + ci0 * K, ck, bias ? bias + co : 0, ob + co * Lo, Lo, ncols); \
-        else ctile_tile256(MR, NV, 0, first, nci, K, dil, xp0 + ci0 * xcs, xcs, 0, w + co * ck + ci0 * K, ck, \
-                           bias ? bias + co : 0, ob + co * Lo, Lo, ncols); \
-    } while (0)
-#define CT2_TILE(MR) do { \
-        switch (nv) { \
-        case 3: CT2_TILE_NV(MR, 3); break; case 2: CT2_TILE_NV(MR, 2); break; default: CT2_TILE_NV(MR, 1); break; \
-        } \
-    } while (0)
-
-/* output columns [la, lb) x channels [c0, c1) of batch row b: ctile_block512's loop in ymm tiles */
-AVX2F static void ctile_block256(const flare_cmd *c, int64_t b, int64_t la, int64_t lb, int64_t c0, int64_t c1) {
-    const int64_t Lo = c->ne[3], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
-    const int64_t ck = Ci * K, xcs = c->ss[0][2], reach = (K - 1) * dil;
-    const float *w = (const float *)c->src[1], *bias = (const float *)c->src[2];
-    const float *xb = (const float *)c->src[0] + b * c->ss[0][1];
-    float *o = (float *)c->out + b * c->ne[2] * Lo;
-    int64_t chunk = CT_WINDOW / (CT2_COLS + reach);
-    chunk = chunk < 8 ? 8 : chunk;
-    if (Ci - chunk < chunk / 2) chunk = Ci;   /* no small last chunk */
-    __m256i m[CT_KMAX][CT2_NV];
-    for (int64_t l0 = la; l0 < lb; l0 += CT2_COLS) {
-        const int64_t ncols = lb - l0 < CT2_COLS ? lb - l0 : CT2_COLS, p0 = l0 - pad, nv = (ncols + 7) / 8;
-        const int edge = p0 < 0 || p0 + 8 * nv + reach > L;   /* a full-width load past x's end */
-        if (edge) ctile_masks256(m, K, dil, p0, L, ncols);
-        const float *xp0 = xb + p0;   /* may point before x: edge tiles read it only through masks */
-        float *ob = o + l0;
-        for (int64_t ci0 = 0; ci0 < Ci; ci0 += chunk) {
-            const int64_t nci = Ci - ci0 < chunk ? Ci - ci0 : chunk;
-            const int first = ci0 == 0;
-            int64_t co = c0;
-            for (; co + CT2_MR <= c1; co += CT2_MR) CT2_TILE(4);
-            switch (c1 - co) {
-            case 3: CT2_TILE(3); break;
-            case 2: CT2_TILE(2); break;
-            case 1: CT2_TILE(1); break;
-            default: break;
-            }
-        }
-    }
-}
-#undef CT2_TILE
-#undef CT2_TILE_NV
+#define CT_SUFFIX 256
+#define CT_ATTR AVX2F
+#define CT_VEC __m256
+#define CT_LANES 8
+#define CT_NVMAX 3
+#define CT_MASK __m256i
+#define CT_LANE_MASK(lo, hi) ct2_lanes(lo, hi)
+#define CT_LOAD(p) _mm256_loadu_ps(p)
+#define CT_MLOAD(m, p) _mm256_maskload_ps(p, m)
+#define CT_STORE(p, v) _mm256_storeu_ps(p, v)
+#define CT_MSTORE(m, p, v) _mm256_maskstore_ps(p, m, v)
+#define CT_SET1(f) _mm256_set1_ps(f)
+#define CT_ZERO() _mm256_setzero_ps()
+#define CT_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#include "conv1d_tile.h"
 #endif
 
 /* which conv1d path the column-block layout takes: 1 the tiled AVX-512 kernel (stride 1, x rows
