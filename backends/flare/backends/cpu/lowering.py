@@ -20,7 +20,7 @@ from flare.core.graph import Tensor
 KINDS = ("copy4 copy2 copy8 add sub mul div scale relu sigmoid silu gelu tanh exp sqrt neg sqr matmul "
          "layer_norm rms_norm softmax get_rows rope conv1d pad sum mean max argmax top_k gather mul_mat_id "
          "set_rows cast_f32_i32 cast_i32_f32 cast_f16_f32 linear norm_affine lstm "
-         "qmatmul dequantize get_rows_q mul_mat_id_q leaky_relu stage_experts").split()
+         "qmatmul dequantize get_rows_q mul_mat_id_q leaky_relu stage_experts erf").split()
 K = {name: i for i, name in enumerate(KINDS)}
 ACTIVATIONS = {"none": 0, "gelu": 1, "relu": 2, "sigmoid": 3}
 SMALL_GEMM = 4096      # M*N*K at or below which the plain C loop beats BLAS's dispatch
@@ -109,7 +109,7 @@ def _binary(node, out, srcs):
     return [elementwise(node.op, out, srcs)] if _f32(out, *srcs) else None
 
 
-@translator("relu", "sigmoid", "silu", "gelu", "tanh", "exp", "sqrt", "neg", "sqr")
+@translator("relu", "sigmoid", "silu", "gelu", "tanh", "exp", "sqrt", "neg", "sqr", "erf")
 def _unary(node, out, srcs):
     return [elementwise(node.op, out, srcs)] if _f32(out, *srcs) else None
 

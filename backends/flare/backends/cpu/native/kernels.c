@@ -53,6 +53,7 @@ enum {
     K_QMATMUL, K_DEQUANTIZE, K_GET_ROWS_Q, K_MUL_MAT_ID_Q,
     K_LEAKY_RELU,  /* fused: x > 0 ? x : fp0 * x (flare.core.ops.fused) */
     K_STAGE_EXPERTS,  /* expert staging's step (staging.c) as a command: k_stage_experts */
+    K_ERF,
     K_COUNT
 };
 
@@ -115,6 +116,26 @@ static inline __attribute__((always_inline)) float verf(float x) {
     const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
     const float y = 1.0f - poly * vexp(-a * a);
     return x < 0.0f ? -y : y;
+}
+/* erf to a few ulp (max relative error 4.2e-7 over all floats, measured against math.erf):
+ * Eigen's x P(x^2) / Q(x^2) on [-4, 4] (+-1 beyond, as in f32). The Erf op's kernel, where
+ * verf's absolute error (~1e-7 from a difference near 1) would be large relative to erf(x) near
+ * 0; gelu keeps verf (its products were measured with it). */
+static inline __attribute__((always_inline)) float verf_rational(float x0) {
+    const float x = x0 > 4.0f ? 4.0f : (x0 < -4.0f ? -4.0f : x0), x2 = x * x;
+    float p = -2.72614225801306e-10f;
+    p = p * x2 + 2.77068142495902e-08f;
+    p = p * x2 - 2.10102402082508e-06f;
+    p = p * x2 - 5.69250639462346e-05f;
+    p = p * x2 - 7.34990630326855e-04f;
+    p = p * x2 - 2.95459980854025e-03f;
+    p = p * x2 - 1.60960333262415e-02f;
+    float q = -1.45660718464996e-05f;
+    q = q * x2 - 2.13374055278905e-04f;
+    q = q * x2 - 1.68282697438203e-03f;
+    q = q * x2 - 7.37332916720468e-03f;
+    q = q * x2 - 1.42647390514189e-02f;
+    return x * p / q;
 }
 static inline __attribute__((always_inline)) float gelu_f(float x) { return 0.5f * x * (1.0f + verf(x * 0.7071067811865476f)); }
 static inline __attribute__((always_inline)) float sigmoid_f(float x) { return 1.0f / (1.0f + vexp(-x)); }
@@ -207,6 +228,7 @@ UNARY(k_leaky_relu, x > 0.0f ? x : x * p0)
 UNARY(k_sigmoid, sigmoid_f(x))
 UNARY(k_silu, x / (1.0f + vexp(-x)))
 UNARY(k_gelu, gelu_f(x))
+UNARY(k_erf, verf_rational(x))
 UNARY(k_tanh, vtanh(x))
 UNARY(k_exp, vexp(x))
 UNARY(k_sqrt, sqrtf(x))
@@ -1492,6 +1514,7 @@ static int run_slice(const flare_cmd *c, int64_t ob, int64_t oe, int64_t jb, int
     case K_SIGMOID: k_sigmoid(c, ob, oe, jb, je); return 0;
     case K_SILU: k_silu(c, ob, oe, jb, je); return 0;
     case K_GELU: k_gelu(c, ob, oe, jb, je); return 0;
+    case K_ERF: k_erf(c, ob, oe, jb, je); return 0;
     case K_TANH: k_tanh(c, ob, oe, jb, je); return 0;
     case K_EXP: k_exp(c, ob, oe, jb, je); return 0;
     case K_SQRT: k_sqrt(c, ob, oe, jb, je); return 0;
@@ -1517,7 +1540,7 @@ static int run_slice(const flare_cmd *c, int64_t ob, int64_t oe, int64_t jb, int
 
 static int is_elementwise(int kind) {
     return (kind >= K_COPY4 && kind <= K_SQR) || (kind >= K_CAST_F32_I32 && kind <= K_CAST_F16_F32) ||
-           kind == K_LEAKY_RELU;
+           kind == K_LEAKY_RELU || kind == K_ERF;
 }
 
 /* The `stage_experts` host node of a MoE model, run inside the walk (no host split: the walk
@@ -1641,7 +1664,7 @@ static plan_t plan(const flare_cmd *c, int nth) {
     plan_t p = { SERIAL, A_OUTER, 0, 1, 0, nth };
     const int64_t rows = outer(c);
     if (is_elementwise(c->kind)) {
-        const int costly = c->kind >= K_SIGMOID && c->kind <= K_SQRT;
+        const int costly = (c->kind >= K_SIGMOID && c->kind <= K_SQRT) || c->kind == K_ERF;
         if (rows * c->ne[3] < (costly ? MIN_SPLIT_ELEMS : MIN_SPLIT_CHEAP)) return p;
         p.mode = SPLIT;
         p.work = rows * c->ne[3] * (costly ? 8 : 1);
