@@ -21,6 +21,9 @@ Chains:
 - matmul(q, k, transpose_b) -> softmax(scale[, mask]) -> matmul(., v): `attention`.
 - relu(x) -> scale(1 - alpha) -> add(scale(x, alpha), .): `leaky_relu` (the ONNX
   importer's LeakyRelu); the scale of x, read by that add alone, leaves too.
+- conv2d over one row (H = 1) -> [reshape dropping that axis] -> add a tensor of
+  that shape (residual): `conv_add`. The reshape is a view of the convolution's
+  output read by the add alone (how a 1-D Conv is imported); it leaves with it.
 """
 from __future__ import annotations
 
@@ -152,6 +155,29 @@ def _leaky_relu(relu: Tensor, chains: _Chains) -> tuple[list[Tensor], list[Tenso
     return [relu, pos, neg, add], [x], {"alpha": alpha}
 
 
+def _conv_add(conv: Tensor, chains: _Chains) -> tuple[list[Tensor], list[Tensor], dict] | None:
+    if len(conv.shape) != 4 or conv.shape[2] != 1 or conv.dtype != "f32":
+        return None
+    chain, cur = [conv], conv
+    nxt = chains.sole_reader(conv)
+    if nxt is not None and nxt.op == "reshape" and nxt.view_of is conv \
+            and tuple(nxt.shape) == (conv.shape[0], conv.shape[1], conv.shape[3]):
+        chain.append(nxt)
+        cur = nxt
+        readers = chains.consumers.get(nxt.id, [])   # sole_reader refuses views: the reshape is one
+        nxt = readers[0] if len(readers) == 1 and nxt.id not in chains.outputs and not nxt.is_output else None
+        if nxt is not None and sum(1 for s in nxt.srcs if s is cur) != 1:
+            nxt = None
+    if nxt is None or nxt.op != "add":
+        return None
+    res = _other(nxt, cur)
+    if tuple(res.shape) != tuple(cur.shape) or res.dtype != "f32" or tuple(nxt.shape) != tuple(cur.shape):
+        return None
+    params = {k: conv.params[k] for k in ("strides", "dilations", "pads", "groups")}
+    params["has_bias"] = len(conv.srcs) == 3
+    return chain + [nxt], [*conv.srcs, res], params
+
+
 def _matmul_chain(mm: Tensor, chains: _Chains):
     """A matmul starts an attention chain (q k^T -> softmax -> . v) or a linear one."""
     found = _attention(mm, chains)
@@ -159,7 +185,8 @@ def _matmul_chain(mm: Tensor, chains: _Chains):
 
 
 _PATTERNS = {"matmul": ("linear", _linear), "layer_norm": ("norm_affine", _norm_affine),
-             "rms_norm": ("norm_affine", _norm_affine), "relu": ("leaky_relu", _leaky_relu)}
+             "rms_norm": ("norm_affine", _norm_affine), "relu": ("leaky_relu", _leaky_relu),
+             "conv2d": ("conv_add", _conv_add)}
 
 
 def fusion_enabled() -> bool:

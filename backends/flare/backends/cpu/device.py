@@ -34,7 +34,7 @@ ALIGNMENT = 64
 # Fused ops the C executor takes. Not `attention`: a per-head C kernel measured 1.2-2.7x slower
 # than the unfused matmul / softmax / matmul commands (MiniLM b32 heads, moe decode), so the
 # chain stays unfused on the CPU.
-NATIVE_FUSED = ("linear", "norm_affine", "leaky_relu")
+NATIVE_FUSED = ("linear", "norm_affine", "leaky_relu", "conv_add")
 def _physical_available() -> int:
     try:
         with open("/proc/meminfo") as f:
@@ -177,7 +177,8 @@ class CpuDevice(Device):
 
     def supports(self, node: Tensor) -> bool:
         if node.op in FUSED_OPS:  # only the native executor has fused kernels worth fusing for
-            return self.native is not None and node.op in NATIVE_FUSED and all(s.dtype == "f32" for s in node.srcs)
+            return (self.native is not None and node.op in NATIVE_FUSED and all(s.dtype == "f32" for s in node.srcs)
+                    and (node.op != "conv_add" or kernels_spatial.conv_add_native(node)))
         return node.op in KERNELS
 
     def kernel_variants(self, op: str) -> tuple[str, ...]:

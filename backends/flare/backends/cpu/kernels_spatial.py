@@ -17,7 +17,7 @@ import numpy as np
 from flare.core.ops.spatial import grid_sample_ref, pool_geometry, windows
 
 from .kernels import KERNELS
-from .lowering import cmd, conv1d_direct, conv1d_rows, conv1d_scratch, estrides, translator
+from .lowering import CONV1D_RESIDUAL, cmd, conv1d_direct, conv1d_rows, conv1d_scratch, estrides, translator
 
 
 def _conv2d(out, x, p):
@@ -102,6 +102,41 @@ def _grid_sample(out, x, p):
 
 
 KERNELS["grid_sample"] = _grid_sample
+
+
+def _conv_add(out, x, p):
+    """The fused conv_add's NumPy kernel: the convolution into a temporary, then the residual sum."""
+    y = np.empty((out.shape[0], out.shape[1], 1, out.shape[-1]), np.float32)
+    _conv2d(y, x[:-1], p)
+    np.add(y.reshape(out.shape), x[-1], out=out)
+
+
+KERNELS["conv_add"] = _conv_add
+
+
+def conv_add_native(node) -> bool:
+    """Whether fused conv_add `node` runs as the native conv1d command (so the device takes the
+    fusion): one group, a kernel one row high with no padding over H, a contiguous residual."""
+    p = node.params
+    return (p["groups"] == 1 and node.srcs[1].shape[2] == 1 and tuple(p["pads"][0]) == (0, 0)
+            and node.srcs[-1].is_contiguous)
+
+
+@translator("conv_add")
+def _conv_add_native(node, out, srcs):
+    """conv_add as conv2d's conv1d command whose output starts from the residual (flags bit 4,
+    src[3]; native/conv1d.h): the sum costs no pass of its own."""
+    res = srcs[-1]
+    if res.dtype != np.float32 or not res.flags.c_contiguous or not out.flags.c_contiguous:
+        return None
+    b, cout, lout = out.shape[0], out.shape[1], out.shape[-1]
+    cmds = _conv2d_native(node, out.reshape(b, cout, 1, lout), srcs[:-1])
+    if cmds is None:
+        return None
+    c = cmds[0]
+    c["src"] = (list(c["src"]) + [None] * 3)[:3] + [res.reshape(b, cout, 1, lout)]
+    c["flags"] = int(c["flags"]) | CONV1D_RESIDUAL
+    return cmds
 
 
 @translator("conv2d")

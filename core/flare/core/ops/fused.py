@@ -16,6 +16,10 @@ never sees one: the pass fuses only where every device of the session says
 - `leaky_relu(x)`: scale(x, alpha) + scale(relu(x), 1 - alpha), how the ONNX
   importer writes LeakyRelu with ops every backend has (four memory passes over
   an audio decoder's longest tensors; fused, one).
+- `conv_add(x, w[, bias], residual)`: conv2d(x, w, bias) over one row (H = 1),
+  reshaped to the residual's shape [B, C, W] (or kept [B, C, 1, W]), plus the
+  residual: a residual block's convolution and its skip sum (HiFi-GAN, WaveNet,
+  1-D ResNets), the sum taken as the output's start instead of a pass of its own.
 """
 from __future__ import annotations
 
@@ -134,6 +138,32 @@ def _leaky_relu_ref(x, p):
 
 register(OpDef("leaky_relu", (1, 1), _leaky_relu_infer, _leaky_relu_ref, required=("alpha",),
                doc="alpha*x + (1 - alpha)*relu(x), i.e. x > 0 ? x : alpha*x (fused LeakyRelu)", fused=True))
+
+
+def _conv_add_infer(node, srcs, params):
+    want = 3 + int(params["has_bias"])
+    if len(srcs) != want:
+        raise ShapeError(f"conv_add with has_bias={params['has_bias']} takes {want} inputs, got {len(srcs)}", node)
+    conv = {k: params[k] for k in ("strides", "dilations", "pads", "groups")}
+    (b, c, h, w), _ = OPS["conv2d"].infer(node, srcs[:-1], conv)
+    res = srcs[-1]
+    need_dtype(node, "conv_add", res, ("f32",))
+    if h != 1 or tuple(res.shape) not in ((b, c, w), (b, c, 1, w)):
+        raise ShapeError(f"conv_add: residual {res.name!r} {res.shape} must be the convolution's output "
+                         f"{(b, c, h, w)} over one row, as [B, C, W] or [B, C, 1, W]", node)
+    return tuple(res.shape), "f32"
+
+
+def _conv_add_ref(x, p):
+    conv = {k: p[k] for k in ("strides", "dilations", "pads", "groups")}
+    y = OPS["conv2d"].reference(x[:-1], conv)
+    return OPS["add"].reference([y.reshape(x[-1].shape), x[-1]], {})
+
+
+register(OpDef("conv_add", (3, 4), _conv_add_infer, _conv_add_ref,
+               defaults={"strides": (1, 1), "dilations": (1, 1), "pads": ((0, 0), (0, 0)), "groups": 1,
+                         "has_bias": False},
+               doc="conv2d over one row, plus a residual of its output's size (fused skip sum)", fused=True))
 
 
 FUSED_OPS = tuple(name for name, op in OPS.items() if op.fused)

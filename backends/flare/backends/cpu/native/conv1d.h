@@ -3,7 +3,9 @@
  * x [B, Cin, L] (element strides ss[0][1..3]); w [Cout, Cin*K] contiguous; out [B, Cout, Lout]
  * contiguous; src[2] a bias [Cout] or NULL. ne = {1, B, Cout, Lout}; ip: stride, pad, dil, Cin, K, L;
  * flags & 2 (row layout, lowering.conv_prepackable): src[1] is w packed as [Cout, Cin*K] panels (pgemm);
- * scratch: conv1d_scratch (lowering.py).
+ * flags & 4 (the fused conv_add): src[3], contiguous like out, is a residual the output starts from
+ * (with the bias), so out = skip + bias + conv in one pass; out never aliases a source (conv_add is
+ * not in place); scratch: conv1d_scratch (lowering.py).
  *
  * Why this layout: scratch row (b, ci, k) is x's row ci shifted by k*dil - pad (stride s: every
  * s-th element), so im2col is a memcpy per row at stride 1, and out_b [Cout, Lout] =
@@ -71,8 +73,8 @@ HOT static void conv1d_im2col3(float *row, const float *xb, int64_t cs, int64_t 
 /* The row layout's phase 2: out rows (b, co) in [r0, r1) = res [B*Lo, Co] transposed per batch row
  * (+ bias[co]). By runs of one b: each l reads res row (b, l) at unit stride and writes every Lo-th
  * float, vectorized (the per-(b, co) loop read Lo floats Co apart: ~5% of silero-vad offline). */
-HOT static void conv1d_rows_out(const float *res, const float *bias, float *o, int64_t Co, int64_t Lo, int64_t r0,
-                                int64_t r1) {
+HOT static void conv1d_rows_out(const float *res, const float *bias, const float *skip, float *o, int64_t Co,
+                                int64_t Lo, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1;) {
         const int64_t b = r / Co, c0 = r % Co, c1 = Co < c0 + (r1 - r) ? Co : c0 + (r1 - r);
         float *ob = o + b * Co * Lo;
@@ -81,9 +83,16 @@ HOT static void conv1d_rows_out(const float *res, const float *bias, float *o, i
             if (bias) for (int64_t co = c0; co < c1; ++co) ob[co * Lo + l] = src[co] + bias[co];
             else for (int64_t co = c0; co < c1; ++co) ob[co * Lo + l] = src[co];
         }
+        if (skip)   /* the fused residual (flags & 4), added by rows of unit stride */
+            for (int64_t co = c0; co < c1; ++co) {
+                const float *sr = skip + (b * Co + co) * Lo;
+                for (int64_t l = 0; l < Lo; ++l) ob[co * Lo + l] += sr[l];
+            }
         r += c1 - c0;
     }
 }
+/* the fused residual of a conv1d command (flags & 4), or NULL */
+static inline const float *conv1d_skip(const flare_cmd *c) { return c->flags & 4 ? (const float *)c->src[3] : 0; }
 static int conv1d_rows_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
     const int64_t B = c->ne[1], Co = c->ne[2], Lo = c->ne[3];
     const int64_t s = c->ip[0], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
@@ -127,7 +136,7 @@ static int conv1d_rows_phase(const flare_cmd *c, int phase, int64_t r0, int64_t 
                     res[r * Co + co] = acc;
                 }
     } else
-        conv1d_rows_out(res, (const float *)c->src[2], (float *)c->out, Co, Lo, r0, r1);
+        conv1d_rows_out(res, (const float *)c->src[2], conv1d_skip(c), (float *)c->out, Co, Lo, r0, r1);
     return 0;
 }
 /* row[l - la] = xr[(l*s + off) * xs] where 0 <= l*s + off < L, else 0, for l in [la, lb) */
@@ -308,6 +317,7 @@ static int conv1d_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
     const int64_t s = c->ip[0], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
     const int64_t ck = Ci * K, n = conv1d_cols(ck, Lo), nb = (Lo + n - 1) / n, slots = conv1d_slots(B * nb);
     const float *x = (const float *)c->src[0], *w = (const float *)c->src[1], *bias = (const float *)c->src[2];
+    const float *skip = conv1d_skip(c);
     float *o = (float *)c->out;
     /* a pointwise convolution (K 1, stride 1, no padding) over rows of unit stride: x's rows ARE
      * the im2col rows, so the product reads them in place (no copy; conv1d_scratch sizes none) */
@@ -328,11 +338,16 @@ static int conv1d_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
                                k * dil - pad);
                 }
             float *ob = o + b * Co * Lo + la;
-            if (bias)  /* the bias first, the product added to it: no pass of its own over the output */
-                for (int64_t co = 0; co < Co; ++co)
-                    for (int64_t l = 0; l < m; ++l) ob[co * Lo + l] = bias[co];
-            if (g_sgemm) gemm(NT, NT, Co, m, ck, w, ck, cols, ldc, bias ? 1.0f : 0.0f, ob, Lo);
-            else conv1d_plain(Co, m, ck, w, cols, ldc, ob, Lo, bias != 0);
+            const float *sb = skip ? skip + b * Co * Lo + la : 0;
+            /* the bias (and the fused residual) first, the product added to it: no pass of its own */
+            if (bias || sb)
+                for (int64_t co = 0; co < Co; ++co) {
+                    const float bv = bias ? bias[co] : 0.0f;
+                    if (sb) for (int64_t l = 0; l < m; ++l) ob[co * Lo + l] = sb[co * Lo + l] + bv;
+                    else for (int64_t l = 0; l < m; ++l) ob[co * Lo + l] = bv;
+                }
+            if (g_sgemm) gemm(NT, NT, Co, m, ck, w, ck, cols, ldc, bias || sb ? 1.0f : 0.0f, ob, Lo);
+            else conv1d_plain(Co, m, ck, w, cols, ldc, ob, Lo, bias || sb);
         }
     }
     return 0;

@@ -310,6 +310,17 @@ def _fused_cases() -> list[Case]:
         x = _in(b, i, "x", f32(r, 3, 8, 37))
         return b.add(b.scale(x, scale=0.1), b.scale(b.relu(x), scale=0.9))
 
+    def conv_add_chain(b, r, i):  # a 1-D residual block as imported: Conv over H = 1, reshape, skip sum
+        x = _in(b, i, "x", f32(r, 2, 6, 1, 70))
+        y = b.op("conv2d", x, b.weight("w", f32(r, 5, 6, 1, 7)), b.weight("bias", f32(r, 5)),
+                 pads=((0, 0), (9, 9)), dilations=(1, 3))
+        return b.add(_in(b, i, "res", f32(r, 2, 5, 70)), b.reshape(y, shape=(2, 5, 70)))
+
+    def conv_add_4d(b, r, i):  # no reshape: the residual has the convolution's [B, C, 1, W]
+        y = b.op("conv2d", _in(b, i, "x", f32(r, 1, 3, 1, 40)), b.weight("w", f32(r, 4, 3, 1, 3)),
+                 pads=((0, 0), (1, 1)))
+        return b.add(y, _in(b, i, "res", f32(r, 1, 4, 1, 40)))
+
     return [simple("linear_bias_gelu_residual", "linear", ACCUM, linear_chain),
             simple("linear_residual_only", "linear", ACCUM, residual_chain),
             simple("linear_bias_sigmoid", "linear", ACCUM, head_chain),
@@ -317,7 +328,9 @@ def _fused_cases() -> list[Case]:
             simple("norm_affine_rms", "norm_affine", ACCUM, rms_norm_chain),
             simple("attention_mask", "attention", ACCUM, attention_chain),
             simple("attention_heads_of_views", "attention", ACCUM, attention_of_views),
-            simple("leaky_relu_chain", "leaky_relu", ARITH, leaky_relu_chain)]
+            simple("leaky_relu_chain", "leaky_relu", ARITH, leaky_relu_chain),
+            simple("conv_add_reshaped", "conv_add", ACCUM, conv_add_chain),
+            simple("conv_add_4d", "conv_add", ACCUM, conv_add_4d)]
 
 
 FUSED_CASES = _fused_cases()
