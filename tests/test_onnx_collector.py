@@ -1,7 +1,7 @@
 """The runner keeps the collector's full passes off its plans (collector.py): a traced call
 freezes what it left alive, cycles among frozen objects are reclaimed once the frozen count
-(process-wide, over every runner) has doubled, and `freeze_gc=False` leaves the collector
-alone. Runs on the CPU only: what is tested is Python's collector, not a backend."""
+(process-wide, over every runner) has doubled (longer after reclaims that found nothing), and
+`freeze_gc=False` leaves the collector alone. Runs on the CPU only: what is tested is Python's collector, not a backend."""
 from __future__ import annotations
 
 import gc
@@ -81,6 +81,30 @@ def test_frozen_cycles_are_reclaimed_once_the_frozen_count_doubles(monkeypatch):
     collector.FreezePolicy().after_trace()
     assert counts.reclaims == 2 and gone() is None
     assert gc.get_freeze_count() > 0
+
+
+def test_barren_reclaims_wait_longer_and_garbage_resets_the_wait(monkeypatch):
+    """A reclaim that collects (almost) nothing doubles the growth the next one waits for (up
+    to MAX_GROWTH); one that collects garbage sets it back to 2."""
+    monkeypatch.setattr(collector, "RECLAIM_AT", 0)
+    counts = collector.COUNTS
+    gc.collect()
+    collector.reclaim()                      # nothing to collect: wait for 4x
+    assert counts.growth == 4 and counts.reclaims == 1
+    collector.reclaim()
+    collector.reclaim()
+    collector.reclaim()
+    assert counts.growth == collector.MAX_GROWTH == 16
+    counts.frozen = 3 * counts.base          # past 2x, under 16x: no reclaim
+    collector.FreezePolicy().after_trace()
+    assert counts.reclaims == 4
+    monkeypatch.setattr(collector, "BARREN", 1e-9)  # any garbage at all is worth it
+    junk = [_Node() for _ in range(10)]
+    gc.freeze()                              # cycles alive at a freeze, then dropped: frozen garbage
+    del junk
+    counts.frozen = counts.growth * counts.base + 1
+    collector.FreezePolicy().after_trace()   # past 16x: a reclaim, which finds the cycles
+    assert counts.reclaims == 5 and counts.growth == 2
 
 
 def test_runners_on_threads_freeze_one_at_a_time(tmp_path):
