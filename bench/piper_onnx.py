@@ -5,7 +5,9 @@
 
 Both synthesize the same 10 sentences (espeak-ng phonemes, ids computed once and
 shared) with noise scales 0, one thread each (Flare's CPU pool, OMP/OpenBLAS
-threads and onnxruntime's intra/inter-op threads set to 1). Reported per runtime: the best
+threads and onnxruntime's intra/inter-op threads set to 1), taking turns sentence by
+sentence (each call timed alone, summed per runtime and pass), so that a slow spell of a
+shared host falls on both. Reported per runtime: the best
 of `--repeat` passes over all 10 sentences, and the largest waveform difference; wall time,
 and the process's CPU time on a line of its own (one thread each: the steadier figure on a
 shared machine, where wall time also counts the waits for a core).
@@ -79,17 +81,31 @@ def main() -> int:
         cpu = {"flare": [], "onnxruntime": []}   # process CPU time: steadier than wall time on a shared machine
         worst = 0.0
 
+        def ort_call(i: np.ndarray) -> np.ndarray:
+            return ref.run(None, {"input": i, "input_lengths": np.array([i.shape[1]], np.int64),
+                                  "scales": scales})[0].reshape(-1)
+
+        calls = {"flare": piper.synthesize_ids, "onnxruntime": ort_call}
+
         def both(batch: list) -> list:
+            """One pass over `batch`, the runtimes taking turns sentence by sentence (who goes
+            first alternating), each call timed on its own: a slow spell of the machine (other
+            VMs on the host) then falls on both runtimes' sums alike, not on whichever was
+            running its 10 sentences then."""
             nonlocal worst
-            start, start_cpu = time.perf_counter(), time.process_time()
-            ours = [piper.synthesize_ids(i) for i in batch]
-            timings["flare"].append(time.perf_counter() - start)
-            cpu["flare"].append(time.process_time() - start_cpu)
-            start, start_cpu = time.perf_counter(), time.process_time()
-            theirs = [ref.run(None, {"input": i, "input_lengths": np.array([i.shape[1]], np.int64),
-                                     "scales": scales})[0].reshape(-1) for i in batch]
-            timings["onnxruntime"].append(time.perf_counter() - start)
-            cpu["onnxruntime"].append(time.process_time() - start_cpu)
+            wall = {k: 0.0 for k in calls}
+            proc = {k: 0.0 for k in calls}
+            outs: dict = {k: [] for k in calls}
+            for n, i in enumerate(batch):
+                for name in (("flare", "onnxruntime") if n % 2 == 0 else ("onnxruntime", "flare")):
+                    start, start_cpu = time.perf_counter(), time.process_time()
+                    outs[name].append(calls[name](i))
+                    wall[name] += time.perf_counter() - start
+                    proc[name] += time.process_time() - start_cpu
+            for name in calls:
+                timings[name].append(wall[name])
+                cpu[name].append(proc[name])
+            ours, theirs = outs["flare"], outs["onnxruntime"]
             worst = max(worst, max(float(np.abs(a - b).max()) for a, b in zip(ours, theirs)))
             return theirs
 
