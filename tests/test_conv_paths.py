@@ -259,6 +259,46 @@ def test_conv1d_tiled_kernel_and_im2col_path(case):
         np.testing.assert_array_equal(got, tiled[0])
 
 
+@needs_native
+@pytest.mark.parametrize("case", [(200, 9, 3, 1, 1, 130), (32, 32, 7, 9, 3, 700), (3, 6, 5, 40, 1, 70), (24, 40, 3, 1, 1, 48)],
+                         ids=lambda c: "x".join(map(str, c)))
+def test_conv_add_on_every_conv1d_path(case):
+    """The fused conv_add (a one-row conv2d, its reshape, + residual): the conv1d command starts
+    from the residual on each path (tiled per ISA, im2col + GEMM, the row layout), input channels
+    in several chunks included; against the float64 reference, 2 threads giving 1 thread's bits."""
+    cin, cout, k, padding, dilation, length = case
+    rng = np.random.default_rng(cin + k)
+    x = rng.standard_normal((2, cin, 1, length)).astype(np.float32)
+    w = (rng.standard_normal((cout, cin, 1, k)) / np.sqrt(cin * k)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    params = dict(dilations=[1, dilation], pads=[[0, 0], [padding, padding]])
+    conv = OPS["conv2d"].reference([x, w, bias], {**OPS["conv2d"].defaults, **params})
+    res = rng.standard_normal((2, cout, conv.shape[3])).astype(np.float32)
+    want = conv.reshape(res.shape).astype(np.float64) + res
+
+    def entry(b, shapes):
+        y = b.op("conv2d", b.input("x", x.shape), b.weight("w", w), b.weight("b", bias), **params)
+        b.output("y", b.add(b.reshape(y, shape=res.shape), b.input("r", res.shape)))
+
+    lib = native.load().lib
+    results = {}
+    try:
+        for isa, threads in ((0, 1), (1, 1), (2, 1), (2, 2)):
+            if lib.flare_conv1d_isa(isa) != isa:
+                continue
+            with Session(["cpu"], config={"cpu": {"threads": threads}}) as sess:
+                pg = sess.prepare({"full": entry}, {"full": {"x": x.shape, "r": res.shape}})
+                assert [f for f in pg.describe()["entries"]["full"]["fusions"] if f.startswith("conv_add")]
+                results[isa, threads] = pg.execute("full", x=x, r=res)["y"].copy()
+                pg.release()
+    finally:
+        lib.flare_conv1d_isa(-1)
+    for got in results.values():
+        np.testing.assert_allclose(got, want, **TOL)
+    if (2, 2) in results:
+        np.testing.assert_array_equal(results[2, 2], results[2, 1])
+
+
 @pytest.mark.parametrize("h,k,stride,dilation,pads", [
     (1, (1, 3), (1, 1), (1, 1), ((0, 0), (1, 1))),     # Piper's duration predictor (dilations 1/3/9)
     (1, (1, 3), (1, 1), (1, 9), ((0, 0), (9, 9))),
