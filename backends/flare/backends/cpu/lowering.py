@@ -99,7 +99,15 @@ def _f32(*arrays: np.ndarray) -> bool:
 
 
 # -- elementwise ------------------------------------------------------------------
+_FLAT = [0, 0, 0, 1]
+
+
 def elementwise(kind: str, out: np.ndarray, srcs: Sequence[np.ndarray], fp=()) -> Cmd:
+    if out.size > 1 and out.flags.c_contiguous and all(s.shape == out.shape and s.flags.c_contiguous for s in srcs):
+        # every operand contiguous, none broadcast: what coalesce makes of it (one run of size
+        # elements), without it (most of an audio decoder's commands; a new plan per length
+        # translates them all again)
+        return cmd(kind, out, srcs, [1, 1, 1, out.size], _FLAT, [_FLAT] * len(srcs), fp=fp)
     shape, st = coalesce(pad4(out.shape, 1), [pad4(estrides(out), 0)] + [bcast4(s, out.shape) for s in srcs])
     return cmd(kind, out, srcs, shape, st[0], st[1:], fp=fp)
 
