@@ -55,10 +55,11 @@ class _Chains:
         self.consumers = graph.consumers()
         self.outputs = {t.id for t in graph.outputs.values()}
 
-    def sole_reader(self, t: Tensor) -> Tensor | None:
-        """The only node reading `t`, if `t` is a private intermediate (no output, no view)."""
+    def sole_reader(self, t: Tensor, view_ok: bool = False) -> Tensor | None:
+        """The only node reading `t`, if `t` is a private intermediate (no output, and no view
+        unless `view_ok`: a chain may pass through a view only where its pattern says so)."""
         readers = self.consumers.get(t.id, [])
-        if len(readers) != 1 or t.id in self.outputs or t.is_output or t.view_of is not None:
+        if len(readers) != 1 or t.id in self.outputs or t.is_output or (t.view_of is not None and not view_ok):
             return None
         reader = readers[0]
         if sum(1 for s in reader.srcs if s is t) != 1:
@@ -164,17 +165,13 @@ def _conv_add(conv: Tensor, chains: _Chains) -> tuple[list[Tensor], list[Tensor]
             and tuple(nxt.shape) == (conv.shape[0], conv.shape[1], conv.shape[3]):
         chain.append(nxt)
         cur = nxt
-        readers = chains.consumers.get(nxt.id, [])   # sole_reader refuses views: the reshape is one
-        nxt = readers[0] if len(readers) == 1 and nxt.id not in chains.outputs and not nxt.is_output else None
-        if nxt is not None and sum(1 for s in nxt.srcs if s is cur) != 1:
-            nxt = None
+        nxt = chains.sole_reader(cur, view_ok=True)
     if nxt is None or nxt.op != "add":
         return None
     res = _other(nxt, cur)
     if tuple(res.shape) != tuple(cur.shape) or res.dtype != "f32" or tuple(nxt.shape) != tuple(cur.shape):
         return None
-    params = {k: conv.params[k] for k in ("strides", "dilations", "pads", "groups")}
-    params["has_bias"] = len(conv.srcs) == 3
+    params = {**conv.params, "has_bias": len(conv.srcs) == 3}
     return chain + [nxt], [*conv.srcs, res], params
 
 

@@ -134,7 +134,7 @@ def _conv_add_native(node, out, srcs):
     if cmds is None:
         return None
     c = cmds[0]
-    c["src"] = (list(c["src"]) + [None] * 3)[:3] + [res.reshape(b, cout, 1, lout)]
+    c["src"] = [*c["src"], res.reshape(b, cout, 1, lout)]   # [x, w, bias or None, residual]
     c["flags"] = int(c["flags"]) | CONV1D_RESIDUAL
     return cmds
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from ..errors import ShapeError
 from .registry import OPS, OpDef, need_dtype, register
+from . import spatial  # noqa: F401  (conv2d registered first: conv_add takes its params)
 
 ACTIVATIONS = ("none", "gelu", "relu", "sigmoid")
 
@@ -140,12 +141,16 @@ register(OpDef("leaky_relu", (1, 1), _leaky_relu_infer, _leaky_relu_ref, require
                doc="alpha*x + (1 - alpha)*relu(x), i.e. x > 0 ? x : alpha*x (fused LeakyRelu)", fused=True))
 
 
+def _conv_params(params):
+    """conv_add's params that are conv2d's (all but has_bias)."""
+    return {k: params[k] for k in OPS["conv2d"].defaults}
+
+
 def _conv_add_infer(node, srcs, params):
     want = 3 + int(params["has_bias"])
     if len(srcs) != want:
         raise ShapeError(f"conv_add with has_bias={params['has_bias']} takes {want} inputs, got {len(srcs)}", node)
-    conv = {k: params[k] for k in ("strides", "dilations", "pads", "groups")}
-    (b, c, h, w), _ = OPS["conv2d"].infer(node, srcs[:-1], conv)
+    (b, c, h, w), _ = OPS["conv2d"].infer(node, srcs[:-1], _conv_params(params))
     res = srcs[-1]
     need_dtype(node, "conv_add", res, ("f32",))
     if h != 1 or tuple(res.shape) not in ((b, c, w), (b, c, 1, w)):
@@ -155,14 +160,12 @@ def _conv_add_infer(node, srcs, params):
 
 
 def _conv_add_ref(x, p):
-    conv = {k: p[k] for k in ("strides", "dilations", "pads", "groups")}
-    y = OPS["conv2d"].reference(x[:-1], conv)
+    y = OPS["conv2d"].reference(x[:-1], _conv_params(p))
     return OPS["add"].reference([y.reshape(x[-1].shape), x[-1]], {})
 
 
 register(OpDef("conv_add", (3, 4), _conv_add_infer, _conv_add_ref,
-               defaults={"strides": (1, 1), "dilations": (1, 1), "pads": ((0, 0), (0, 0)), "groups": 1,
-                         "has_bias": False},
+               defaults={**OPS["conv2d"].defaults, "has_bias": False},
                doc="conv2d over one row, plus a residual of its output's size (fused skip sum)", fused=True))
 
 
