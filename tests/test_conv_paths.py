@@ -5,6 +5,7 @@
   memcpy per row) and 2 (a gather), padding and dilation: the conformance cases are too small
   to leave the one-block path;
 - conv2d over H = 1 (how imported graphs run Conv1d) on that command, asymmetric pads;
+- the tiled kernels per ISA and the Winograd path (conv1d_wino.h), with the fused residual;
 - the importer's strided 1-D ConvTranspose as one convolution per output phase, against
   onnx's reference evaluator (pads, output_padding, bias, kernels shorter and longer than the
   stride).
@@ -324,3 +325,120 @@ def test_depthwise_conv2d_numpy_kernel(h, k, stride, dilation, pads):
     got = np.full(shape, np.nan, np.float32)
     KERNELS["conv2d"](got, [x, w, bias], p)
     np.testing.assert_allclose(got, conv2d_ref([x, w, bias], p), **TOL)
+
+
+WINOGRAD_CASES = [  # (cin, cout, k, padding, dilation, length, bias, residual): conv1d_wino.h's corners
+    (32, 32, 7, 9, 3, 700, True, False),      # Piper's resblock: padded, dilated; several blocks
+    (32, 32, 7, 36, 12, 1001, True, True),    # dilation 12 (12 phases a block); the fused residual
+    (64, 48, 5, 2, 1, 130, False, False),     # the shortest output taken; Cout not a multiple of 32
+    (16, 32, 3, 1, 1, 333, True, True),       # a partial last block (positions past Lout not stored)
+    (64, 128, 2, 1, 1, 257, True, False),     # K 2 (the importer's ConvTranspose phases)
+    (16, 16, 5, 40, 1, 200, True, False),     # padding wider than a tile: whole tiles outside x
+]
+
+
+@needs_native
+@pytest.mark.parametrize("case", WINOGRAD_CASES, ids=lambda c: "x".join(map(str, c[:6])) + ("b" if c[6] else "")
+                         + ("r" if c[7] else ""))
+def test_conv1d_winograd_path(case, monkeypatch):
+    """The Winograd F(4, K) path (K 2, 3, 5, 7; conv1d_wino.h, a transformed constant weight),
+    against the float64 reference, with a bias and the fused residual (conv_add); 2 threads give 1
+    thread's bits; FLARE_CPU_WINOGRAD=0 runs the same graph on the direct kernels. Tolerance as the
+    file's: Winograd's float32 error is a few times the direct sum's (winograd.py), ~1e-6 here."""
+    cin, cout, k, padding, dilation, length, with_bias, residual = case
+    lib = native.load().lib
+    if not lib.flare_conv1d_wino():
+        pytest.skip("no AVX2 + FMA: the Winograd path needs a vector kernel")
+    rng = np.random.default_rng(cin + k + length)
+    x = rng.standard_normal((2, cin, 1, length)).astype(np.float32)
+    w = (rng.standard_normal((cout, cin, 1, k)) / np.sqrt(cin * k)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    params = dict(dilations=[1, dilation], pads=[[0, 0], [padding, padding]])
+    want = OPS["conv2d"].reference([x, w, bias] if with_bias else [x, w], {**OPS["conv2d"].defaults, **params})
+    lout = want.shape[3]
+    res = rng.standard_normal((2, cout, lout)).astype(np.float32)
+    if residual:
+        want = want.reshape(res.shape).astype(np.float64) + res
+
+    def entry(b, shapes):
+        args = [b.input("x", x.shape), b.weight("w", w)] + ([b.weight("b", bias)] if with_bias else [])
+        y = b.op("conv2d", *args, **params)
+        b.output("y", b.add(b.reshape(y, shape=res.shape), b.input("r", res.shape)) if residual else y)
+
+    def run(threads):
+        with Session(["cpu"], config={"cpu": {"threads": threads}}) as sess:
+            shapes = {"x": x.shape, "r": res.shape} if residual else {"x": x.shape}
+            pg = sess.prepare({"full": entry}, {"full": shapes})
+            got = pg.execute("full", **({"x": x, "r": res} if residual else {"x": x}))["y"].copy()
+            info = [p.describe() for p in pg.current_plan("full").programs if p is not None]
+            pg.release()
+        return got, sum(d.get("winograd_convs", 0) for d in info)
+
+    one, taken = run(1)
+    assert taken == 1
+    np.testing.assert_allclose(one, want, **TOL)
+    two, _ = run(2)
+    np.testing.assert_array_equal(two, one)
+    monkeypatch.setenv("FLARE_CPU_WINOGRAD", "0")
+    direct, taken = run(1)
+    assert taken == 0
+    np.testing.assert_allclose(direct, want, **TOL)
+
+
+@needs_native
+def test_winograd_tables_match_their_construction():
+    """The AT and BT tables compiled into conv1d.h are winograd.py's exact matrices (each entry a
+    dyadic rational, so float32 holds it exactly), and those satisfy Winograd's identity: AT[(G g)
+    * (BT d)] is the correlation of d with g, for random d and g, in float64."""
+    from flare.backends.cpu.native import winograd
+
+    lib, ffi = native.load().lib, native.load().ffi
+    for k in winograd.TAPS:
+        at, g, bt = (np.array(m, dtype=np.float64) for m in winograd.matrices(k))
+        a = winograd.alpha(k)
+        buf = ffi.new("float[]", winograd.M * a + a * a)
+        assert lib.flare_conv1d_wino_tables(k, buf) == winograd.M * a + a * a
+        got = np.frombuffer(ffi.buffer(buf), dtype=np.float32).astype(np.float64)
+        np.testing.assert_array_equal(got[: winograd.M * a].reshape(winograd.M, a), at)
+        np.testing.assert_array_equal(got[winograd.M * a:].reshape(a, a), bt)
+        rng = np.random.default_rng(k)
+        for _ in range(5):
+            d, taps = rng.standard_normal(a), rng.standard_normal(k)
+            np.testing.assert_allclose(at @ ((g @ taps) * (bt @ d)), np.correlate(d, taps, "valid"), atol=1e-12)
+    assert lib.flare_conv1d_wino_tables(4, ffi.new("float[]", 100)) == 0
+
+
+@needs_native
+def test_winograd_needs_a_vector_kernel():
+    """With the tiled kernels turned off (flare_conv1d_isa(0): im2col + GEMM), no command is
+    compiled for the Winograd path; a plan compiled for it before still runs it (its weight is the
+    transformed one), with the best kernel the CPU has."""
+    lib = native.load().lib
+    if not lib.flare_conv1d_wino():
+        pytest.skip("no AVX2 + FMA: the Winograd path needs a vector kernel")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 32, 1, 300)).astype(np.float32)
+    w = (rng.standard_normal((32, 32, 1, 3)) / 10).astype(np.float32)
+    params = dict(pads=[[0, 0], [1, 1]])
+    want = OPS["conv2d"].reference([x, w], {**OPS["conv2d"].defaults, **params})
+
+    def entry(b, shapes):
+        b.output("y", b.op("conv2d", b.input("x", x.shape), b.weight("w", w), **params))
+
+    def taken(pg):
+        return sum(p.describe().get("winograd_convs", 0) for p in pg.current_plan("full").programs if p is not None)
+
+    try:
+        with Session(["cpu"]) as sess:
+            before = sess.prepare({"full": entry}, {"full": {"x": x.shape}})
+            assert taken(before) == 1
+            lib.flare_conv1d_isa(0)
+            assert not lib.flare_conv1d_wino()
+            np.testing.assert_allclose(before.execute("full", x=x)["y"], want, **TOL)
+            after = sess.prepare({"full": entry}, {"full": {"x": x.shape}})
+            assert taken(after) == 0
+            np.testing.assert_allclose(after.execute("full", x=x)["y"], want, **TOL)
+            before.release()
+            after.release()
+    finally:
+        lib.flare_conv1d_isa(-1)

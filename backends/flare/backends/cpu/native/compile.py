@@ -18,6 +18,7 @@ from flare.core.ops import OPS
 from . import Native
 from ..lowering import Cmd, conv_prepackable, prepackable, translate, use_packed, use_packed_conv, use_packed_lstm
 from ..split import CommandList, NativeSplit
+from .winograd import transform_weight_of, use_winograd, winograd_takes
 
 if TYPE_CHECKING:
     from ..device import CpuDevice
@@ -31,6 +32,7 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
     pending: list[tuple[str, list[Cmd]]] = []
     native_nodes = 0
     prepacked: list[str] = []
+    winograd: list[str] = []
     runs: list[list[tuple[str, list[Cmd]]]] = []
     order: list[Any] = []  # ("run", index) or a NumPy step
     try:
@@ -60,6 +62,13 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
                     co = srcs[1].shape[0]
                     use_packed_conv(cmds[0], device.packs.get(srcs[1].reshape(co, -1), node.srcs[1].name, owned))
                     prepacked.append(node.name)
+                elif cmds and len(cmds) == 1 and len(srcs) > 1 and node.srcs[1].storage.role == WEIGHT \
+                        and winograd_takes(cmds[0], srcs[1], native.lib):
+                    # F(4, K) Winograd: the weight transformed once (U = G w) for the C path
+                    use_winograd(cmds[0], device.packs.get(srcs[1], node.srcs[1].name, owned, transform_weight_of),
+                                 native.lib)
+                    prepacked.append(node.name)
+                    winograd.append(node.name)
                 elif cmds and node.op == "lstm" and node.srcs[1].storage.role == WEIGHT:
                     # W_hh in panels: each step's W h is then broadcast FMAs, no horizontal sums
                     use_packed_lstm(cmds[0], device.packs.get(srcs[1], node.srcs[1].name, owned))
@@ -97,7 +106,7 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
         raise
     info = {"executor": "native", "native_nodes": native_nodes, "numpy_nodes": fallback,
             "calls_into_c": sum(1 for s in steps if isinstance(s, CommandList)),
-            "prepacked_weights": len(prepacked), "threads": device.threads,
+            "prepacked_weights": len(prepacked), "winograd_convs": len(winograd), "threads": device.threads,
             "split_commands": sum(s.split_commands() for s in steps if isinstance(s, CommandList))}
     return NativeSplit(steps, owned, info)
 

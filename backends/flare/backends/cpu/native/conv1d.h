@@ -40,8 +40,13 @@ static int64_t conv1d_slots(int64_t blocks) { return blocks < CONV1D_SLOTS ? blo
  * (or, for up to 16 rows, wdot by output channels), 2 the transpose (+ bias) by (b, co) rows. */
 static int conv1d_takes_tiled(const flare_cmd *c);  /* the tiled kernel (below) */
 static int64_t ctile_units(const flare_cmd *c);
+static int64_t wino_slots_of(const flare_cmd *c);
 static int64_t conv1d_units(const flare_cmd *c, int phase, int64_t *grain) {
     const int64_t B = c->ne[1], Lo = c->ne[3], ck = c->ip[3] * c->ip[4];
+    if (c->flags & 8) {   /* CONV1D_WINO */
+        *grain = 1;
+        return phase == 1 ? wino_slots_of(c) : 0;
+    }
     if (c->ip[6] && !conv1d_takes_tiled(c)) {
         const int64_t rows = B * Lo;
         *grain = phase == 1 ? (rows <= 16 ? 4 : 16) : 1;
@@ -198,6 +203,190 @@ static ctile_block_t g_ctile = 0;
 static int g_ctile_chosen = 0;
 int32_t flare_conv1d_isa(int32_t want);
 
+
+/* ---- the Winograd path (flags & 8): F(4, K) for K = 2, 3, 5, 7, stride 1 (conv1d_wino.h) ---------
+ * Chosen at compile time (native/compile.py, winograd.py) for a constant weight, 16k channels in
+ * and out, the column-block layout and at least WINO_MIN_LOUT outputs; src[1] is then the weight
+ * transformed once, U = G w [alpha][Ci][Co]. 4K/alpha fewer multiplies (1.6x, 2x, 2.5x, 2.8x) than the
+ * tiled kernel, for transforms that are a few adds per input and output. Blocks of nb outputs of
+ * one batch row (wino_geometry), dealt to slots like the im2col path's, each slot with its own
+ * scratch (flare_conv1d_wino_scratch, which the compile step sizes the plan's scratch by). */
+#define CONV1D_WINO 8
+#define WINO_M 4
+#define WINO_TB 16384   /* a block's outputs x input channels: about this many floats (64 KiB) */
+#define WINO_ROWS 12    /* tiles per block: a multiple of this (every ISA's CW_MR divides it) */
+#define WINO_SLOTS 8
+/* AT [4][alpha] and BT [alpha][alpha] of F(4, K), from winograd.py's c_tables() (a test compares) */
+static const float WINO_AT2[4][5] = {
+    {1.0f, 1.0f, 1.0f, 1.0f, 0.0f},
+    {0.0f, 1.0f, -1.0f, 2.0f, 0.0f},
+    {0.0f, 1.0f, 1.0f, 4.0f, 0.0f},
+    {0.0f, 1.0f, -1.0f, 8.0f, 1.0f}};
+static const float WINO_BT2[5][5] = {
+    {2.0f, -1.0f, -2.0f, 1.0f, 0.0f},
+    {0.0f, -2.0f, -1.0f, 1.0f, 0.0f},
+    {0.0f, 2.0f, -3.0f, 1.0f, 0.0f},
+    {0.0f, -1.0f, 0.0f, 1.0f, 0.0f},
+    {0.0f, 2.0f, -1.0f, -2.0f, 1.0f}};
+static const float WINO_AT3[4][6] = {
+    {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 0.0f},
+    {0.0f, 1.0f, -1.0f, 2.0f, -2.0f, 0.0f},
+    {0.0f, 1.0f, 1.0f, 4.0f, 4.0f, 0.0f},
+    {0.0f, 1.0f, -1.0f, 8.0f, -8.0f, 1.0f}};
+static const float WINO_BT3[6][6] = {
+    {4.0f, 0.0f, -5.0f, 0.0f, 1.0f, 0.0f},
+    {0.0f, -4.0f, -4.0f, 1.0f, 1.0f, 0.0f},
+    {0.0f, 4.0f, -4.0f, -1.0f, 1.0f, 0.0f},
+    {0.0f, -2.0f, -1.0f, 2.0f, 1.0f, 0.0f},
+    {0.0f, 2.0f, -1.0f, -2.0f, 1.0f, 0.0f},
+    {0.0f, 4.0f, 0.0f, -5.0f, 0.0f, 1.0f}};
+static const float WINO_AT5[4][8] = {
+    {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 0.0f},
+    {0.0f, 1.0f, -1.0f, 2.0f, -2.0f, 0.5f, -0.5f, 0.0f},
+    {0.0f, 1.0f, 1.0f, 4.0f, 4.0f, 0.25f, 0.25f, 0.0f},
+    {0.0f, 1.0f, -1.0f, 8.0f, -8.0f, 0.125f, -0.125f, 1.0f}};
+static const float WINO_BT5[8][8] = {
+    {-1.0f, 0.0f, 5.25f, 0.0f, -5.25f, 0.0f, 1.0f, 0.0f},
+    {0.0f, 1.0f, 1.0f, -4.25f, -4.25f, 1.0f, 1.0f, 0.0f},
+    {0.0f, -1.0f, 1.0f, 4.25f, -4.25f, -1.0f, 1.0f, 0.0f},
+    {0.0f, 0.5f, 0.25f, -2.5f, -1.25f, 2.0f, 1.0f, 0.0f},
+    {0.0f, -0.5f, 0.25f, 2.5f, -1.25f, -2.0f, 1.0f, 0.0f},
+    {0.0f, 2.0f, 4.0f, -2.5f, -5.0f, 0.5f, 1.0f, 0.0f},
+    {0.0f, -2.0f, 4.0f, 2.5f, -5.0f, -0.5f, 1.0f, 0.0f},
+    {0.0f, -1.0f, 0.0f, 5.25f, 0.0f, -5.25f, 0.0f, 1.0f}};
+static const float WINO_AT7[4][10] = {
+    {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 0.0f},
+    {0.0f, 1.0f, -1.0f, 2.0f, -2.0f, 0.5f, -0.5f, 1.5f, -1.5f, 0.0f},
+    {0.0f, 1.0f, 1.0f, 4.0f, 4.0f, 0.25f, 0.25f, 2.25f, 2.25f, 0.0f},
+    {0.0f, 1.0f, -1.0f, 8.0f, -8.0f, 0.125f, -0.125f, 3.375f, -3.375f, 1.0f}};
+static const float WINO_BT7[10][10] = {
+    {2.25f, 0.0f, -12.8125f, 0.0f, 17.0625f, 0.0f, -7.5f, 0.0f, 1.0f, 0.0f},
+    {0.0f, -2.25f, -2.25f, 10.5625f, 10.5625f, -6.5f, -6.5f, 1.0f, 1.0f, 0.0f},
+    {0.0f, 2.25f, -2.25f, -10.5625f, 10.5625f, 6.5f, -6.5f, -1.0f, 1.0f, 0.0f},
+    {0.0f, -1.125f, -0.5625f, 6.125f, 3.0625f, -7.0f, -3.5f, 2.0f, 1.0f, 0.0f},
+    {0.0f, 1.125f, -0.5625f, -6.125f, 3.0625f, 7.0f, -3.5f, -2.0f, 1.0f, 0.0f},
+    {0.0f, -4.5f, -9.0f, 7.625f, 15.25f, -3.625f, -7.25f, 0.5f, 1.0f, 0.0f},
+    {0.0f, 4.5f, -9.0f, -7.625f, 15.25f, 3.625f, -7.25f, -0.5f, 1.0f, 0.0f},
+    {0.0f, -1.5f, -1.0f, 7.875f, 5.25f, -7.875f, -5.25f, 1.5f, 1.0f, 0.0f},
+    {0.0f, 1.5f, -1.0f, -7.875f, 5.25f, 7.875f, -5.25f, -1.5f, 1.0f, 0.0f},
+    {0.0f, 2.25f, 0.0f, -12.8125f, 0.0f, 17.0625f, 0.0f, -7.5f, 0.0f, 1.0f}};
+
+typedef struct { int64_t a, J, nt, nb, nq, slot, blocks, slots; } wino_geom;
+/* A block: d phases x J tiles (4 outputs each, d apart) = nb outputs, its time-major input window
+ * nq = nb + (K-1)*d positions; J such that a block's outputs x Ci stay about WINO_TB floats. */
+static wino_geom wino_geometry(int64_t B, int64_t Ci, int64_t Co, int64_t K, int64_t d, int64_t Lo) {
+    wino_geom g;
+    int64_t tb = WINO_TB / (Ci > 0 ? Ci : 1);
+    tb = tb < 64 ? 64 : tb > 256 ? 256 : tb;
+    const int64_t md = WINO_M * d;
+    int64_t J = (tb + md - 1) / md, gcd = d, r = WINO_ROWS;
+    while (r) { const int64_t t = gcd % r; gcd = r; r = t; }
+    const int64_t step = WINO_ROWS / gcd;   /* d*J a multiple of WINO_ROWS */
+    J = (J + step - 1) / step * step;
+    g.a = WINO_M + K - 1;
+    g.J = J;
+    g.nt = d * J;
+    g.nb = md * J;
+    g.nq = g.nb + (K - 1) * d;
+    g.slot = g.nq * Ci + g.a * g.nt * (Ci + Co) + g.nb * Co;
+    g.blocks = B * ((Lo + g.nb - 1) / g.nb);
+    g.slots = g.blocks < WINO_SLOTS ? g.blocks : WINO_SLOTS;
+    return g;
+}
+int64_t flare_conv1d_wino_scratch(int64_t B, int64_t Ci, int64_t Co, int64_t K, int64_t d, int64_t Lo) {
+    const wino_geom g = wino_geometry(B, Ci, Co, K, d, Lo);
+    return g.slots * g.slot * (int64_t)sizeof(float);
+}
+static inline wino_geom wino_geometry_of(const flare_cmd *c) {
+    return wino_geometry(c->ne[1], c->ip[3], c->ne[2], c->ip[4], c->ip[2], c->ne[3]);
+}
+/* the tables, for the test that compares them with winograd.py's: AT then BT of F(4, K) */
+int32_t flare_conv1d_wino_tables(int32_t K, float *out) {
+    const int a = WINO_M + K - 1;
+    const float *at = K == 2 ? &WINO_AT2[0][0] : K == 3 ? &WINO_AT3[0][0] : K == 5 ? &WINO_AT5[0][0]
+                    : K == 7 ? &WINO_AT7[0][0] : 0;
+    const float *bt = K == 2 ? &WINO_BT2[0][0] : K == 3 ? &WINO_BT3[0][0] : K == 5 ? &WINO_BT5[0][0]
+                    : K == 7 ? &WINO_BT7[0][0] : 0;
+    if (!at) return 0;
+    memcpy(out, at, (size_t)(WINO_M * a) * sizeof(float));
+    memcpy(out + WINO_M * a, bt, (size_t)(a * a) * sizeof(float));
+    return WINO_M * a + a * a;
+}
+typedef void (*wino_block_t)(const flare_cmd *c, const wino_geom *g, int64_t b, int64_t blk, float *s);
+static wino_block_t g_wino = 0;
+
+#ifdef PACKED_SIMD
+/* r[k] = column k of the 8 x 8 floats at src (row stride ss) */
+INL AVX2F void wino_t8(const float *src, int64_t ss, __m256 r[8]) {
+    __m256 a[8], t[8], s[8];
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_loadu_ps(src + i * ss);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
+    }
+    for (int h = 0; h < 8; h += 4) {
+        s[h] = _mm256_shuffle_ps(t[h], t[h + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        s[h + 1] = _mm256_shuffle_ps(t[h], t[h + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        s[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        s[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; ++i) {
+        r[i] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x31);
+    }
+}
+/* xt[q][ci] = x[ci][pos0 + q] (row stride xcs), 0 outside [0, L), for q < nq, ci < Ci (8k). By 8 rows
+ * of x at a time, each read along (8 streams: all Ci rows at once outran the prefetchers). */
+AVX2F static void wino_gather(const float *x, int64_t xcs, int64_t pos0, int64_t L, int64_t nq, int64_t Ci,
+                              float *xt) {
+    int64_t q0 = pos0 >= 0 ? 0 : -pos0, q1 = L - pos0 < nq ? L - pos0 : nq;   /* positions inside x */
+    if (q1 < q0) q1 = q0 = 0;
+    const int64_t qf = q0 + (q1 - q0) / 8 * 8;   /* whole 8-position blocks in [q0, qf) */
+    for (int64_t ci = 0; ci < Ci; ci += 8) {
+        __m256 r[8];
+        for (int64_t q = q0; q < qf; q += 8) {
+            wino_t8(x + ci * xcs + pos0 + q, xcs, r);
+            for (int k = 0; k < 8; ++k) _mm256_storeu_ps(xt + (q + k) * Ci + ci, r[k]);
+        }
+    }
+    for (int64_t q = 0; q < nq; ++q) {
+        if (q >= q0 && q < qf) { q = qf - 1; continue; }
+        float *row = xt + q * Ci;
+        if (q >= q0 && q < q1) for (int64_t ci = 0; ci < Ci; ++ci) row[ci] = x[ci * xcs + pos0 + q];
+        else memset(row, 0, (size_t)Ci * sizeof(float));
+    }
+}
+/* o[co][la + q] = y[q][co] + bias[co] (+ skip[co][la + q]), co < Co (8k), q < n; o and skip rows Lo
+ * apart. By 8 output rows at a time, each written along. */
+AVX2F static void wino_scatter(const float *y, int64_t Co, const float *bias, const float *skip, float *o,
+                               int64_t Lo, int64_t la, int64_t n) {
+    const int64_t nf = n / 8 * 8;
+    for (int64_t co = 0; co < Co; co += 8) {
+        __m256 bv[8];
+        for (int k = 0; k < 8; ++k) bv[k] = _mm256_set1_ps(bias ? bias[co + k] : 0.0f);
+        for (int64_t q = 0; q < nf; q += 8) {
+            __m256 r[8];
+            wino_t8(y + q * Co + co, Co, r);
+            for (int k = 0; k < 8; ++k) {
+                const int64_t at = (co + k) * Lo + la + q;
+                __m256 v = r[k];
+                if (bias) v = _mm256_add_ps(v, bv[k]);
+                if (skip) v = _mm256_add_ps(v, _mm256_loadu_ps(skip + at));
+                _mm256_storeu_ps(o + at, v);
+            }
+        }
+    }
+    for (int64_t q = nf; q < n; ++q)
+        for (int64_t co = 0; co < Co; ++co) {
+            const int64_t at = co * Lo + la + q;
+            float v = y[q * Co + co];
+            if (bias) v = v + bias[co];
+            if (skip) v = v + skip[at];
+            o[at] = v;
+        }
+}
+#endif
+
 #ifdef PACKED_SIMD
 static inline __mmask16 ct_lanes(int64_t lo, int64_t hi) {  /* lanes t with lo <= t < hi, t in [0, 16) */
     lo = lo < 0 ? 0 : lo > 16 ? 16 : lo;
@@ -220,6 +409,11 @@ static inline __mmask16 ct_lanes(int64_t lo, int64_t hi) {  /* lanes t with lo <
 #define CT_SET1(f) _mm512_set1_ps(f)
 #define CT_ZERO() _mm512_setzero_ps()
 #define CT_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define CW_MR 12
+#define CW_NV 2
+#include "conv1d_wino.h"
+#undef CW_MR
+#undef CW_NV
 #include "conv1d_tile.h"
 
 /* AVX2 + FMA: 4 x 3 ymm tiles (24 columns): 12 accumulators, three vectors of x and the broadcast
@@ -250,6 +444,11 @@ INL AVX2F __m256i ct2_lanes(int64_t lo, int64_t hi) {  /* lanes t with lo <= t <
 #define CT_SET1(f) _mm256_set1_ps(f)
 #define CT_ZERO() _mm256_setzero_ps()
 #define CT_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define CW_MR 6
+#define CW_NV 2
+#include "conv1d_wino.h"
+#undef CW_MR
+#undef CW_NV
 #include "conv1d_tile.h"
 #endif
 
@@ -258,15 +457,46 @@ INL AVX2F __m256i ct2_lanes(int64_t lo, int64_t hi) {  /* lanes t with lo <= t <
  * has; 1 or 2 that kernel where the CPU has it, else the next below (tests run each there is). */
 int32_t flare_conv1d_isa(int32_t want) {
     g_ctile = 0;
+    g_wino = 0;
     g_ctile_chosen = 1;
 #ifdef PACKED_SIMD
     __builtin_cpu_init();
-    if ((want < 0 || want == 1) && __builtin_cpu_supports("avx512f")) { g_ctile = ctile_block512; return 1; }
+    if ((want < 0 || want == 1) && __builtin_cpu_supports("avx512f")) {
+        g_ctile = ctile_block512;
+        g_wino = wino_block512;
+        return 1;
+    }
     if (want != 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         g_ctile = ctile_block256;
+        g_wino = wino_block256;
         return 2;
     }
 #endif
+    return 0;
+}
+
+/* whether conv1d commands may take the Winograd path under the current choice (flare_conv1d_isa) */
+int32_t flare_conv1d_wino(void) {
+    if (!g_ctile_chosen) flare_conv1d_isa(-1);
+    return g_wino != 0;
+}
+
+/* Phase 1 of a Winograd command, slots [r0, r1): each slot's blocks in its part of the scratch. A
+ * command compiled for the path runs it even where a test has since chosen another (the best the
+ * CPU has): its src[1] is the transformed weight. */
+static int wino_phase(const flare_cmd *c, int64_t r0, int64_t r1) {
+    if (!g_ctile_chosen) flare_conv1d_isa(-1);
+    wino_block_t f = g_wino;
+#ifdef PACKED_SIMD
+    if (!f) f = __builtin_cpu_supports("avx512f") ? wino_block512 : wino_block256;
+#endif
+    if (!f) return 1;
+    const wino_geom g = wino_geometry_of(c);
+    const int64_t per_row = (c->ne[3] + g.nb - 1) / g.nb;
+    for (int64_t slot = r0; slot < r1; ++slot) {
+        float *s = (float *)c->scratch + slot * g.slot;
+        for (int64_t u = slot; u < g.blocks; u += g.slots) f(c, &g, u / per_row, u % per_row, s);
+    }
     return 0;
 }
 
@@ -308,7 +538,10 @@ static void ctile_phase(const flare_cmd *c, int64_t u0, int64_t u1) {
 
 /* Phase 1, units [r0, r1) = slots (above): each of a slot's blocks (b, j) gets its im2col rows
  * into the slot's part of the scratch, then its product. */
+static int64_t wino_slots_of(const flare_cmd *c) { return wino_geometry_of(c).slots; }
+
 static int conv1d_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
+    if (c->flags & CONV1D_WINO) return phase == 1 ? wino_phase(c, r0, r1) : 0;
     const int tiled = conv1d_takes_tiled(c);
     if (c->ip[6] && !tiled) return conv1d_rows_phase(c, phase, r0, r1);
     if (phase != 1) return 0;

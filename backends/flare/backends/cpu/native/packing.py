@@ -1,4 +1,4 @@
-"""Constant matmul weights pre-packed once for the native microkernel (kernels.c, `pgemm`).
+"""Constant weights pre-packed once for the native kernels (kernels.c: `pgemm`, conv1d.h's paths).
 
 A weight stored [N, K] (the `transpose_b` right operand of a linear layer) is
 copied into panels of 16 output columns, each [K][16] contiguous, zero-padded to
@@ -52,15 +52,22 @@ class PackCache:
         self._alloc = alloc
         self._entries: dict[tuple, list[Any]] = {}  # key -> [buffer, view, count]
 
-    def get(self, w: np.ndarray, name: str, owned: list[Any]) -> np.ndarray:
-        """The packed copy of w [N, K] (f32); appends the split's lease to `owned`."""
-        key = (w.ctypes.data, w.shape, w.strides)
+    def get(self, w: np.ndarray, name: str, owned: list[Any],
+            layout: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+        """The packed copy of w [N, K] (f32) in panels, or, given `layout`, the array it makes of w
+        (a flat f32 copy in the cache: the Winograd path's transformed weight); appends the split's
+        lease to `owned`."""
+        key = (w.ctypes.data, w.shape, w.strides, layout)
         entry = self._entries.get(key)
         if entry is None:
-            size = packed_size(*w.shape)
+            made = None if layout is None else layout(w)
+            size = packed_size(*w.shape) if made is None else made.size
             buf = self._alloc(size * 4, f"cpu:prepacked:{name}")
             view = buf.handle[: size * 4].view(np.float32)
-            pack_into(view, w)
+            if made is None:
+                pack_into(view, w)
+            else:
+                view[:] = made.reshape(-1)
             entry = self._entries[key] = [buf, view, 0]
         entry[2] += 1
         owned.append(_Lease(self, key))
