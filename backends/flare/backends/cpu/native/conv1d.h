@@ -409,6 +409,8 @@ static inline __mmask16 ct_lanes(int64_t lo, int64_t hi) {  /* lanes t with lo <
 #define CT_SET1(f) _mm512_set1_ps(f)
 #define CT_ZERO() _mm512_setzero_ps()
 #define CT_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define CT_ADD(a, b) _mm512_add_ps(a, b)
+#define CT_SUB(a, b) _mm512_sub_ps(a, b)
 #define CW_MR 12
 #define CW_NV 2
 #include "conv1d_wino.h"
@@ -444,6 +446,8 @@ INL AVX2F __m256i ct2_lanes(int64_t lo, int64_t hi) {  /* lanes t with lo <= t <
 #define CT_SET1(f) _mm256_set1_ps(f)
 #define CT_ZERO() _mm256_setzero_ps()
 #define CT_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define CT_ADD(a, b) _mm256_add_ps(a, b)
+#define CT_SUB(a, b) _mm256_sub_ps(a, b)
 #define CW_MR 6
 #define CW_NV 2
 #include "conv1d_wino.h"

@@ -147,3 +147,5 @@ CT_ATTR static void CT_FN(ctile_block)(const flare_cmd *c, int64_t b, int64_t la
 #undef CT_SET1
 #undef CT_ZERO
 #undef CT_FMA
+#undef CT_ADD
+#undef CT_SUB

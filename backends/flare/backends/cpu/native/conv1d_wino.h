@@ -20,29 +20,73 @@
 #define CW_CAT(a, b) CW_CAT_(a, b)
 #define CW_FN(name) CW_CAT(name, CT_SUFFIX)
 
-/* v[x * vs] = sum_n BT[x][n] xt[n * step], x < alpha (one vector of channels) */
+/* v[x * vs] = sum_n BT[x][n] xt[n * step], x < alpha (one vector of channels). The points come in
+ * pairs +p, -p (rows 2q+1, 2q+2: winograd.POINTS), whose BT rows agree up to the sign of some
+ * columns: E (the columns that agree) and O (the others) are summed once, the rows are E + O and
+ * E - O (half the multiply-adds of the pair). Which is which folds at compile time (the tables are
+ * constants, the loops unrolled); a pair that is not one (K 2's last point) takes two rows. */
 #define CW_IN(KK) \
     INL CT_ATTR void CW_FN(wino_in##KK)(const float *xt, int64_t step, float *v, int64_t vs) { \
         enum { A = WINO_M + KK - 1 }; \
         CT_VEC X[A]; \
         _Pragma("GCC unroll 16") for (int n = 0; n < A; ++n) X[n] = CT_LOAD(xt + n * step); \
-        _Pragma("GCC unroll 16") for (int x = 0; x < A; ++x) { \
+        _Pragma("GCC unroll 16") for (int x = 0; x < A; x += A - 1) { \
             CT_VEC acc = CT_ZERO(); \
             _Pragma("GCC unroll 16") for (int n = 0; n < A; ++n) \
                 if (WINO_BT##KK[x][n] != 0.0f) acc = CT_FMA(CT_SET1(WINO_BT##KK[x][n]), X[n], acc); \
             CT_STORE(v + x * vs, acc); \
         } \
+        _Pragma("GCC unroll 8") for (int q = 1; q + 1 < A - 1; q += 2) { \
+            int pair = 1; \
+            _Pragma("GCC unroll 16") for (int n = 0; n < A; ++n) \
+                pair &= WINO_BT##KK[q + 1][n] == WINO_BT##KK[q][n] || WINO_BT##KK[q + 1][n] == -WINO_BT##KK[q][n]; \
+            if (pair) { \
+                CT_VEC e = CT_ZERO(), o = CT_ZERO(); \
+                _Pragma("GCC unroll 16") for (int n = 0; n < A; ++n) { \
+                    const float cq = WINO_BT##KK[q][n]; \
+                    if (cq == 0.0f) continue; \
+                    if (WINO_BT##KK[q + 1][n] == cq) e = CT_FMA(CT_SET1(cq), X[n], e); \
+                    else o = CT_FMA(CT_SET1(cq), X[n], o); \
+                } \
+                CT_STORE(v + q * vs, CT_ADD(e, o)); \
+                CT_STORE(v + (q + 1) * vs, CT_SUB(e, o)); \
+            } else \
+                _Pragma("GCC unroll 2") for (int x = q; x < q + 2; ++x) { \
+                    CT_VEC acc = CT_ZERO(); \
+                    _Pragma("GCC unroll 16") for (int n = 0; n < A; ++n) \
+                        if (WINO_BT##KK[x][n] != 0.0f) acc = CT_FMA(CT_SET1(WINO_BT##KK[x][n]), X[n], acc); \
+                    CT_STORE(v + x * vs, acc); \
+                } \
+        } \
+        if ((A - 2) % 2) { /* a last lone point before infinity (K 2: 0, +-1, 2) */ \
+            CT_VEC acc = CT_ZERO(); \
+            _Pragma("GCC unroll 16") for (int n = 0; n < A; ++n) \
+                if (WINO_BT##KK[A - 2][n] != 0.0f) acc = CT_FMA(CT_SET1(WINO_BT##KK[A - 2][n]), X[n], acc); \
+            CT_STORE(v + (A - 2) * vs, acc); \
+        } \
     }
-/* y[i * ys] = sum_x AT[i][x] m[x * ms], i < 4 */
+/* y[i * ys] = sum_x AT[i][x] m[x * ms], i < 4; a pair of points' columns (AT[i][b] = +-AT[i][a])
+ * through their sum and difference, formed once: one multiply-add per output instead of two */
 #define CW_OUT(KK) \
     INL CT_ATTR void CW_FN(wino_out##KK)(const float *m, int64_t ms, float *y, int64_t ys) { \
-        enum { A = WINO_M + KK - 1 }; \
-        CT_VEC X[A]; \
+        enum { A = WINO_M + KK - 1, NP = (A - 2) / 2 }; \
+        CT_VEC X[A], S[NP], D[NP]; \
         _Pragma("GCC unroll 16") for (int x = 0; x < A; ++x) X[x] = CT_LOAD(m + x * ms); \
+        _Pragma("GCC unroll 8") for (int p = 0; p < NP; ++p) { \
+            S[p] = CT_ADD(X[2 * p + 1], X[2 * p + 2]); \
+            D[p] = CT_SUB(X[2 * p + 1], X[2 * p + 2]); \
+        } \
         _Pragma("GCC unroll 4") for (int i = 0; i < WINO_M; ++i) { \
             CT_VEC acc = CT_ZERO(); \
-            _Pragma("GCC unroll 16") for (int x = 0; x < A; ++x) \
-                if (WINO_AT##KK[i][x] != 0.0f) acc = CT_FMA(CT_SET1(WINO_AT##KK[i][x]), X[x], acc); \
+            _Pragma("GCC unroll 16") for (int x = 0; x < A; ++x) { \
+                const float c = WINO_AT##KK[i][x]; \
+                const int p = (x - 1) / 2, paired = x >= 1 && x <= 2 * NP; \
+                if (c == 0.0f) continue; \
+                if (paired && x % 2 == 1 && WINO_AT##KK[i][x + 1] == c) acc = CT_FMA(CT_SET1(c), S[p], acc); \
+                else if (paired && x % 2 == 1 && WINO_AT##KK[i][x + 1] == -c) acc = CT_FMA(CT_SET1(c), D[p], acc); \
+                else if (paired && x % 2 == 0 && (WINO_AT##KK[i][x - 1] == c || WINO_AT##KK[i][x - 1] == -c)) continue; \
+                else acc = CT_FMA(CT_SET1(c), X[x], acc); \
+            } \
             CT_STORE(y + i * ys, acc); \
         } \
     }
