@@ -25,7 +25,8 @@ int32_t flare_kind_count(void);
 int32_t flare_packed_isa(int32_t want);
 int32_t flare_conv1d_isa(int32_t want);
 int32_t flare_conv1d_wino(void);
-int64_t flare_conv1d_wino_scratch(int64_t B, int64_t Ci, int64_t Co, int64_t K, int64_t d, int64_t Lo);
+int64_t flare_conv1d_wino_scratch(int64_t B, int64_t Ci, int64_t Co, int64_t K, int64_t d, int64_t Lo,
+                                  int64_t slots);
 int32_t flare_conv1d_wino_tables(int32_t K, float *out);
 int32_t flare_invariant_isa(int32_t want);
 int32_t flare_quant_isa(int32_t want);

@@ -66,7 +66,7 @@ def compile_native(device: "CpuDevice", native: Native, program: SplitProgram) -
                         and winograd_takes(cmds[0], srcs[1], native.lib):
                     # F(4, K) Winograd: the weight transformed once (U = G w) for the C path
                     use_winograd(cmds[0], device.packs.get(srcs[1], node.srcs[1].name, owned, transform_weight_of),
-                                 native.lib)
+                                 native.lib, device.threads)
                     prepacked.append(node.name)
                     winograd.append(node.name)
                 elif cmds and node.op == "lstm" and node.srcs[1].storage.role == WEIGHT:

@@ -209,13 +209,14 @@ int32_t flare_conv1d_isa(int32_t want);
  * and out, the column-block layout and at least WINO_MIN_LOUT outputs; src[1] is then the weight
  * transformed once, U = G w [alpha][Ci][Co]. 4K/alpha fewer multiplies (1.6x, 2x, 2.5x, 2.8x) than the
  * tiled kernel, for transforms that are a few adds per input and output. Blocks of nb outputs of
- * one batch row (wino_geometry), dealt to slots like the im2col path's, each slot with its own
- * scratch (flare_conv1d_wino_scratch, which the compile step sizes the plan's scratch by). */
+ * one batch row (wino_geometry), dealt to slots (ip[7]: the device's threads, at most one a thread
+ * at a time), each slot with its own scratch (flare_conv1d_wino_scratch, which the compile step
+ * sizes the plan's scratch by): a slot per thread, not per block, since every plan keeps its
+ * scratch (8 slots cost Piper ~100 MB over its cached plans). */
 #define CONV1D_WINO 8
 #define WINO_M 4
 #define WINO_TB 16384   /* a block's outputs x input channels: about this many floats (64 KiB) */
 #define WINO_ROWS 12    /* tiles per block: a multiple of this (every ISA's CW_MR divides it) */
-#define WINO_SLOTS 8
 /* AT [4][alpha] and BT [alpha][alpha] of F(4, K), from winograd.py's c_tables() (a test compares) */
 static const float WINO_AT2[4][5] = {
     {1.0f, 1.0f, 1.0f, 1.0f, 0.0f},
@@ -274,7 +275,7 @@ static const float WINO_BT7[10][10] = {
 typedef struct { int64_t a, J, nt, nb, nq, slot, blocks, slots; } wino_geom;
 /* A block: d phases x J tiles (4 outputs each, d apart) = nb outputs, its time-major input window
  * nq = nb + (K-1)*d positions; J such that a block's outputs x Ci stay about WINO_TB floats. */
-static wino_geom wino_geometry(int64_t B, int64_t Ci, int64_t Co, int64_t K, int64_t d, int64_t Lo) {
+static wino_geom wino_geometry(int64_t B, int64_t Ci, int64_t Co, int64_t K, int64_t d, int64_t Lo, int64_t slots) {
     wino_geom g;
     int64_t tb = WINO_TB / (Ci > 0 ? Ci : 1);
     tb = tb < 64 ? 64 : tb > 256 ? 256 : tb;
@@ -290,15 +291,16 @@ static wino_geom wino_geometry(int64_t B, int64_t Ci, int64_t Co, int64_t K, int
     g.nq = g.nb + (K - 1) * d;
     g.slot = g.nq * Ci + g.a * g.nt * (Ci + Co) + g.nb * Co;
     g.blocks = B * ((Lo + g.nb - 1) / g.nb);
-    g.slots = g.blocks < WINO_SLOTS ? g.blocks : WINO_SLOTS;
+    if (slots < 1) slots = 1;
+    g.slots = g.blocks < slots ? g.blocks : slots;
     return g;
 }
-int64_t flare_conv1d_wino_scratch(int64_t B, int64_t Ci, int64_t Co, int64_t K, int64_t d, int64_t Lo) {
-    const wino_geom g = wino_geometry(B, Ci, Co, K, d, Lo);
+int64_t flare_conv1d_wino_scratch(int64_t B, int64_t Ci, int64_t Co, int64_t K, int64_t d, int64_t Lo, int64_t slots) {
+    const wino_geom g = wino_geometry(B, Ci, Co, K, d, Lo, slots);
     return g.slots * g.slot * (int64_t)sizeof(float);
 }
 static inline wino_geom wino_geometry_of(const flare_cmd *c) {
-    return wino_geometry(c->ne[1], c->ip[3], c->ne[2], c->ip[4], c->ip[2], c->ne[3]);
+    return wino_geometry(c->ne[1], c->ip[3], c->ne[2], c->ip[4], c->ip[2], c->ne[3], c->ip[7]);
 }
 /* the tables, for the test that compares them with winograd.py's: AT then BT of F(4, K) */
 int32_t flare_conv1d_wino_tables(int32_t K, float *out) {

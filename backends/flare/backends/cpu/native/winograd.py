@@ -132,10 +132,13 @@ def transform_weight_of(w: np.ndarray) -> np.ndarray:
     return transform_weight(w.reshape(w.shape[0], w.shape[1], w.shape[-1]))
 
 
-def use_winograd(c: dict, u: np.ndarray, lib) -> None:
-    """Point conv1d command c at its transformed weight u and size its scratch for the path."""
+def use_winograd(c: dict, u: np.ndarray, lib, threads: int) -> None:
+    """Point conv1d command c at its transformed weight u, give it one scratch slot per thread
+    (ip[7]; conv1d.h deals its blocks to them) and size its scratch for the path."""
     b, cout, lout = c["ne"][1], c["ne"][2], c["ne"][3]
     _, _, dil, cin, k = c["ip"][:5]
+    slots = max(1, int(threads))
     c["src"][1] = u
+    c["ip"][7] = slots
     c["flags"] = int(c["flags"]) | CONV1D_WINO
-    c["scratch"] = max(int(c["scratch"]), int(lib.flare_conv1d_wino_scratch(b, cin, cout, k, dil, lout)))
+    c["scratch"] = max(int(c["scratch"]), int(lib.flare_conv1d_wino_scratch(b, cin, cout, k, dil, lout, slots)))
