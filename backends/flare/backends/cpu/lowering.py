@@ -530,6 +530,7 @@ def _conv1d(node, out, srcs):
 
 CONV1D_PACKED = 2  # flags bit of a conv1d command whose src[1] is the packed weight (conv1d.h)
 CONV1D_RESIDUAL = 4  # flags bit of a conv1d command whose output starts from src[3] (fused conv_add)
+CONV1D_WINO = 8  # flags bit of a conv1d command on the Winograd path: src[1] is U = G w, ip[7] its slots
 
 
 def conv_prepackable(c: Cmd, w: np.ndarray) -> bool:

@@ -3,6 +3,8 @@
  * x [B, Cin, L] (element strides ss[0][1..3]); w [Cout, Cin*K] contiguous; out [B, Cout, Lout]
  * contiguous; src[2] a bias [Cout] or NULL. ne = {1, B, Cout, Lout}; ip: stride, pad, dil, Cin, K, L;
  * flags & 2 (row layout, lowering.conv_prepackable): src[1] is w packed as [Cout, Cin*K] panels (pgemm);
+ * flags & 8 (the Winograd path, below): src[1] is the transformed weight U [alpha][Cin][Cout] and
+ * ip[7] the scratch slots (else ip[7] is lowering.conv1d_direct's flag);
  * flags & 4 (the fused conv_add): src[3], contiguous like out, is a residual the output starts from
  * (with the bias), so out = skip + bias + conv in one pass; out never aliases a source (conv_add is
  * not in place); scratch: conv1d_scratch (lowering.py).

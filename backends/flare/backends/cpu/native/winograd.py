@@ -11,7 +11,7 @@ The matrices are built here exactly (fractions), from the interpolation points b
 points are the usual small ones, whose float32 error stays within a few times the direct
 sum's (measured over 64 input channels: median 4e-7, 6e-7 and 3e-6 of the output's size for
 K 3, 5, 7, against 1.5e-7). The C kernel has AT and BT as constants (so its transforms fold
-their zeros and ones at compile time), written from these by `c_tables()`; a test checks that
+their zeros and ones at compile time), written from these by `c_tables()` (`python -m flare.backends.cpu.native.winograd` prints them); a test checks that
 the compiled tables equal these. G is applied once per weight, here (`transform_weight`).
 """
 from __future__ import annotations
@@ -21,6 +21,8 @@ from fractions import Fraction
 from functools import lru_cache
 
 import numpy as np
+
+from ..lowering import CONV1D_WINO, K as KINDS
 
 M = 4  # outputs per tile (WINO_M in conv1d_wino.h)
 TAPS = (2, 3, 5, 7)  # kernel sizes the path takes
@@ -103,21 +105,15 @@ def c_tables() -> str:
     return "\n".join(out)
 
 
-if __name__ == "__main__":
-    print(c_tables())
-
-
 WINO_MIN_LOUT = 128  # shorter outputs keep the tiled kernel (a block is 64-288 outputs)
-CONV1D_WINO = 8  # flags bit of a conv1d command on this path (conv1d.h)
 
 
 def winograd_takes(c: dict, w: np.ndarray, lib) -> bool:
     """Whether conv1d command c (weight w, a constant [Cout, Cin, (1,) K] f32) takes the Winograd
-    path: stride 1, K 3/5/7, 16k channels in and out (whole vectors on every ISA), the
+    path: stride 1, K in TAPS, 16k channels in and out (whole vectors on every ISA), the
     column-block layout (conv1d.h: ip[6] = 0) over x's rows of unit stride, at least
     WINO_MIN_LOUT outputs, and a CPU kernel for it (`flare_conv1d_wino`: AVX2 + FMA or AVX-512,
     as chosen by flare_conv1d_isa). FLARE_CPU_WINOGRAD=0 turns it off (for A/B timing)."""
-    from ..lowering import K as KINDS
     if c["kind"] != KINDS["conv1d"] or os.environ.get("FLARE_CPU_WINOGRAD", "1") == "0":
         return False
     stride, _, _, cin, k, _, rows = c["ip"][:7]
@@ -142,3 +138,7 @@ def use_winograd(c: dict, u: np.ndarray, lib, threads: int) -> None:
     c["ip"][7] = slots
     c["flags"] = int(c["flags"]) | CONV1D_WINO
     c["scratch"] = max(int(c["scratch"]), int(lib.flare_conv1d_wino_scratch(b, cin, cout, k, dil, lout, slots)))
+
+
+if __name__ == "__main__":
+    print(c_tables())
