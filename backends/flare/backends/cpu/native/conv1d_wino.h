@@ -84,7 +84,8 @@
                 if (c == 0.0f) continue; \
                 if (paired && x % 2 == 1 && WINO_AT##KK[i][x + 1] == c) acc = CT_FMA(CT_SET1(c), S[p], acc); \
                 else if (paired && x % 2 == 1 && WINO_AT##KK[i][x + 1] == -c) acc = CT_FMA(CT_SET1(c), D[p], acc); \
-                else if (paired && x % 2 == 0 && (WINO_AT##KK[i][x - 1] == c || WINO_AT##KK[i][x - 1] == -c)) continue; \
+                else if (paired && x % 2 == 0 && (WINO_AT##KK[i][x - 1] == c || WINO_AT##KK[i][x - 1] == -c)) \
+                    continue;   /* taken with its pair's first column */ \
                 else acc = CT_FMA(CT_SET1(c), X[x], acc); \
             } \
             CT_STORE(y + i * ys, acc); \

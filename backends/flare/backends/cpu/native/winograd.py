@@ -11,8 +11,9 @@ The matrices are built here exactly (fractions), from the interpolation points b
 points are the usual small ones, whose float32 error stays within a few times the direct
 sum's (measured over 64 input channels: median 4e-7, 6e-7 and 3e-6 of the output's size for
 K 3, 5, 7, against 1.5e-7). The C kernel has AT and BT as constants (so its transforms fold
-their zeros and ones at compile time), written from these by `c_tables()` (`python -m flare.backends.cpu.native.winograd` prints them); a test checks that
-the compiled tables equal these. G is applied once per weight, here (`transform_weight`).
+their zeros and ones at compile time), written from these by `c_tables()` (printed by
+`python -m flare.backends.cpu.native.winograd`); a test checks that the compiled tables equal
+these. G is applied once per weight, here (`transform_weight`).
 """
 from __future__ import annotations
 
