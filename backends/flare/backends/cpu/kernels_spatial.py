@@ -114,12 +114,17 @@ def _conv_add(out, x, p):
 KERNELS["conv_add"] = _conv_add
 
 
+def _one_row(p, x_shape, w_shape) -> bool:
+    """Whether conv2d params `p` over x and w of these shapes are a 1-D convolution the native
+    conv1d command takes: one group, x and the kernel one row high, no padding over H. Asked of
+    Tensors at plan time (conv_add_native) and of arrays at compile time (_conv2d_native)."""
+    return p["groups"] == 1 and x_shape[2] == 1 and w_shape[2] == 1 and tuple(p["pads"][0]) == (0, 0)
+
+
 def conv_add_native(node) -> bool:
     """Whether fused conv_add `node` runs as the native conv1d command (so the device takes the
-    fusion): one group, a kernel one row high with no padding over H, a contiguous residual."""
-    p = node.params
-    return (p["groups"] == 1 and node.srcs[1].shape[2] == 1 and tuple(p["pads"][0]) == (0, 0)
-            and node.srcs[-1].is_contiguous)
+    fusion): a one-row convolution (_one_row) and a contiguous residual."""
+    return _one_row(node.params, node.srcs[0].shape, node.srcs[1].shape) and node.srcs[-1].is_contiguous
 
 
 @translator("conv_add")
@@ -155,7 +160,7 @@ def _conv2d_native(node, out, srcs):
         return None
     if bias is not None and (bias.dtype != np.float32 or bias.strides != (4,)):
         return None
-    if p["groups"] != 1 or x.shape[2] != 1 or w.shape[2] != 1 or out.shape[2] != 1 or tuple(p["pads"][0]) != (0, 0):
+    if not _one_row(p, x.shape, w.shape) or out.shape[2] != 1:
         return None
     if not w.flags.c_contiguous or not out.flags.c_contiguous:
         return None

@@ -17,6 +17,11 @@
  * Phases (the threaded executor runs them in order): 0 and 2 nothing (kept so the executor's
  * phase count for conv1d stays 3); 1 by blocks of output columns, each its own im2col rows
  * and product, dealt to a few slots (the split units). Without BLAS the product is a plain loop. */
+/* flags bits, as lowering.py's CONV1D_*: the packed weight (row layout), the fused residual, the
+ * Winograd path */
+#define CONV1D_PACKED 2
+#define CONV1D_RESIDUAL 4
+#define CONV1D_WINO 8
 /* output columns per unit: a block's im2col rows (ck x cols floats) stay about CONV1D_BLOCK floats (256 KiB),
  * in cache for its product; a small convolution is one block (each product re-packs w) */
 #define CONV1D_BLOCK 65536
@@ -45,7 +50,7 @@ static int64_t ctile_units(const flare_cmd *c);
 static int64_t wino_slots_of(const flare_cmd *c);
 static int64_t conv1d_units(const flare_cmd *c, int phase, int64_t *grain) {
     const int64_t B = c->ne[1], Lo = c->ne[3], ck = c->ip[3] * c->ip[4];
-    if (c->flags & 8) {   /* CONV1D_WINO */
+    if (c->flags & CONV1D_WINO) {
         *grain = 1;
         return phase == 1 ? wino_slots_of(c) : 0;
     }
@@ -99,7 +104,23 @@ HOT static void conv1d_rows_out(const float *res, const float *bias, const float
     }
 }
 /* the fused residual of a conv1d command (flags & 4), or NULL */
-static inline const float *conv1d_skip(const flare_cmd *c) { return c->flags & 4 ? (const float *)c->src[3] : 0; }
+static inline const float *conv1d_skip(const flare_cmd *c) {
+    return c->flags & CONV1D_RESIDUAL ? (const float *)c->src[3] : 0;
+}
+/* o's rows co in [c0, c1), columns [la, lb) (rows Lo apart) = skip's (or 0) + bias[co] (or 0): the
+ * start a product adds to, so neither the bias nor the fused residual costs a pass of its own */
+HOT static void conv1d_start(float *o, const float *skip, const float *bias, int64_t c0, int64_t c1, int64_t Lo,
+                             int64_t la, int64_t lb) {
+    for (int64_t co = c0; co < c1; ++co) {
+        const float bv = bias ? bias[co] : 0.0f;
+        float *orow = o + co * Lo;
+        if (skip) {
+            const float *sr = skip + co * Lo;
+            for (int64_t l = la; l < lb; ++l) orow[l] = sr[l] + bv;
+        } else
+            for (int64_t l = la; l < lb; ++l) orow[l] = bv;
+    }
+}
 static int conv1d_rows_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
     const int64_t B = c->ne[1], Co = c->ne[2], Lo = c->ne[3];
     const int64_t s = c->ip[0], pad = c->ip[1], dil = c->ip[2], Ci = c->ip[3], K = c->ip[4], L = c->ip[5];
@@ -132,7 +153,7 @@ static int conv1d_rows_phase(const flare_cmd *c, int phase, int64_t r0, int64_t 
         }
     } else if (phase == 1) {
         const float *w = (const float *)c->src[1];
-        if (c->flags & 2) pgemm(r1 - r0, Co, ck, cols + r0 * ck, ck, w, res + r0 * Co, Co);  /* w: packed panels */
+        if (c->flags & CONV1D_PACKED) pgemm(r1 - r0, Co, ck, cols + r0 * ck, ck, w, res + r0 * Co, Co);  /* w: packed panels */
         else if (B * Lo <= 16) wdot(B * Lo, r1 - r0, ck, cols, ck, w + r0 * ck, ck, res + r0, Co);  /* channels */
         else if (g_sgemm) gemm(NT, TR, r1 - r0, Co, ck, cols + r0 * ck, ck, w, ck, 0.0f, res + r0 * Co, Co);
         else
@@ -215,7 +236,6 @@ int32_t flare_conv1d_isa(int32_t want);
  * at a time), each slot with its own scratch (flare_conv1d_wino_scratch, which the compile step
  * sizes the plan's scratch by): a slot per thread, not per block, since every plan keeps its
  * scratch (8 slots cost Piper ~100 MB over its cached plans). */
-#define CONV1D_WINO 8
 #define WINO_M 4
 #define WINO_TB 16384   /* a block's outputs x input channels: about this many floats (64 KiB) */
 #define WINO_ROWS 12    /* tiles per block: a multiple of this (every ISA's CW_MR divides it) */
@@ -520,7 +540,7 @@ static int conv1d_takes_tiled(const flare_cmd *c) {
     if (!g_ctile_chosen) flare_conv1d_isa(-1);
     /* the row layout's outputs (Lout <= 64) from CT_ROWS_MIN columns on, unless its weight is packed:
      * Piper's encoder (Lout 48, 192 -> 768 channels) ran ~5x slower as one 48-row product */
-    if (!g_ctile || !(!c->ip[6] || (c->ne[3] >= CT_ROWS_MIN && !(c->flags & 2))) || c->ip[0] != 1 ||
+    if (!g_ctile || !(!c->ip[6] || (c->ne[3] >= CT_ROWS_MIN && !(c->flags & CONV1D_PACKED))) || c->ip[0] != 1 ||
         c->ss[0][3] != 1 || c->ip[4] > CT_KMAX)
         return 0;
     /* AVX2's tiles run at ~80 GFLOP/s here, about OpenBLAS's on a product that needs no copies: a
@@ -579,16 +599,10 @@ static int conv1d_phase(const flare_cmd *c, int phase, int64_t r0, int64_t r1) {
                                k * dil - pad);
                 }
             float *ob = o + b * Co * Lo + la;
-            const float *sb = skip ? skip + b * Co * Lo + la : 0;
-            /* the bias (and the fused residual) first, the product added to it: no pass of its own */
-            if (bias || sb)
-                for (int64_t co = 0; co < Co; ++co) {
-                    const float bv = bias ? bias[co] : 0.0f;
-                    if (sb) for (int64_t l = 0; l < m; ++l) ob[co * Lo + l] = sb[co * Lo + l] + bv;
-                    else for (int64_t l = 0; l < m; ++l) ob[co * Lo + l] = bv;
-                }
-            if (g_sgemm) gemm(NT, NT, Co, m, ck, w, ck, cols, ldc, bias || sb ? 1.0f : 0.0f, ob, Lo);
-            else conv1d_plain(Co, m, ck, w, cols, ldc, ob, Lo, bias || sb);
+            const int start = bias || skip;   /* the product adds to bias (+ residual) */
+            if (start) conv1d_start(o + b * Co * Lo, skip ? skip + b * Co * Lo : 0, bias, 0, Co, Lo, la, lb);
+            if (g_sgemm) gemm(NT, NT, Co, m, ck, w, ck, cols, ldc, start ? 1.0f : 0.0f, ob, Lo);
+            else conv1d_plain(Co, m, ck, w, cols, ldc, ob, Lo, start);
         }
     }
     return 0;

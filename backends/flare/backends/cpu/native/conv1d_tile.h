@@ -91,7 +91,7 @@ CT_ATTR static void CT_FN(ctile_block)(const flare_cmd *c, int64_t b, int64_t la
     const float *w = (const float *)c->src[1], *bias = (const float *)c->src[2];
     const float *xb = (const float *)c->src[0] + b * c->ss[0][1];
     float *o = (float *)c->out + b * c->ne[2] * Lo;
-    const float *skip = c->flags & 4 ? (const float *)c->src[3] + b * c->ne[2] * Lo : 0;
+    const float *skip = conv1d_skip(c) ? conv1d_skip(c) + b * c->ne[2] * Lo : 0;
     int64_t chunk = CT_WINDOW / (CT_COLS + reach);
     chunk = chunk < 8 ? 8 : chunk;
     if (Ci - chunk < chunk / 2) chunk = Ci;   /* no small last chunk */
@@ -99,11 +99,7 @@ CT_ATTR static void CT_FN(ctile_block)(const flare_cmd *c, int64_t b, int64_t la
     if (skip)   /* the fused residual (+ bias) into the block first, row by row: read in the tiles,
                  * 4 rows x a few vectors at a time across rows 4*Lo floats apart, it cost more than
                  * the separate add it replaced (Piper: +19 ms over 22 convolutions, against ~9) */
-        for (int64_t co = c0; co < c1; ++co) {
-            const float bv = bias ? bias[co] : 0.0f, *sr = skip + co * Lo;
-            float *orow = o + co * Lo;
-            for (int64_t l = la; l < lb; ++l) orow[l] = sr[l] + bv;
-        }
+        conv1d_start(o, skip, bias, c0, c1, Lo, la, lb);
     for (int64_t l0 = la; l0 < lb; l0 += CT_COLS) {
         const int64_t ncols = lb - l0 < CT_COLS ? lb - l0 : CT_COLS, p0 = l0 - pad;
         const int64_t nv = (ncols + CT_LANES - 1) / CT_LANES;

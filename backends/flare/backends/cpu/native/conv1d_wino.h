@@ -167,7 +167,7 @@ CT_ATTR static void CW_FN(wino_block)(const flare_cmd *c, const wino_geom *g, in
         }
     }
     /* 5. into out's rows */
-    const float *skip = c->flags & 4 ? (const float *)c->src[3] + b * Co * Lo : 0;
+    const float *skip = conv1d_skip(c) ? conv1d_skip(c) + b * Co * Lo : 0;
     wino_scatter(y, Co, (const float *)c->src[2], skip, (float *)c->out + b * Co * Lo, Lo, la,
                  Lo - la < nb ? Lo - la : nb);
 }
